@@ -1,0 +1,26 @@
+"""dpkeras: data-parallel Keras 3 training with variables on a parameter device.
+
+```python
+import dpkeras
+with dpkeras.scope():
+    model = build_model()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+model.fit(x, y, batch_size=256)
+```
+"""
+
+from dpkeras.devices import simulate_cpu_devices
+from dpkeras.scope import get_strategy, scope
+from dpkeras.strategy import ParameterDeviceStrategy
+from dpkeras.variables import ParameterVariable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ParameterDeviceStrategy",
+    "ParameterVariable",
+    "__version__",
+    "get_strategy",
+    "scope",
+    "simulate_cpu_devices",
+]

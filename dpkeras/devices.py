@@ -1,0 +1,204 @@
+"""Device names: parsing, validation, defaults, and simulated CPU devices.
+
+Every device string dpkeras accepts goes through `canonical_device`, so `/gpu:0`, `GPU:0` and
+`/job:localhost/replica:0/task:0/device:GPU:0` are the same device everywhere (placement,
+reports, error messages).
+"""
+
+import tensorflow as tf
+
+from dpkeras import _tf_internals, config
+
+__all__ = ["canonical_device", "default_parameter_device", "default_compute_devices",
+           "resolve_devices", "simulate_cpu_devices", "short_device"]
+
+_LOCAL_PREFIX = "/job:localhost/replica:0/task:0"
+
+
+def _available():
+    """Canonical names of the logical devices of this process (initialises TensorFlow)."""
+    return [canonical_device(d.name) for d in tf.config.list_logical_devices()]
+
+
+def canonical_device(device):
+    """Returns the canonical, fully specified name of a local logical device.
+
+    Args:
+        device: str, such as `"/gpu:1"`, `"GPU:1"` or `"/device:CPU:0"`.
+
+    Returns:
+        str, `"/job:localhost/replica:0/task:0/device:GPU:1"`.
+
+    Raises:
+        ValueError: if `device` is not a string naming one device type and index.
+    """
+    if not isinstance(device, str):
+        raise ValueError(
+            f"A device must be a string such as '/gpu:0' or '/cpu:0'. "
+            f"Received: {device!r} (of type {type(device).__name__})")
+    text = device.strip()
+    if text and not text.startswith("/"):
+        text = "/device:" + text
+    try:
+        spec = tf.DeviceSpec.from_string(text)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"Cannot parse device {device!r}: {e}. Expected a device such as '/gpu:0', "
+            f"'/cpu:0' or '/job:localhost/replica:0/task:0/device:GPU:0'.") from None
+    if spec.device_type is None or spec.device_index is None:
+        raise ValueError(
+            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
+            f"Received: {device!r}")
+    if spec.job not in (None, "localhost") or spec.replica not in (None, 0) or (
+            spec.task not in (None, 0)):
+        raise ValueError(
+            f"dpkeras runs on the devices of this process only; {device!r} names another "
+            f"job, replica or task. Use a local device such as '/gpu:0'.")
+    return f"{_LOCAL_PREFIX}/device:{spec.device_type.upper()}:{spec.device_index}"
+
+
+def short_device(device):
+    """`'/job:localhost/replica:0/task:0/device:GPU:1'` -> `'/gpu:1'`, for messages."""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"/{spec.device_type.lower()}:{spec.device_index}"
+
+
+def default_parameter_device():
+    """The parameter device used when none is given: `/cpu:0`."""
+    return canonical_device("/cpu:0")
+
+
+def default_compute_devices(parameter_device):
+    """The compute devices used when none are given, and why.
+
+    All GPUs; with no GPU, every logical CPU except the parameter device; with a single CPU,
+    that CPU (one replica, which then also holds the variables).
+
+    Returns:
+        `(devices, reason)`: canonical device names and a sentence saying why.
+    """
+    available = _available()
+    gpus = [d for d in available if d.rsplit("/device:", 1)[1].startswith("GPU:")]
+    if gpus:
+        return gpus, f"all {len(gpus)} GPU(s)"
+    cpus = [d for d in available if d.rsplit("/device:", 1)[1].startswith("CPU:")]
+    others = [d for d in cpus if d != parameter_device]
+    if others:
+        return others, (f"no GPU; {len(others)} logical CPU device(s) other than the parameter "
+                        f"device {short_device(parameter_device)}")
+    return cpus[:1], "no GPU and a single CPU device: one replica on it"
+
+
+def _check_exists(device, role, available):
+    if device not in available:
+        raise ValueError(
+            f"The {role} {short_device(device)} does not exist in this process. "
+            f"Available devices: {', '.join(short_device(d) for d in available)}. "
+            f"(On a CPU-only machine, call dpkeras.simulate_cpu_devices(n) before TensorFlow "
+            f"initialises to get n CPU devices.)")
+
+
+def resolve_devices(compute_devices=None, parameter_device=None):
+    """Validates and fills in a strategy's devices.
+
+    Precedence for each: the argument, then `DPKERAS_COMPUTE_DEVICES` (comma-separated) /
+    `DPKERAS_PARAMETER_DEVICE`, then the defaults of `default_compute_devices` and
+    `default_parameter_device`.
+
+    Returns:
+        `(compute_devices, parameter_device, reason)`: a tuple of canonical names, a canonical
+        name, and a sentence saying where the compute devices came from.
+
+    Raises:
+        ValueError: for an unparseable, absent or duplicated device or an empty list. Nothing
+            has been created when it is raised.
+    """
+    source = "argument"
+    if parameter_device is None:
+        parameter_device = config.env_device(config.PARAMETER_DEVICE_ENV)
+    if parameter_device is None:
+        parameter_device = default_parameter_device()
+    if not isinstance(parameter_device, str):
+        raise ValueError(
+            f"parameter_device must be one device string such as '/cpu:0'. "
+            f"Received: parameter_device={parameter_device!r} "
+            f"(of type {type(parameter_device).__name__})")
+    parameter_device = canonical_device(parameter_device)
+
+    if compute_devices is None:
+        compute_devices = config.env_device_list(config.COMPUTE_DEVICES_ENV)
+        source = f"${config.COMPUTE_DEVICES_ENV}"
+    if isinstance(compute_devices, str):
+        raise ValueError(
+            f"compute_devices must be a list of device strings, not one string. "
+            f"Received: compute_devices={compute_devices!r}; did you mean [{compute_devices!r}]?")
+    available = _available()
+    _check_exists(parameter_device, "parameter device", available)
+    if compute_devices is None:
+        compute, reason = default_compute_devices(parameter_device)
+        return tuple(compute), parameter_device, reason
+
+    compute_devices = list(compute_devices)
+    if not compute_devices:
+        raise ValueError(
+            "compute_devices must name at least one device. Received: compute_devices=[]. "
+            "Pass None to use every GPU (or, without GPUs, every CPU device but the parameter "
+            "device).")
+    canonical = [canonical_device(d) for d in compute_devices]
+    seen = {}
+    for given, name in zip(compute_devices, canonical):
+        if name in seen:
+            raise ValueError(
+                f"compute_devices lists {short_device(name)} twice ({seen[name]!r} and "
+                f"{given!r}); each compute device runs one replica. "
+                f"Received: compute_devices={compute_devices!r}")
+        seen[name] = given
+    for name in canonical:
+        _check_exists(name, "compute device", available)
+    reason = f"from the {source}"
+    if parameter_device in canonical:
+        reason += (f"; the parameter device {short_device(parameter_device)} also computes "
+                   f"(like tf_cnn_benchmarks' --local_parameter_device)")
+    return tuple(canonical), parameter_device, reason
+
+
+def simulate_cpu_devices(n):
+    """Splits the physical CPU into `n` logical devices, `/cpu:0` ... `/cpu:{n-1}`.
+
+    With the default devices, dpkeras then runs `n - 1` compute replicas and keeps the
+    variables on `/cpu:0`: the same program as on a machine with `n - 1` GPUs.
+
+    Must be called before TensorFlow initialises its devices, that is before any TensorFlow op,
+    `tf.config.list_logical_devices()` or model is created. Calling it again with the same `n`
+    afterwards is a no-op.
+
+    ```python
+    import dpkeras
+    dpkeras.simulate_cpu_devices(3)     # first thing in the program
+    with dpkeras.scope() as strategy:   # 2 replicas on /cpu:1, /cpu:2; variables on /cpu:0
+        ...
+    ```
+
+    Args:
+        n: int, at least 1.
+
+    Raises:
+        ValueError: if `n` is not a positive integer.
+        RuntimeError: if TensorFlow has already initialised with another device count.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            f"simulate_cpu_devices(n) needs a positive integer number of CPU devices. "
+            f"Received: n={n!r}")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if _tf_internals.context_initialized():
+        current = tf.config.list_logical_devices("CPU")
+        if len(current) == n:
+            return
+        raise RuntimeError(
+            f"simulate_cpu_devices({n}) must be called before TensorFlow initialises its "
+            f"devices; this process already runs with {len(current)} logical CPU device(s). "
+            f"Call it first thing in the program, before any TensorFlow op or model is "
+            f"created (in tests: one process per device configuration).")
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])

@@ -1,0 +1,71 @@
+"""`dpkeras.scope()`: the one-line way in."""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from dpkeras import devices
+from dpkeras.strategy import ParameterDeviceStrategy
+
+__all__ = ["scope", "get_strategy"]
+
+_lock = threading.Lock()
+_strategies = {}  # (compute_devices, parameter_device) -> ParameterDeviceStrategy
+
+
+def get_strategy(compute_devices=None, parameter_device=None):
+    """Returns the `ParameterDeviceStrategy` for these devices, creating it once.
+
+    Equal arguments (after defaults, environment settings and device-name canonicalisation)
+    give the same strategy object, so models built in two `dpkeras.scope()` blocks can be
+    trained together. Arguments are those of `ParameterDeviceStrategy`.
+    """
+    compute, parameter, _ = devices.resolve_devices(compute_devices, parameter_device)
+    key = (compute, parameter)
+    with _lock:
+        strategy = _strategies.get(key)
+        if strategy is None:
+            strategy = ParameterDeviceStrategy(list(compute), parameter)
+            _strategies[key] = strategy
+        return strategy
+
+
+@contextlib.contextmanager
+def scope(compute_devices=None, parameter_device=None):
+    """Builds and trains Keras models with variables on a parameter device.
+
+    Enters the scope of the `ParameterDeviceStrategy` for these devices (created once per
+    distinct set of devices). Create and compile the model inside; `fit`, `evaluate`,
+    `predict`, `save` and callbacks then work unchanged, inside or outside the block.
+    Like every `tf.distribute` scope, it is thread-local.
+
+    ```python
+    import dpkeras, keras
+    with dpkeras.scope() as strategy:    # or scope(compute_devices=[...], parameter_device=...)
+        model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=256, epochs=3)
+    ```
+
+    Args:
+        compute_devices: list of str or None; see `ParameterDeviceStrategy`.
+        parameter_device: str or None; see `ParameterDeviceStrategy`.
+
+    Yields:
+        The `ParameterDeviceStrategy`.
+
+    Raises:
+        ValueError: for bad devices (see `ParameterDeviceStrategy`), or when entered inside
+            the scope of a different `tf.distribute` strategy.
+    """
+    strategy = get_strategy(compute_devices, parameter_device)
+    if tf.distribute.has_strategy():
+        current = tf.distribute.get_strategy()
+        if current is not strategy:
+            raise ValueError(
+                f"dpkeras.scope() cannot be entered inside the scope of another strategy: "
+                f"{current!r} is active and this scope would be {strategy!r}. Leave the "
+                f"other scope first; a model belongs to the strategy it was built under.")
+    with strategy.scope():
+        yield strategy

@@ -1,0 +1,284 @@
+"""The variable dpkeras gives Keras: one copy on the parameter device, read once per replica.
+
+`ParameterVariable` is a resource variable that shares the handle of the variable the creator
+chain made on the parameter device. It changes two things, and only inside a replica of a
+`ParameterDeviceStrategy`:
+
+Reads. Each replica gets the value once per traced step: the first read in a graph makes one
+`ReadVariableOp` on the parameter device and one `Identity` on the replica's device; later reads
+reuse it. The cached tensor is registered on the GradientTape as a read of the variable, and
+any write to the variable drops the cache, so a read after a write sees the new value.
+
+Writes, by the kind of variable (how tf.distribute defines them):
+
+| variable | replica-context write |
+|---|---|
+| `synchronization=ON_READ` (Keras metric state) | every replica's change is summed (or averaged, per `aggregation`) and applied once, synchronously, so every replica then reads the same, global value |
+| `aggregation=NONE` (BatchNormalization statistics, seeds, loss-scale counters) | replica 0 writes; the others' writes are dropped. No synchronization, so it is legal inside `tf.cond` |
+| `aggregation=SUM`, `MEAN`, `ONLY_FIRST_REPLICA` | the replicas' values are reduced, then written once |
+
+Writes in cross-replica context (the optimizer's `extended.update`) go straight to the variable.
+
+Example of ON_READ arithmetic with two replicas: a `Mean` metric holds total=6, count=2. Replica
+0 adds 3 (one example), replica 1 adds 5 (one example): both then read total=14, count=4, so both
+report 3.5, the value one device would report after seeing the same four examples.
+"""
+
+import weakref
+
+import tensorflow as tf
+
+from dpkeras import _tf_internals
+
+__all__ = ["ParameterVariable", "SEED_STATE_NAME", "variable_kind"]
+
+# Keras's SeedGenerator names its state variable so (keras/src/random/seed_generator.py); a
+# variable creator sees only this leaf name, so it is how dpkeras recognises RNG state.
+SEED_STATE_NAME = "seed_generator_state"
+
+# Added to the first seed component on replica k, times k, so that replicas draw different
+# (but reproducible) random numbers: Dropout masks differ across replicas.
+_REPLICA_SEED_STRIDE = 0x2545F491
+
+_ON_READ = tf.VariableSynchronization.ON_READ
+_NONE = tf.VariableAggregation.NONE
+
+
+def variable_kind(name, synchronization, dtype):
+    """Classifies a variable from what its creator sees: `"metric"`, `"seed"` or `"weight"`."""
+    leaf = name.rsplit("/", 1)[-1].split(":")[0]
+    if synchronization == _ON_READ:
+        return "metric"
+    if leaf.startswith(SEED_STATE_NAME) and tf.as_dtype(dtype).is_integer:
+        return "seed"
+    return "weight"
+
+
+def _is_same_tensor(a, b):
+    return a is b or (not tf.executing_eagerly() and a.graph is b.graph and a.name == b.name)
+
+
+def _delta(new_value, read):
+    """`new_value - read`, exactly when `new_value` was computed as `read + delta`.
+
+    Keras implements `v.assign_add(x)` as `v.assign(v + x)`. Recovering `x` from the graph keeps
+    metric sums bit-identical to one device; subtracting would round.
+    """
+    if hasattr(new_value, "op") and new_value.op.type in ("AddV2", "Add"):
+        a, b = new_value.op.inputs
+        if _is_same_tensor(a, read):
+            return b
+        if _is_same_tensor(b, read):
+            return a
+    return new_value - read
+
+
+def _scale_gradient(grad, weight):
+    if weight is None or grad is None:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(weight, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(weight, grad.dtype)
+
+
+class ParameterVariable(_tf_internals.BaseResourceVariable):
+    """A variable on the parameter device of a `dpkeras.ParameterDeviceStrategy`.
+
+    Users do not construct it: every variable created under `dpkeras.scope()` is one. It is a
+    full `tf.Variable` (checkpoints, SavedModel, `assign`, `scatter_*`, `numpy()` work as
+    usual); see the module docstring for what differs inside a replica.
+
+    Args:
+        extended: the `ParameterDeviceExtended` that created it.
+        variable: the resource variable the creator chain made; its handle is shared and it is
+            kept alive by this object.
+        kind: `"weight"`, `"metric"` or `"seed"` (see `variable_kind`).
+    """
+
+    def __init__(self, extended, variable, kind):
+        super().__init__(
+            trainable=variable.trainable,
+            shape=variable.shape,
+            dtype=variable.dtype,
+            handle=variable.handle,
+            constraint=variable.constraint,
+            synchronization=variable.synchronization,
+            aggregation=variable.aggregation,
+            distribute_strategy=variable._distribute_strategy,
+            name=variable.name,
+            unique_id=variable._unique_id,
+            handle_name=variable.name[:-2] if variable.name.endswith(":0") else variable.name,
+            graph_element=variable._graph_element,
+            initial_value=variable._initial_value,
+            initializer_op=variable._initializer_op,
+            is_initialized_op=variable._is_initialized_op,
+            cached_value=variable._cached_value,
+            save_slice_info=variable._save_slice_info,
+            caching_device=variable._caching_device,
+            in_graph_mode=variable._in_graph_mode,
+            validate_shape=variable._validate_shape,
+        )
+        self._primary = variable  # owns the handle's deleter
+        self._extended = extended
+        self._kind = kind
+        self._replica_reads = weakref.WeakKeyDictionary()  # graph -> {replica_id: tensor}
+
+    @property
+    def kind(self):
+        """`"weight"`, `"metric"` or `"seed"`."""
+        return self._kind
+
+    @property
+    def primary(self):
+        """The variable this one wraps (same handle, same device)."""
+        return self._primary
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _read_variable_op(self, no_copy=False):
+        replica_id = self._extended._current_replica_id()
+        if replica_id is None:
+            return super()._read_variable_op(no_copy=no_copy)
+        return self._replica_read(replica_id)
+
+    def _replica_read(self, replica_id):
+        eager = tf.executing_eagerly()
+        cache = None if eager else self._replica_reads.setdefault(tf.compat.v1.get_default_graph(),
+                                                                  {})
+        value = None if cache is None else cache.get(replica_id)
+        if value is None:
+            with tf.device(self.device):
+                read = super()._read_variable_op()
+            with tf.device(self._extended.worker_devices[replica_id]):
+                value = tf.identity(read)
+                if self._kind == "seed" and replica_id:
+                    value = value + tf.constant([replica_id * _REPLICA_SEED_STRIDE, 0],
+                                                dtype=value.dtype)
+            if cache is not None:
+                cache[replica_id] = value
+        if self.trainable:
+            weight = self._extended._gradient_weight(replica_id)
+            _tf_internals.record_operation(
+                "ReadVariableOp", [value], [self.handle],
+                backward_function=lambda g: [_scale_gradient(g, weight)],
+                forward_function=lambda x: [x])
+        return value
+
+    def _invalidate_reads(self):
+        self._replica_reads = weakref.WeakKeyDictionary()
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def _write(self, method, value, **kwargs):
+        """Applies `method` (e.g. "assign_add") by this variable's kind; see module docstring."""
+        write = getattr(super(), method)
+        replica_id = self._extended._current_replica_id()
+        if replica_id is None or self._extended._num_replicas_in_sync == 1:
+            self._invalidate_reads()
+            return write(value, **kwargs)
+        if self.synchronization == _ON_READ and self.aggregation != _NONE and method in (
+                "assign", "assign_add", "assign_sub"):
+            return self._merge_on_read_write(method, value, replica_id)
+        if self.aggregation == _NONE:
+            if replica_id == 0:
+                self._invalidate_reads()
+                return write(value, **kwargs)
+            return self._dropped_write_value(method, value, replica_id)
+        return tf.distribute.get_replica_context().merge_call(
+            self._merge_aggregated_write, args=(method, value), kwargs=kwargs)
+
+    def _dropped_write_value(self, method, value, replica_id):
+        """What a non-zero replica's dropped NONE-aggregated write returns: the value it meant."""
+        if method in ("assign", "assign_add", "assign_sub"):
+            value = tf.cast(value, self.dtype)
+            if method == "assign":
+                return value
+            read = self._replica_read(replica_id)
+            return read + value if method == "assign_add" else read - value
+        return self._replica_read(replica_id)
+
+    def _merge_on_read_write(self, method, value, replica_id):
+        value = tf.cast(value, self.dtype)
+        if method == "assign":
+            delta = _delta(value, self._replica_read(replica_id))
+        else:
+            delta = value if method == "assign_add" else -value
+        tf.distribute.get_replica_context().merge_call(self._merge_on_read_apply, args=(delta,))
+        return self._replica_read(replica_id)
+
+    def _merge_on_read_apply(self, strategy, per_replica_delta):
+        total = strategy.extended._aggregate(self.aggregation, per_replica_delta, self.device)
+        self._invalidate_reads()
+        super().assign_add(total, read_value=False)
+
+    def _merge_aggregated_write(self, strategy, method, per_replica_value, **kwargs):
+        value = strategy.extended._aggregate(self.aggregation, per_replica_value, self.device)
+        self._invalidate_reads()
+        return getattr(super(), method)(value, **kwargs)
+
+    def assign(self, value, use_locking=None, name=None, read_value=True):
+        return self._write("assign", value, use_locking=use_locking, name=name,
+                           read_value=read_value)
+
+    def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+        return self._write("assign_add", delta, use_locking=use_locking, name=name,
+                           read_value=read_value)
+
+    def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+        return self._write("assign_sub", delta, use_locking=use_locking, name=name,
+                           read_value=read_value)
+
+    def scatter_add(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_add", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_sub(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_sub", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_update(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_update", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_max(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_max", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_min(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_min", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_mul(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_mul", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_div(self, sparse_delta, use_locking=False, name=None):
+        return self._write("scatter_div", sparse_delta, use_locking=use_locking, name=name)
+
+    def scatter_nd_add(self, indices, updates, name=None):
+        return self._write_nd("scatter_nd_add", indices, updates, name)
+
+    def scatter_nd_sub(self, indices, updates, name=None):
+        return self._write_nd("scatter_nd_sub", indices, updates, name)
+
+    def scatter_nd_update(self, indices, updates, name=None):
+        return self._write_nd("scatter_nd_update", indices, updates, name)
+
+    def _write_nd(self, method, indices, updates, name):
+        replica_id = self._extended._current_replica_id()
+        if replica_id is None or self._extended._num_replicas_in_sync == 1 or (
+                self.aggregation == _NONE and replica_id == 0):
+            self._invalidate_reads()
+            return getattr(super(), method)(indices, updates, name=name)
+        if self.aggregation == _NONE:
+            return self._replica_read(replica_id)
+        raise NotImplementedError(
+            f"{method} in a replica context needs aggregation=NONE; variable {self.name} has "
+            f"aggregation={self.aggregation}. Call it in cross-replica context "
+            f"(for example inside strategy.extended.update) instead.")
+
+    def _strided_slice_assign(self, *args, **kwargs):
+        self._invalidate_reads()
+        return super()._strided_slice_assign(*args, **kwargs)
+
+    def __repr__(self):
+        if tf.executing_eagerly():
+            return (f"<dpkeras.ParameterVariable '{self.name}' shape={self.shape} "
+                    f"dtype={self.dtype.name} device={self.device} kind={self._kind}>")
+        return super().__repr__()
+
