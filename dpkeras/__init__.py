@@ -12,6 +12,7 @@ model.fit(x, y, batch_size=256)
 from dpkeras.devices import simulate_cpu_devices
 from dpkeras.scope import get_strategy, scope
 from dpkeras.strategy import ParameterDeviceStrategy
+from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
 from dpkeras.variables import ParameterVariable
 
 __version__ = "0.1.0"
@@ -19,8 +20,11 @@ __version__ = "0.1.0"
 __all__ = [
     "ParameterDeviceStrategy",
     "ParameterVariable",
+    "TransferReport",
     "__version__",
     "get_strategy",
+    "record_transfers",
     "scope",
     "simulate_cpu_devices",
+    "train_step_transfers",
 ]

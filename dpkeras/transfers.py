@@ -113,8 +113,9 @@ def _report_from_function_graph(function_graph):
             if node.op == "_Send":
                 source, destination = (_short(node.attr["send_device"].s.decode()),
                                        _short(node.attr["recv_device"].s.decode()))
-                if source == destination:
-                    continue
+                if source == destination or node.attr["tensor_name"].s.startswith(
+                        b"GroupCrossDeviceControlEdges"):
+                    continue  # not a transfer, or a control-only edge that carries no data
                 dtype = tf.as_dtype(node.attr["T"].type)
                 tensor = output(node.input[0])
                 shape = tuple(tensor.shape.as_list()) if (

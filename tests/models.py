@@ -1,0 +1,55 @@
+"""Small models and data shared by the tests: one builder per layer kind the issue names."""
+
+import keras
+import numpy as np
+
+L = keras.layers
+
+
+def make_data(kind, n, seed=0):
+    """Synthetic `(x, y)` for model `kind`, 4 classes."""
+    rng = np.random.RandomState(seed)
+    y = rng.randint(0, 4, n)
+    if kind in ("lstm", "gru"):
+        return rng.rand(n, 5, 8).astype("float32"), y
+    if kind == "embedding":
+        return rng.randint(0, 50, (n, 6)).astype("int32"), y
+    if kind == "conv2d":
+        return rng.rand(n, 8, 8, 3).astype("float32"), y
+    return rng.rand(n, 12).astype("float32"), y
+
+
+def build_model(kind, optimizer="adam", seed=7, metrics=("accuracy",)):
+    """A compiled model whose first layer is of `kind`; same weights for the same seed."""
+    keras.utils.set_random_seed(seed)
+    body = {
+        "dense": [keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(4)],
+        "batchnorm": [keras.Input((12,)), L.Dense(16), L.BatchNormalization(), L.Dense(4)],
+        "dropout": [keras.Input((12,)), L.Dense(16), L.Dropout(0.5), L.Dense(4)],
+        "lstm": [keras.Input((5, 8)), L.LSTM(6), L.Dense(4)],
+        "gru": [keras.Input((5, 8)), L.GRU(6), L.Dense(4)],
+        "embedding": [keras.Input((6,), dtype="int32"), L.Embedding(50, 8),
+                      L.GlobalAveragePooling1D(), L.Dense(4)],
+        "conv2d": [keras.Input((8, 8, 3)), L.Conv2D(4, 3), L.Flatten(), L.Dense(4)],
+    }[kind]
+    model = keras.Sequential(body)
+    opt = {"adam": lambda: keras.optimizers.Adam(0.01),
+           "sgd": lambda: keras.optimizers.SGD(0.1)}[optimizer]() if isinstance(
+               optimizer, str) else optimizer
+    model.compile(optimizer=opt,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=list(metrics))
+    return model
+
+
+def train(kind, strategy=None, n=288, batch_size=96, epochs=2, optimizer="adam"):
+    """Builds (under `strategy` if given) and fits; returns (model, history, evaluate)."""
+    x, y = make_data(kind, n)
+    if strategy is None:
+        model = build_model(kind, optimizer)
+    else:
+        with strategy.scope():
+            model = build_model(kind, optimizer)
+    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
+    evaluation = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+    return model, history.history, evaluation

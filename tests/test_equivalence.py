@@ -1,0 +1,52 @@
+"""N replicas on a global batch give the weights, losses and metrics of one device.
+
+For every layer kind the issue names, SGD and Adam, 2 and 3 replicas: same data, same order,
+same global batches, several steps. Also uneven last batches (split 20/19/19, and 2 examples
+over 3 replicas so one replica gets none), which dpkeras weights by each replica's share.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+from conftest import assert_weights_close, strategy_for
+from models import train
+
+KINDS = ["dense", "conv2d", "embedding", "lstm", "gru"]
+
+
+@functools.lru_cache(maxsize=None)
+def _one_device(kind, optimizer, n=288):
+    model, history, evaluation = train(kind, None, n=n, optimizer=optimizer)
+    return model.get_weights(), history, evaluation
+
+
+def _assert_same_run(expected, actual):
+    weights, history, evaluation = expected
+    model, history2, evaluation2 = actual
+    assert_weights_close(weights, model.get_weights())
+    assert history.keys() == history2.keys()
+    for key in history:
+        np.testing.assert_allclose(history2[key], history[key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(evaluation2, evaluation, rtol=1e-5)
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_replicas_equal_one_device(kind, optimizer, replicas):
+    expected = _one_device(kind, optimizer)
+    _assert_same_run(expected, train(kind, strategy_for(replicas), optimizer=optimizer))
+
+
+@pytest.mark.parametrize("n", [250, 290], ids=["last-batch-58-over-3", "last-batch-2-over-3"])
+def test_uneven_last_batch_equals_one_device(n):
+    expected = _one_device("dense", "adam", n=n)
+    _assert_same_run(expected, train("dense", strategy_for(3), n=n))
+
+
+def test_training_actually_moves_the_weights():
+    """Guards the comparisons above against a model that does not train at all."""
+    initial = train("dense", None, epochs=0)[0].get_weights()
+    trained = _one_device("dense", "adam")[0]
+    assert max(np.abs(a - b).max() for a, b in zip(initial, trained)) > 1e-3
