@@ -10,7 +10,7 @@ model.fit(x, y, batch_size=256)
 """
 
 from dpkeras.devices import simulate_cpu_devices
-from dpkeras.scope import get_strategy, scope
+from dpkeras.strategy_scope import get_strategy, scope
 from dpkeras.strategy import ParameterDeviceStrategy
 from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
 from dpkeras.variables import ParameterVariable

@@ -37,7 +37,11 @@ def canonical_device(device):
             f"A device must be a string such as '/gpu:0' or '/cpu:0'. "
             f"Received: {device!r} (of type {type(device).__name__})")
     text = device.strip()
-    if text and not text.startswith("/"):
+    if ":" not in text:
+        raise ValueError(
+            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
+            f"Received: {device!r}")
+    if not text.startswith("/"):
         text = "/device:" + text
     try:
         spec = tf.DeviceSpec.from_string(text)

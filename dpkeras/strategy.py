@@ -73,6 +73,16 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
                 f"parameter_device={devices.short_device(self.parameter_device)!r})")
 
 
+def _keras_step_owner(fn):
+    """`(model, step name)` when `fn` is a Keras model's train/test/predict step."""
+    target = inspect.unwrap(fn)
+    owner = getattr(target, "__self__", None)
+    name = getattr(target, "__name__", "")
+    if isinstance(owner, keras.Model) and name in ("train_step", "test_step", "predict_step"):
+        return owner, name
+    return None, None
+
+
 class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     """The machinery of `ParameterDeviceStrategy` (reached as `strategy.extended`).
 
@@ -205,8 +215,12 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     # -- running replicas ---------------------------------------------------------------------
 
     def _call_for_each_replica(self, fn, args, kwargs):
+        model, step = _keras_step_owner(fn)
+        if model is not None:
+            self._check_model_variables(model)
         previous = self._step_weights
-        self._step_weights = self._keras_train_step_weights(fn, args)
+        self._step_weights = (self._keras_train_step_weights(args) if step == "train_step"
+                              else None)
         try:
             return _tf_internals.call_for_each_replica(self._container_strategy(), fn, args,
                                                        kwargs)
@@ -216,7 +230,18 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     def _gradient_weight(self, replica_id):
         return None if self._step_weights is None else self._step_weights[replica_id]
 
-    def _keras_train_step_weights(self, fn, args):
+    def _check_model_variables(self, model):
+        """A Keras step of a model built outside this strategy's scope fails here, at trace."""
+        for v in model.variables:
+            value = getattr(v, "value", v)
+            if not (isinstance(value, ParameterVariable) and value._extended is self):
+                raise ValueError(
+                    f"Model {model.name!r} has variable {getattr(v, 'path', v.name)!r} that was "
+                    f"not created under this strategy's scope ({type(value).__name__} on "
+                    f"{value.device or 'no device'}), so it cannot be trained on the parameter "
+                    f"device. Create the model (and compile it) inside `with dpkeras.scope():`.")
+
+    def _keras_train_step_weights(self, args):
         """Per-replica gradient weights `N * b_i / B` for a Keras train step, else None.
 
         Keras scales each replica's mean loss by 1/N, which equals one device only when every
@@ -226,11 +251,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         (`tf.nn.compute_average_loss`) are not Keras train steps and are left alone.
         """
         if self._num_replicas_in_sync == 1:
-            return None
-        target = inspect.unwrap(fn)
-        owner = getattr(target, "__self__", None)
-        if not (isinstance(owner, keras.Model) and getattr(target, "__name__", "") ==
-                "train_step"):
             return None
         per_replica = next((x for x in tf.nest.flatten(args)
                             if isinstance(x, tf.distribute.DistributedValues)), None)

@@ -1,0 +1,117 @@
+"""Bad input fails early, says what it received and what is valid, and leaves nothing behind."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import strategy_for
+from models import build_model, make_data
+
+import dpkeras
+from dpkeras import strategy_scope as scope_module
+
+BAD_DEVICES = [
+    # (compute_devices, parameter_device, message regex)
+    (["/cpu:7"], None, r"compute device /cpu:7 does not exist.*Available devices: /cpu:0, "
+                       r"/cpu:1, /cpu:2, /cpu:3"),
+    (["/gpu:0"], None, r"compute device /gpu:0 does not exist"),
+    (None, "/cpu:9", r"parameter device /cpu:9 does not exist"),
+    (["gpu"], None, r"must name a type and an index.*Received: 'gpu'"),
+    (["/cpu:1", 5], None, r"must be a string.*Received: 5 \(of type int\)"),
+    (["/job:worker/task:1/device:CPU:0"], None, r"another job, replica or task"),
+    (["/cpu:1", "/device:CPU:1"], None, r"lists /cpu:1 twice \('/cpu:1' and '/device:CPU:1'\)"),
+    ([], None, r"at least one device.*Received: compute_devices=\[\]"),
+    ("/cpu:1", None, r"list of device strings, not one string.*did you mean \['/cpu:1'\]"),
+    (None, ["/cpu:0"], r"parameter_device must be one device string.*of type list"),
+    (["/cpu:1"], "/cpu:0/cpu:1", r"Cannot parse device '/cpu:0/cpu:1'"),
+]
+
+
+@pytest.mark.parametrize("compute,parameter,message", BAD_DEVICES)
+def test_bad_devices_fail_before_anything_is_created(compute, parameter, message):
+    cached = dict(scope_module._strategies)
+    with pytest.raises(ValueError, match=message):
+        with dpkeras.scope(compute, parameter):
+            pytest.fail("the scope must not be entered")
+    with pytest.raises(ValueError, match=message):
+        dpkeras.ParameterDeviceStrategy(compute, parameter)
+    assert scope_module._strategies == cached
+    assert not tf.distribute.has_strategy()
+
+
+def test_bad_environment_setting(monkeypatch):
+    monkeypatch.setenv("DPKERAS_COMPUTE_DEVICES", "/cpu:1,,/cpu:2")
+    with pytest.raises(ValueError, match=r"DPKERAS_COMPUTE_DEVICES must be a comma-separated "
+                                         r"list.*Received: DPKERAS_COMPUTE_DEVICES='/cpu:1,,"):
+        dpkeras.ParameterDeviceStrategy()
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, "4", True])
+def test_simulate_cpu_devices_rejects_non_positive_integers(n):
+    with pytest.raises(ValueError, match=rf"positive integer.*Received: n={n!r}"):
+        dpkeras.simulate_cpu_devices(n)
+
+
+def test_simulate_cpu_devices_after_initialisation():
+    dpkeras.simulate_cpu_devices(4)  # what this process already has: a no-op
+    with pytest.raises(RuntimeError, match=r"simulate_cpu_devices\(2\) must be called before "
+                                           r"TensorFlow initialises.*already runs with 4"):
+        dpkeras.simulate_cpu_devices(2)
+    assert len(tf.config.list_logical_devices("CPU")) == 4
+
+
+@pytest.mark.parametrize("outer", ["one_device", "other_dpkeras"])
+def test_scope_inside_another_strategy_scope(outer):
+    other = (tf.distribute.OneDeviceStrategy("/cpu:1") if outer == "one_device"
+             else strategy_for(3))
+    with other.scope():
+        with pytest.raises(ValueError, match=r"cannot be entered inside the scope of another "
+                                             r"strategy: .* is active"):
+            with dpkeras.scope(["/cpu:1", "/cpu:2"]):
+                pass
+        assert tf.distribute.get_strategy() is other
+    with strategy_for(2).scope():
+        with dpkeras.scope(["/cpu:1", "/cpu:2"]) as same:  # re-entering the same one is fine
+            assert same is strategy_for(2)
+
+
+def test_model_built_outside_the_scope_fails_before_training():
+    model = build_model("dense")
+    initial = model.get_weights()
+    x, y = make_data("dense", 96)
+    with dpkeras.scope(["/cpu:1", "/cpu:2"]):
+        with pytest.raises(ValueError, match=r"variable .sequential/dense/kernel. that was not created under this strategy.s scope.*"
+                                             r"inside `with dpkeras.scope\(\):`"):
+            model.fit(x, y, batch_size=48, epochs=1, verbose=0)
+    for a, b in zip(initial, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_integer_variable_with_mean_aggregation():
+    with strategy_for(2).scope():
+        with pytest.raises(ValueError, match=r"'counter' has dtype int32 and aggregation=MEAN"):
+            tf.Variable(0, dtype=tf.int32, name="counter",
+                        aggregation=tf.VariableAggregation.MEAN)
+
+
+def test_global_batch_not_divisible_by_replicas():
+    with strategy_for(3).scope():
+        model = build_model("dense")
+    initial = model.get_weights()
+    x, y = make_data("dense", 512)
+    with pytest.raises(ValueError, match=r"global batch size 256 does not split evenly over 3 "
+                                         r"replicas.*such as 255 or 258"):
+        model.fit(x, y, batch_size=256, epochs=1, verbose=0)
+    for a, b in zip(initial, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert not model.optimizer.variables or int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_update_of_a_foreign_variable_in_a_custom_loop():
+    foreign = tf.Variable(1.0)
+    strategy = strategy_for(2)
+    with pytest.raises(ValueError, match=r"was not created under this strategy's scope"):
+        with strategy.scope():
+            strategy.extended.update(foreign, lambda v, d: v.assign_add(d), args=(1.0,))
+    assert float(foreign.numpy()) == 1.0
+    assert keras.backend.backend() == "tensorflow"

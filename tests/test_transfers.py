@@ -1,0 +1,87 @@
+"""Each replica receives each variable at most once per step, counted from the partitioned graph."""
+
+import keras
+import pytest
+import tensorflow as tf
+from conftest import strategy_for
+from models import build_model, make_data
+
+import dpkeras
+
+L = keras.layers
+
+
+def _shared_layer_model():
+    """A Dense layer called twice: its kernel is read twice per step."""
+    inputs = keras.Input((12,))
+    shared = L.Dense(12, activation="tanh")
+    outputs = L.Dense(4)(shared(shared(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _weight_reads(report, replica):
+    """Transfers to `replica` of model/optimizer weights (not metric state)."""
+    return [t for t in report.transfers if t.destination == replica and t.source == "/cpu:0"]
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_at_most_one_tensor_per_variable_per_replica(replicas):
+    with strategy_for(replicas).scope():
+        model = _shared_layer_model()
+    x, y = make_data("dense", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    read_variables = len(model.trainable_variables) + len(model.optimizer.variables) + sum(
+        len(m.variables) for m in model.metrics)
+    for replica in strategy_for(replicas).extended.worker_devices:
+        short = dpkeras.devices.short_device(replica)
+        received = _weight_reads(report, short)
+        names = [t.tensor for t in received]
+        assert len(received) <= read_variables, names
+        # The four trainable tensors arrive once each, although the kernel is used twice.
+        float_matrices = [t for t in received if t.shape and len(t.shape) >= 1]
+        assert len(float_matrices) == len(model.trainable_variables), names
+    # Gradients go back once per trainable variable per replica, nothing else is large.
+    for replica in ("/cpu:1", "/cpu:2"):
+        back = [t for t in report.transfers if t.source == replica and t.shape]
+        assert len(back) == len(model.trainable_variables)
+
+
+def test_central_storage_sends_each_use_separately():
+    """The predecessor, on the same model: a tensor per use, so more than dpkeras."""
+    strategy = tf.distribute.experimental.CentralStorageStrategy(["/cpu:1", "/cpu:2"],
+                                                                 parameter_device="/cpu:0")
+    with strategy.scope():
+        model = _shared_layer_model()
+    x, y = make_data("dense", 96)
+    css = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    keras.backend.clear_session()
+    with strategy_for(2).scope():
+        model = _shared_layer_model()
+    ours = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    for replica in ("/cpu:1", "/cpu:2"):
+        assert ours.to_device(replica)[0] < css.to_device(replica)[0]
+        assert ours.to_device(replica)[1] < css.to_device(replica)[1]
+
+
+def test_report_counts_match_the_model():
+    with strategy_for(2).scope():
+        model = build_model("dense")
+    x, y = make_data("dense", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    weight_bytes = sum(v.numpy().nbytes for v in model.trainable_variables)
+    for replica in ("/cpu:1", "/cpu:2"):
+        received = [t for t in _weight_reads(report, replica) if t.shape]
+        assert sum(t.bytes for t in received) == weight_bytes
+    assert set(report.devices) == {"/cpu:0", "/cpu:1", "/cpu:2"}
+    summary = report.summary()
+    assert summary["/cpu:0 -> /cpu:1"][1] >= weight_bytes
+
+
+def test_report_requires_a_step_traced_inside():
+    with pytest.raises(ValueError, match="No multi-device function was instantiated"):
+        with dpkeras.record_transfers() as recorder:
+            pass
+        recorder.report()
