@@ -4,64 +4,56 @@ The public `tf.distribute` API lets users *use* a strategy, not *write* one: a s
 extended class, its replica threads, its distributed datasets and its value containers are all
 private. Keeping those imports here means a TensorFlow upgrade breaks one file, and
 `pyproject.toml` pins the TensorFlow minor version this file was checked against.
+
+Why each is needed:
+
+- `StrategyExtendedV1`: a strategy's extended class must derive from it, because `Strategy.run`
+  and `merge_call` reach `call_for_each_replica` and `_use_merge_call`, which only V1 defines.
+- `UpdateContext`: marks "inside `extended.update`" exactly as TF's own strategies do, so code
+  that checks `tf.distribute.in_cross_replica_context()` behaves the same under dpkeras.
+- `InputContext`, `InputReplicationMode`, `ValueContext`: the objects `dataset_fn` and
+  `value_fn` receive, and the input options' enum; public only as types, not constructors.
+- `call_for_each_replica` (mirrored_run): `Strategy.run` in TF's strategies is a thread per
+  replica, lock-stepped at `merge_call`; it also turns a `tf.function` replica fn into one
+  function holding all replicas, which Keras's TF trainer relies on. Writing our own would
+  duplicate ~400 lines of delicate threading; CentralStorageStrategy reuses it the same way.
+- `get_distributed_dataset`, `get_distributed_datasets_from_function`, `InputWorkers`:
+  distributed datasets (rebatching a global batch into per-replica batches, prefetching to the
+  compute devices, DistributedIterator) have no public constructor.
+- `Mirrored`, `regroup`: the per-replica containers `strategy.run` returns and
+  `experimental_local_results` unpacks; `tf.distribute.DistributedValues` cannot be built.
+- `compute_batch_size`: the global batch size tf.data will split over replicas, read from the
+  dataset graph as TF's own rebatching does, so that a bad batch size fails before training.
+- `record_operation`: a cached replica-side read of a variable must be registered on the
+  GradientTape as a read of that variable (`ResourceVariable._read_variable_op` does the same);
+  there is no public way to add an edge to the tape.
+- `BaseResourceVariable`, `is_resource_variable`: the variable dpkeras hands to Keras shares the
+  handle of the one the creator chain made; only this class has a handle-taking constructor.
+- `context`: counting the tensors a step sends between devices needs the partitioned graphs TF
+  runs; only the eager context's run-metadata switch exposes them. It also tells whether TF has
+  initialised its devices (for `simulate_cpu_devices`).
 """
 
-# A new strategy must derive its extended class from StrategyExtendedV1: `Strategy.run` and
-# `merge_call` reach `call_for_each_replica` and `_use_merge_call`, which only V1 defines.
-# UpdateContext marks "inside extended.update" exactly as TF's own strategies do, so that code
-# checking `tf.distribute.in_cross_replica_context()` behaves the same under dpkeras.
-from tensorflow.python.distribute.distribute_lib import (  # noqa: F401
+# ruff: noqa: F401
+from tensorflow.python.data.experimental.ops.distribute import compute_batch_size
+from tensorflow.python.distribute.distribute_lib import (
     InputContext,
     InputReplicationMode,
     StrategyExtendedV1,
-    StrategyV1,
     UpdateContext,
     ValueContext,
 )
-
-# `Strategy.run` in TF strategies is a thread per replica, lock-stepped at `merge_call`
-# (mirrored_run). It also turns a `tf.function` replica fn into one function holding all
-# replicas, which Keras's TF trainer relies on. Writing our own would duplicate ~400 lines of
-# delicate threading; CentralStorageStrategy reuses it in the same way.
-from tensorflow.python.distribute.mirrored_run import (  # noqa: F401
-    call_for_each_replica,
-)
-
-# Distributed datasets (rebatching a global batch into per-replica batches, prefetching to the
-# compute devices, DistributedIterator) have no public constructor.
-from tensorflow.python.distribute.input_util import (  # noqa: F401
+from tensorflow.python.distribute.distribute_utils import regroup
+from tensorflow.python.distribute.input_lib import InputWorkers
+from tensorflow.python.distribute.input_util import (
     get_distributed_dataset,
     get_distributed_datasets_from_function,
 )
-from tensorflow.python.distribute.input_lib import InputWorkers  # noqa: F401
-
-# PerReplica / Mirrored are what `strategy.run` returns and `experimental_local_results`
-# unpacks; the public type `tf.distribute.DistributedValues` cannot be constructed.
-from tensorflow.python.distribute.values import Mirrored, PerReplica  # noqa: F401
-from tensorflow.python.distribute.distribute_utils import regroup, select_replica  # noqa: F401
-
-# The global batch size tf.data will split over replicas, read from the dataset graph the same
-# way TF's own rebatching does, so that a bad batch size fails before training.
-from tensorflow.python.data.experimental.ops.distribute import (  # noqa: F401
-    compute_batch_size,
-)
-
-# A cached replica-side read of a variable must be registered on the GradientTape as a read of
-# that variable (ResourceVariable._read_variable_op does the same with this call); there is no
-# public way to add an edge to the tape.
-from tensorflow.python.eager.record import record_operation  # noqa: F401
-
-# The variable class dpkeras hands to Keras is a ResourceVariable sharing the handle of the one
-# the creator chain made; BaseResourceVariable is the only class with a handle-taking
-# constructor.
-from tensorflow.python.ops.resource_variable_ops import (  # noqa: F401
-    BaseResourceVariable,
-    is_resource_variable,
-)
-
-# Counting the tensors a traced step sends between devices needs the partitioned graphs TF
-# actually runs; only the eager context's run-metadata switch exposes them.
+from tensorflow.python.distribute.mirrored_run import call_for_each_replica
+from tensorflow.python.distribute.values import Mirrored
 from tensorflow.python.eager import context as _context
+from tensorflow.python.eager.record import record_operation
+from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable, is_resource_variable
 
 
 def enable_run_metadata():

@@ -11,11 +11,15 @@ any write to the variable drops the cache, so a read after a write sees the new 
 
 Writes, by the kind of variable (how tf.distribute defines them):
 
-| variable | replica-context write |
-|---|---|
-| `synchronization=ON_READ` (Keras metric state) | every replica's change is summed (or averaged, per `aggregation`) and applied once, synchronously, so every replica then reads the same, global value |
-| `aggregation=NONE` (BatchNormalization statistics, seeds, loss-scale counters) | replica 0 writes; the others' writes are dropped. No synchronization, so it is legal inside `tf.cond` |
-| `aggregation=SUM`, `MEAN`, `ONLY_FIRST_REPLICA` | the replicas' values are reduced, then written once |
+- `synchronization=ON_READ` (Keras metric state): every replica's change is summed (or
+  averaged, per `aggregation`) and applied once, synchronously, so every replica then reads
+  the same, global value.
+- `aggregation=NONE` (BatchNormalization statistics, seeds, loss-scale counters): replica 0
+  writes; the others' writes are dropped. No synchronization, so it is legal inside `tf.cond`.
+  Replica 0 updating BatchNormalization's moving statistics with its own batch's statistics
+  is exactly what MirroredStrategy's primary copy ends with.
+- `aggregation=SUM`, `MEAN`, `ONLY_FIRST_REPLICA`: the replicas' values are reduced, then
+  written once.
 
 Writes in cross-replica context (the optimizer's `extended.update`) go straight to the variable.
 

@@ -15,7 +15,7 @@ from models import train
 KINDS = ["dense", "conv2d", "embedding", "lstm", "gru"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _one_device(kind, optimizer, n=288):
     model, history, evaluation = train(kind, None, n=n, optimizer=optimizer)
     return model.get_weights(), history, evaluation

@@ -80,7 +80,8 @@ def test_model_built_outside_the_scope_fails_before_training():
     initial = model.get_weights()
     x, y = make_data("dense", 96)
     with dpkeras.scope(["/cpu:1", "/cpu:2"]):
-        with pytest.raises(ValueError, match=r"variable .sequential/dense/kernel. that was not created under this strategy.s scope.*"
+        with pytest.raises(ValueError, match=r"variable .sequential/dense/kernel. that was not "
+                                             r"created under this strategy.s scope.*"
                                              r"inside `with dpkeras.scope\(\):`"):
             model.fit(x, y, batch_size=48, epochs=1, verbose=0)
     for a, b in zip(initial, model.get_weights()):

@@ -20,7 +20,8 @@ def test_every_kind_of_variable_lives_once_on_the_parameter_device():
     keras.config.set_dtype_policy("mixed_float16")  # adds LossScaleOptimizer state
     strategy = strategy_for(3)
     with strategy.scope():
-        model = build_model("dropout", metrics=("accuracy", keras.metrics.SparseCategoricalCrossentropy(from_logits=True)))
+        model = build_model("dropout", metrics=(
+            "accuracy", keras.metrics.SparseCategoricalCrossentropy(from_logits=True)))
     x, y = make_data("dense", 96)
     model.fit(x, y, batch_size=96, epochs=1, verbose=0)  # creates optimizer slots
     groups = {

@@ -1,0 +1,28 @@
+# The two commands of README.md. Each installs what it needs into .venv/ (git-ignored) first.
+#   make bench   the benchmark on the devices found (simulated CPU devices when there is no GPU)
+#   make test    the test suite
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: install test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -n auto -q
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m benchmarks.compare $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check dpkeras tests benchmarks
+
+clean:
+	rm -rf $(VENV) results build *.egg-info
