@@ -73,11 +73,15 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
                 f"parameter_device={devices.short_device(self.parameter_device)!r})")
 
 
+def _bound_method(fn):
+    """`(owner, method name)` of a bound method (through decorators), else `(None, "")`."""
+    target = inspect.unwrap(fn)
+    return getattr(target, "__self__", None), getattr(target, "__name__", "")
+
+
 def _keras_step_owner(fn):
     """`(model, step name)` when `fn` is a Keras model's train/test/predict step."""
-    target = inspect.unwrap(fn)
-    owner = getattr(target, "__self__", None)
-    name = getattr(target, "__name__", "")
+    owner, name = _bound_method(fn)
     if isinstance(owner, keras.Model) and name in ("train_step", "test_step", "predict_step"):
         return owner, name
     return None, None
@@ -222,10 +226,25 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         self._step_weights = (self._keras_train_step_weights(args) if step == "train_step"
                               else None)
         try:
-            return _tf_internals.call_for_each_replica(self._container_strategy(), fn, args,
-                                                       kwargs)
+            result = _tf_internals.call_for_each_replica(self._container_strategy(), fn, args,
+                                                         kwargs)
         finally:
             self._step_weights = previous
+        owner, name = _bound_method(fn)
+        if isinstance(owner, keras.optimizers.LossScaleOptimizer) and name == "check_finite":
+            result = self._all_replicas_finite(result)
+        return result
+
+    def _all_replicas_finite(self, per_replica_finite):
+        """Every replica's answer to "are all gradients finite?" becomes the global answer.
+
+        Keras's LossScaleOptimizer asks each replica (from cross-replica context) and then uses
+        replica 0's answer, assuming the gradients were already all-reduced; they are not, so
+        an overflow on another replica alone would let non-finite gradients into the weights.
+        """
+        with tf.device(self._parameter_device):
+            finite = tf.reduce_all(tf.stack(list(self._local_results(per_replica_finite))))
+        return _tf_internals.Mirrored([finite] * self._num_replicas_in_sync)
 
     def _gradient_weight(self, replica_id):
         return None if self._step_weights is None else self._step_weights[replica_id]
