@@ -9,9 +9,10 @@ model.fit(x, y, batch_size=256)
 ```
 """
 
+from dpkeras import lookups as _lookups  # noqa: F401  (registers the tf.gather dispatcher)
 from dpkeras.devices import simulate_cpu_devices
-from dpkeras.strategy_scope import get_strategy, scope
 from dpkeras.strategy import ParameterDeviceStrategy
+from dpkeras.strategy_scope import get_strategy, scope
 from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
 from dpkeras.variables import ParameterVariable
 

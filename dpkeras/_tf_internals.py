@@ -29,6 +29,9 @@ Why each is needed:
   there is no public way to add an edge to the tape.
 - `BaseResourceVariable`, `is_resource_variable`: the variable dpkeras hands to Keras shares the
   handle of the one the creator chain made; only this class has a handle-taking constructor.
+- `register_dispatchable_type`: `tf.experimental.dispatch_for_api` (public) only dispatches on
+  types registered as dispatchable (ExtensionTypes register themselves); Keras variables must
+  be registered for the `tf.gather` dispatcher of `dpkeras.lookups` to see them.
 - `context`: counting the tensors a step sends between devices needs the partitioned graphs TF
   runs; only the eager context's run-metadata switch exposes them. It also tells whether TF has
   initialised its devices (for `simulate_cpu_devices`).
@@ -54,19 +57,32 @@ from tensorflow.python.distribute.values import Mirrored
 from tensorflow.python.eager import context as _context
 from tensorflow.python.eager.record import record_operation
 from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable, is_resource_variable
+from tensorflow.python.util.dispatch import register_dispatchable_type
 
 
 def enable_run_metadata():
-    """Starts recording partition graphs of functions instantiated from now on."""
-    _context.enable_run_metadata()
+    """Starts recording partition graphs of functions instantiated from now on.
+
+    Anything recorded before (by an earlier recording, see below) is discarded first.
+    """
+    context = _context.context()
+    context.enable_run_metadata()
+    context.export_run_metadata()
 
 
 def export_and_disable_run_metadata():
-    """Returns the recorded `RunMetadata` proto and stops recording."""
+    """Returns the recorded `RunMetadata` proto and stops recording.
+
+    `disable_run_metadata` alone leaves the context storing the graphs of every function it
+    instantiates afterwards (TF 2.21), which would grow for the rest of the process;
+    `disable_graph_collection` turns that off.
+    """
+    context = _context.context()
     try:
-        return _context.export_run_metadata()
+        return context.export_run_metadata()
     finally:
-        _context.disable_run_metadata()
+        context.disable_run_metadata()
+        context.disable_graph_collection()
 
 
 def context_initialized():

@@ -72,11 +72,14 @@ def default_parameter_device():
     return canonical_device("/cpu:0")
 
 
-def default_compute_devices(parameter_device):
+def default_compute_devices(parameter_devices):
     """The compute devices used when none are given, and why.
 
     All GPUs; with no GPU, every logical CPU except the parameter device; with a single CPU,
     that CPU (one replica, which then also holds the variables).
+
+    Args:
+        parameter_devices: canonical names of the devices that hold variables.
 
     Returns:
         `(devices, reason)`: canonical device names and a sentence saying why.
@@ -86,10 +89,11 @@ def default_compute_devices(parameter_device):
     if gpus:
         return gpus, f"all {len(gpus)} GPU(s)"
     cpus = [d for d in available if d.rsplit("/device:", 1)[1].startswith("CPU:")]
-    others = [d for d in cpus if d != parameter_device]
+    others = [d for d in cpus if d not in parameter_devices]
     if others:
+        held = ", ".join(short_device(d) for d in parameter_devices)
         return others, (f"no GPU; {len(others)} logical CPU device(s) other than the parameter "
-                        f"device {short_device(parameter_device)}")
+                        f"device(s) {held}")
     return cpus[:1], "no GPU and a single CPU device: one replica on it"
 
 
@@ -106,28 +110,36 @@ def resolve_devices(compute_devices=None, parameter_device=None):
     """Validates and fills in a strategy's devices.
 
     Precedence for each: the argument, then `DPKERAS_COMPUTE_DEVICES` (comma-separated) /
-    `DPKERAS_PARAMETER_DEVICE`, then the defaults of `default_compute_devices` and
-    `default_parameter_device`.
+    `DPKERAS_PARAMETER_DEVICE` (one device, or comma-separated devices to spread over), then
+    the defaults of `default_compute_devices` and `default_parameter_device`.
+
+    Args:
+        compute_devices: list of device strings, or None.
+        parameter_device: a device string, a list of them, a `dpkeras.placement` policy or any
+            callable `(VariableSpec) -> device`, or None.
 
     Returns:
-        `(compute_devices, parameter_device, reason)`: a tuple of canonical names, a canonical
-        name, and a sentence saying where the compute devices came from.
+        `(compute_devices, policy, home_device, reason)`: a tuple of canonical names; the
+        placement policy (a callable); the canonical name of the device that holds reductions
+        not tied to a variable (the policy's first device, else `/cpu:0`); and a sentence
+        saying where the compute devices came from.
 
     Raises:
-        ValueError: for an unparseable, absent or duplicated device or an empty list. Nothing
-            has been created when it is raised.
+        ValueError: for an unparseable, absent or duplicated device, an empty list, or a
+            parameter_device of another type. Nothing has been created when it is raised.
     """
+    from dpkeras import placement  # placement uses canonical_device from this module
+
     source = "argument"
     if parameter_device is None:
-        parameter_device = config.env_device(config.PARAMETER_DEVICE_ENV)
+        from_env = config.env_device_list(config.PARAMETER_DEVICE_ENV)
+        if from_env is not None:
+            parameter_device = from_env[0] if len(from_env) == 1 else from_env
     if parameter_device is None:
         parameter_device = default_parameter_device()
-    if not isinstance(parameter_device, str):
-        raise ValueError(
-            f"parameter_device must be one device string such as '/cpu:0'. "
-            f"Received: parameter_device={parameter_device!r} "
-            f"(of type {type(parameter_device).__name__})")
-    parameter_device = canonical_device(parameter_device)
+    policy = placement.as_policy(parameter_device)
+    policy_devices = tuple(getattr(policy, "devices", ()))
+    home = policy_devices[0] if policy_devices else default_parameter_device()
 
     if compute_devices is None:
         compute_devices = config.env_device_list(config.COMPUTE_DEVICES_ENV)
@@ -137,10 +149,11 @@ def resolve_devices(compute_devices=None, parameter_device=None):
             f"compute_devices must be a list of device strings, not one string. "
             f"Received: compute_devices={compute_devices!r}; did you mean [{compute_devices!r}]?")
     available = _available()
-    _check_exists(parameter_device, "parameter device", available)
+    for device in policy_devices or (home,):
+        _check_exists(device, "parameter device", available)
     if compute_devices is None:
-        compute, reason = default_compute_devices(parameter_device)
-        return tuple(compute), parameter_device, reason
+        compute, reason = default_compute_devices(policy_devices or (home,))
+        return tuple(compute), policy, home, reason
 
     compute_devices = list(compute_devices)
     if not compute_devices:
@@ -160,10 +173,25 @@ def resolve_devices(compute_devices=None, parameter_device=None):
     for name in canonical:
         _check_exists(name, "compute device", available)
     reason = f"from the {source}"
-    if parameter_device in canonical:
-        reason += (f"; the parameter device {short_device(parameter_device)} also computes "
-                   f"(like tf_cnn_benchmarks' --local_parameter_device)")
-    return tuple(canonical), parameter_device, reason
+    shared = [d for d in policy_devices if d in canonical]
+    if shared:
+        reason += (f"; parameter device(s) {', '.join(short_device(d) for d in shared)} also "
+                   f"compute (like tf_cnn_benchmarks' --local_parameter_device)")
+    return tuple(canonical), policy, home, reason
+
+
+def check_device(device, what):
+    """Canonicalises `device` and checks it exists; `what` names it in the error."""
+    try:
+        name = canonical_device(device)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    available = _available()
+    if name not in available:
+        raise ValueError(
+            f"{what}: device {short_device(name)} does not exist in this process. Available "
+            f"devices: {', '.join(short_device(d) for d in available)}.")
+    return name
 
 
 def simulate_cpu_devices(n):

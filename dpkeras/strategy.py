@@ -1,14 +1,16 @@
 """`ParameterDeviceStrategy`: variables on a parameter device, Keras computation on replicas."""
 
+import dataclasses
 import inspect
+import itertools
 import logging
 import weakref
 
 import keras
 import tensorflow as tf
 
-from dpkeras import _tf_internals, devices
-from dpkeras.variables import ParameterVariable, variable_kind
+from dpkeras import _tf_internals, devices, placement
+from dpkeras.variables import ParameterVariable
 
 __all__ = ["ParameterDeviceStrategy", "ParameterDeviceExtended"]
 
@@ -97,18 +99,25 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
 
     def __init__(self, container_strategy, compute_devices=None, parameter_device=None):
         super().__init__(container_strategy)
-        compute, parameter, reason = devices.resolve_devices(compute_devices, parameter_device)
+        compute, policy, home, reason = devices.resolve_devices(compute_devices,
+                                                                parameter_device)
         self._compute_devices = compute
-        self._parameter_device = parameter
+        self._policy = policy
+        self._parameter_device = home
+        self._parameter_devices = tuple(getattr(policy, "devices", ())) or (home,)
+        self._available = {devices.canonical_device(d.name)
+                           for d in tf.config.list_logical_devices()}
+        self._variables = weakref.WeakValueDictionary()  # creation order -> ParameterVariable
+        self._creation_order = itertools.count()
         self._device_reason = reason
         self._host_device = devices.canonical_device("/cpu:0")
         self._step_weights = None
-        # Tensors this strategy made on the device where they are consumed (reductions,
-        # variable reads), by (graph, name); see `_home_tensor`.
-        self._home_tensors = weakref.WeakKeyDictionary()
-        _log.info("dpkeras: compute devices %s (%s); parameter device %s",
+        # Reductions this strategy made, by graph and tensor name: (how, per-replica value);
+        # see `_home_tensor`.
+        self._reductions = weakref.WeakKeyDictionary()
+        _log.info("dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
                   [devices.short_device(d) for d in compute], reason,
-                  devices.short_device(parameter))
+                  [devices.short_device(d) for d in self._parameter_devices], policy)
 
     # -- devices ------------------------------------------------------------------------------
 
@@ -126,7 +135,16 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
 
     @property
     def parameter_devices(self):
-        return (self._parameter_device,)
+        return self._parameter_devices
+
+    @property
+    def placement_policy(self):
+        """The callable that chose each variable's device (see `dpkeras.placement`)."""
+        return self._policy
+
+    def variables(self):
+        """Every live variable created under this strategy, in creation order."""
+        return [self._variables[k] for k in sorted(self._variables.keys())]
 
     @property
     def device_reason(self):
@@ -175,12 +193,34 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
 
     # -- variables ----------------------------------------------------------------------------
 
+    def _place(self, spec):
+        """The device the placement policy chooses for `spec`, validated."""
+        try:
+            device = self._policy(spec)
+        except Exception as e:  # a user policy may raise anything; say which variable
+            raise ValueError(
+                f"The placement policy {self._policy!r} failed for variable {spec.path!r} "
+                f"({spec.kind}, shape {spec.shape}): {type(e).__name__}: {e}") from e
+        try:
+            device = devices.canonical_device(device)
+        except ValueError as e:
+            raise ValueError(f"The placement policy {self._policy!r} returned an invalid device "
+                             f"for variable {spec.path!r}: {e}") from None
+        if device not in self._available:
+            raise ValueError(
+                f"The placement policy {self._policy!r} placed variable {spec.path!r} on "
+                f"{devices.short_device(device)}, which does not exist in this process. "
+                f"Available devices: "
+                f"{', '.join(sorted(devices.short_device(d) for d in self._available))}.")
+        return device
+
     def _create_variable(self, next_creator, **kwargs):
         colocate_with = kwargs.pop("colocate_with", None)
-        device = self._parameter_device if colocate_with is None else colocate_with.device
+        spec = placement.describe_variable(kwargs)
+        # Optimizer slots are created under colocate_vars_with(variable): they follow it.
+        device = self._place(spec) if colocate_with is None else colocate_with.device
         name = kwargs.get("name") or "Variable"
         aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
-        synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
         if aggregation not in _VALID_AGGREGATIONS:
             raise ValueError(
                 f"Variable {name!r}: aggregation must be one of "
@@ -198,8 +238,11 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"dpkeras.scope() returned {type(variable).__name__} for {name!r}.")
         if dtype is None:
             self._check_aggregation_dtype(name, aggregation, variable.dtype)
-        return ParameterVariable(self, variable,
-                                 variable_kind(name, synchronization, variable.dtype))
+        if spec.shape is None:
+            spec = dataclasses.replace(spec, shape=tuple(variable.shape.as_list()))
+        wrapped = ParameterVariable(self, variable, spec)
+        self._variables[next(self._creation_order)] = wrapped
+        return wrapped
 
     @staticmethod
     def _check_aggregation_dtype(name, aggregation, dtype):
@@ -343,19 +386,17 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 if how == "MEAN":
                     result = (result // n if result.dtype.is_integer else
                               result / tf.cast(n, result.dtype))
-        self._mark_home(result)
+        self._remember_reduction(result, how, value)
         return result
 
-    def _mark_home(self, result):
+    def _remember_reduction(self, result, how, value):
         if tf.executing_eagerly():
             return
-        tensors = [result.values, result.indices] if isinstance(result, tf.IndexedSlices) else [
-            result]
-        for t in tensors:
-            self._home_tensors.setdefault(t.graph, set()).add(t.name)
+        key = result.values if isinstance(result, tf.IndexedSlices) else result
+        self._reductions.setdefault(key.graph, {})[key.name] = (how, value)
 
     def _home_tensor(self, t):
-        """The tensor `t` forwards, if `t` is an identity of a reduction this strategy made.
+        """The reduction `t` forwards, if `t` is an identity of one this strategy made.
 
         `ReplicaContext.all_reduce` wraps merged results in a `custom_gradient` IdentityN
         created on each replica's device. Handing that to `update` would copy every reduced
@@ -365,18 +406,37 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
             return t
         if t.op.type in ("Identity", "IdentityN"):
             source = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
-            if source.name in self._home_tensors.get(source.graph, ()):
+            if source.name in self._reductions.get(source.graph, ()):
                 return source
         return t
 
-    def _select_single_value(self, structure):
+    def _for_device(self, x, device):
+        """`x`, with a reduction this strategy made redone on `device` if it was elsewhere.
+
+        All-reduced gradients are summed on the home device before the strategy knows which
+        variable each belongs to; with variables spread over several devices, each is summed
+        again where its variable lives, and the first sum, unused, is pruned from the graph.
+        """
+        sparse = isinstance(x, tf.IndexedSlices)
+        key = self._home_tensor(x.values if sparse else x)
+        if sparse and key is not x.values:
+            x = tf.IndexedSlices(key, self._home_tensor(x.indices), x.dense_shape)
+        elif not sparse:
+            x = key
+        if isinstance(key, tf.Tensor) and not tf.executing_eagerly() and device and (
+                key.device != device):
+            found = self._reductions.get(key.graph, {}).get(key.name)
+            if found is not None:
+                return self._aggregate(found[0], found[1], device)
+        return x
+
+    def _select_single_value(self, structure, device=None):
         def select(x):
             if isinstance(x, tf.distribute.DistributedValues):
                 x = self._local_results(x)[0]
-            if isinstance(x, tf.IndexedSlices):
-                values, indices = self._home_tensor(x.values), self._home_tensor(x.indices)
-                return tf.IndexedSlices(values, indices, x.dense_shape)
-            return self._home_tensor(x)
+            if isinstance(x, (tf.Tensor, tf.IndexedSlices)):
+                return self._for_device(x, device)
+            return x
         return tf.nest.map_structure(select, structure)
 
     def _reduce_to(self, reduce_op, value, destinations, options):
@@ -435,8 +495,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"Create the model (and compile it) inside `with dpkeras.scope():`. "
                 f"Received a {type(var).__name__}.")
         with tf.device(var.device), _tf_internals.UpdateContext(var.device):
-            result = fn(var, *self._select_single_value(args),
-                        **self._select_single_value(kwargs))
+            result = fn(var, *self._select_single_value(args, var.device),
+                        **self._select_single_value(kwargs, var.device))
         return result if group else tf.nest.map_structure(self._local_results, result)
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):

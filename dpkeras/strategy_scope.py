@@ -19,14 +19,20 @@ def get_strategy(compute_devices=None, parameter_device=None):
 
     Equal arguments (after defaults, environment settings and device-name canonicalisation)
     give the same strategy object, so models built in two `dpkeras.scope()` blocks can be
-    trained together. Arguments are those of `ParameterDeviceStrategy`.
+    trained together; a placement policy object is equal only to itself. Arguments are those
+    of `ParameterDeviceStrategy`.
     """
-    compute, parameter, _ = devices.resolve_devices(compute_devices, parameter_device)
-    key = (compute, parameter)
+    compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device)
+    if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
+        placed = tuple(getattr(policy, "devices", (home,)))
+        parameter_device = placed[0] if len(placed) == 1 else list(placed)
+        key = (compute, placed)
+    else:
+        key = (compute, parameter_device)  # a policy object: equal only to itself
     with _lock:
         strategy = _strategies.get(key)
         if strategy is None:
-            strategy = ParameterDeviceStrategy(list(compute), parameter)
+            strategy = ParameterDeviceStrategy(list(compute), parameter_device)
             _strategies[key] = strategy
         return strategy
 

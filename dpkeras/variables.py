@@ -5,9 +5,11 @@ chain made on the parameter device. It changes two things, and only inside a rep
 `ParameterDeviceStrategy`:
 
 Reads. Each replica gets the value once per traced step: the first read in a graph makes one
-`ReadVariableOp` on the parameter device and one `Identity` on the replica's device; later reads
-reuse it. The cached tensor is registered on the GradientTape as a read of the variable, and
-any write to the variable drops the cache, so a read after a write sees the new value.
+`ReadVariableOp` on the parameter device for that replica; later reads reuse it, and TensorFlow
+sends it to the replica's device once (or not at all if the replica does not use it).
+Embedding lookups gather on the parameter device and send only the rows (`dpkeras.lookups`).
+The cached tensor is registered on the GradientTape as a read of the variable, and any write
+to the variable drops the cache, so a read after a write sees the new value.
 
 Writes, by the kind of variable (how tf.distribute defines them):
 
@@ -34,11 +36,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 
-__all__ = ["ParameterVariable", "SEED_STATE_NAME", "variable_kind"]
-
-# Keras's SeedGenerator names its state variable so (keras/src/random/seed_generator.py); a
-# variable creator sees only this leaf name, so it is how dpkeras recognises RNG state.
-SEED_STATE_NAME = "seed_generator_state"
+__all__ = ["ParameterVariable"]
 
 # Added to the first seed component on replica k, times k, so that replicas draw different
 # (but reproducible) random numbers: Dropout masks differ across replicas.
@@ -46,16 +44,6 @@ _REPLICA_SEED_STRIDE = 0x2545F491
 
 _ON_READ = tf.VariableSynchronization.ON_READ
 _NONE = tf.VariableAggregation.NONE
-
-
-def variable_kind(name, synchronization, dtype):
-    """Classifies a variable from what its creator sees: `"metric"`, `"seed"` or `"weight"`."""
-    leaf = name.rsplit("/", 1)[-1].split(":")[0]
-    if synchronization == _ON_READ:
-        return "metric"
-    if leaf.startswith(SEED_STATE_NAME) and tf.as_dtype(dtype).is_integer:
-        return "seed"
-    return "weight"
 
 
 def _is_same_tensor(a, b):
@@ -97,10 +85,10 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         extended: the `ParameterDeviceExtended` that created it.
         variable: the resource variable the creator chain made; its handle is shared and it is
             kept alive by this object.
-        kind: `"weight"`, `"metric"` or `"seed"` (see `variable_kind`).
+        spec: the `dpkeras.placement.VariableSpec` it was placed by.
     """
 
-    def __init__(self, extended, variable, kind):
+    def __init__(self, extended, variable, spec):
         super().__init__(
             trainable=variable.trainable,
             shape=variable.shape,
@@ -125,13 +113,19 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         )
         self._primary = variable  # owns the handle's deleter
         self._extended = extended
-        self._kind = kind
+        self._spec = spec
+        self._kind = spec.kind
         self._replica_reads = weakref.WeakKeyDictionary()  # graph -> {replica_id: tensor}
 
     @property
     def kind(self):
-        """`"weight"`, `"metric"` or `"seed"`."""
+        """`"weight"`, `"optimizer"`, `"metric"`, `"seed"` or `"other"`."""
         return self._kind
+
+    @property
+    def spec(self):
+        """The `dpkeras.placement.VariableSpec` the placement policy saw."""
+        return self._spec
 
     @property
     def primary(self):
@@ -152,11 +146,13 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
                                                                   {})
         value = None if cache is None else cache.get(replica_id)
         if value is None:
+            # The read stays on the parameter device: TensorFlow sends a tensor once to each
+            # device that consumes it, and not at all when nothing does (a read made only for
+            # `tf.shape`, say), so no replica-side copy is made here.
             with tf.device(self.device):
-                read = super()._read_variable_op()
-            with tf.device(self._extended.worker_devices[replica_id]):
-                value = tf.identity(read)
-                if self._kind == "seed" and replica_id:
+                value = super()._read_variable_op()
+            if self._kind == "seed" and replica_id:
+                with tf.device(self._extended.worker_devices[replica_id]):
                     value = value + tf.constant([replica_id * _REPLICA_SEED_STRIDE, 0],
                                                 dtype=value.dtype)
             if cache is not None:
@@ -167,6 +163,27 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
                 "ReadVariableOp", [value], [self.handle],
                 backward_function=lambda g: [_scale_gradient(g, weight)],
                 forward_function=lambda x: [x])
+        return value
+
+    def sparse_read(self, indices, name=None):
+        """Gathers rows; in a replica, on the parameter device, sending only the rows."""
+        replica_id = self._extended._current_replica_id()
+        if replica_id is None:
+            return super().sparse_read(indices, name=name)
+        with tf.device(self.device):
+            value = super().sparse_read(indices, name=name)
+        weight = self._extended._gradient_weight(replica_id) if self.trainable else None
+        if weight is not None:
+            flat_indices = tf.reshape(indices, [-1])
+            row_shape = self.shape[1:]
+
+            def backward(grad):
+                values = tf.reshape(grad, tf.concat([[-1], row_shape], 0))
+                return [tf.IndexedSlices(values * tf.cast(weight, values.dtype), flat_indices,
+                                         tf.constant(self.shape.as_list()))]
+            _tf_internals.record_operation("ResourceGather", [value], [self.handle],
+                                           backward_function=backward,
+                                           forward_function=lambda x: [x])
         return value
 
     def _invalidate_reads(self):

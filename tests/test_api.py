@@ -62,7 +62,7 @@ def test_environment_settings_and_argument_precedence(monkeypatch):
 def test_parameter_device_may_also_compute():
     """tf_cnn_benchmarks' --local_parameter_device: one device holds variables and computes."""
     strategy = dpkeras.get_strategy(["/cpu:0", "/cpu:1"], "/cpu:0")
-    assert "also computes" in strategy.extended.device_reason
+    assert "/cpu:0 also compute" in strategy.extended.device_reason
     x, y = make_data("dense", 96)
     with strategy.scope():
         model = build_model("dense")

@@ -22,7 +22,10 @@ BAD_DEVICES = [
     (["/cpu:1", "/device:CPU:1"], None, r"lists /cpu:1 twice \('/cpu:1' and '/device:CPU:1'\)"),
     ([], None, r"at least one device.*Received: compute_devices=\[\]"),
     ("/cpu:1", None, r"list of device strings, not one string.*did you mean \['/cpu:1'\]"),
-    (None, ["/cpu:0"], r"parameter_device must be one device string.*of type list"),
+    (None, 5, r"parameter_device must be a device string, a list of devices, or a placement "
+              r"policy.*Received: 5 \(of type int\)"),
+    (None, ["/cpu:0", "/cpu:0"], r"greedy_by_size\(\) lists a device twice"),
+    (None, [], r"greedy_by_size\(\) needs a non-empty list of devices"),
     (["/cpu:1"], "/cpu:0/cpu:1", r"Cannot parse device '/cpu:0/cpu:1'"),
 ]
 

@@ -1,0 +1,257 @@
+"""Placement policies: which parameter device holds each variable.
+
+TF1 placed variables with a device function (`tf.device(fn)` returning the CPU for variable ops),
+with `tf.device`, and with `replica_device_setter`'s round-robin or greedy byte-size balancing
+over parameter servers. dpkeras gives each of these a small value you pass as
+`parameter_device`:
+
+```python
+import re
+from dpkeras import placement
+
+dpkeras.scope(parameter_device="/cpu:0")                          # one device
+dpkeras.scope(parameter_device=["/gpu:0", "/gpu:1"])             # greedy_by_size over both
+dpkeras.scope(parameter_device=placement.round_robin(["/gpu:0", "/gpu:1"]))
+dpkeras.scope(parameter_device=placement.by_path({r"embedding": "/cpu:0"}, default="/gpu:0"))
+dpkeras.scope(parameter_device=lambda spec: "/cpu:0" if spec.kind == "optimizer" else "/gpu:0")
+```
+
+A policy is any callable `(VariableSpec) -> device string`: the successor of the TF1 device
+function. It is asked once per variable, when the variable is created, in creation order, so
+the same model and policy give the same placement in every run and process. Optimizer slots are
+not asked: they live with the variable they belong to.
+"""
+
+import dataclasses
+import itertools
+import re
+import threading
+
+import keras
+import tensorflow as tf
+
+from dpkeras import _keras_internals, devices
+
+__all__ = ["VariableSpec", "Policy", "single", "round_robin", "greedy_by_size", "by_path",
+           "as_policy", "describe_variable", "KINDS"]
+
+KINDS = ("weight", "optimizer", "metric", "seed", "other")
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+    """What a placement policy knows about a variable about to be created.
+
+    Attributes:
+        path: str, the Keras path, such as `"sequential/dense/kernel"` or `"adam/iteration"`.
+        shape: tuple of int (None for unknown dimensions), or None when the creator cannot
+            know it (a `tf.Variable` with a callable initial value and no `shape`).
+        dtype: str, such as `"float32"`.
+        trainable: bool.
+        kind: one of `KINDS`: `"weight"` (a layer's variable), `"optimizer"` (an optimizer's own
+            state, such as its iteration count; slots follow their variable), `"metric"`,
+            `"seed"` (random-number state) or `"other"`.
+    """
+    path: str
+    shape: tuple
+    dtype: str
+    trainable: bool
+    kind: str
+
+    @property
+    def nbytes(self):
+        """Size in bytes (0 if the shape is not fully known)."""
+        if self.shape is None or any(d is None for d in self.shape):
+            return 0
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * tf.as_dtype(self.dtype).size
+
+
+class Policy:
+    """Base class of the policies in this module: a callable with known candidate devices.
+
+    Subclasses implement `place(spec)`; `devices` lists every device it may return, in canonical
+    form, so the strategy can validate them before anything is created.
+    """
+
+    def __init__(self, device_list, name):
+        if isinstance(device_list, str) or not device_list:
+            raise ValueError(
+                f"{name}() needs a non-empty list of devices, such as ['/gpu:0', '/gpu:1']. "
+                f"Received: {device_list!r}")
+        canonical = [devices.canonical_device(d) for d in device_list]
+        if len(set(canonical)) != len(canonical):
+            raise ValueError(f"{name}() lists a device twice. Received: {list(device_list)!r}")
+        self.devices = tuple(canonical)
+        self._name = name
+        self._lock = threading.Lock()
+
+    def __call__(self, spec):
+        with self._lock:
+            return self.place(spec)
+
+    def place(self, spec):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{self._name}([{', '.join(devices.short_device(d) for d in self.devices)}])"
+
+
+class _Single(Policy):
+    def place(self, spec):
+        return self.devices[0]
+
+    def __repr__(self):
+        return repr(devices.short_device(self.devices[0]))
+
+
+class _RoundRobin(Policy):
+    def __init__(self, device_list):
+        super().__init__(device_list, "round_robin")
+        self._next = itertools.cycle(self.devices)
+
+    def place(self, spec):
+        return next(self._next)
+
+
+class _GreedyBySize(Policy):
+    def __init__(self, device_list):
+        super().__init__(device_list, "greedy_by_size")
+        self.loads = {d: 0 for d in self.devices}
+
+    def place(self, spec):
+        device = min(self.devices, key=lambda d: self.loads[d])  # first on ties
+        self.loads[device] += spec.nbytes
+        return device
+
+
+class _ByPath(Policy):
+    def __init__(self, rules, default):
+        if not isinstance(rules, dict) or not rules:
+            raise ValueError(
+                f"by_path() needs a dict {{regex: device}}, such as "
+                f"{{r'embedding': '/cpu:0'}}. Received: {rules!r}")
+        self._rules = []
+        for pattern, device in rules.items():
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"by_path(): {pattern!r} is not a valid regular expression: "
+                                 f"{e}") from None
+            self._rules.append((compiled, as_policy(device)))
+        self._default = None if default is None else as_policy(default)
+        candidates = [d for _, p in self._rules for d in getattr(p, "devices", ())]
+        if self._default is not None:
+            candidates += list(getattr(self._default, "devices", ()))
+        super().__init__(list(dict.fromkeys(candidates)), "by_path")
+
+    def place(self, spec):
+        for pattern, policy in self._rules:
+            if pattern.search(spec.path):
+                return policy(spec)
+        if self._default is None:
+            raise ValueError(
+                f"no by_path() rule matches {spec.path!r} and there is no default. Rules: "
+                f"{[p.pattern for p, _ in self._rules]}")
+        return self._default(spec)
+
+    def __repr__(self):
+        rules = ", ".join(f"{p.pattern!r}: {d!r}" for p, d in self._rules)
+        return f"by_path({{{rules}}}, default={self._default!r})"
+
+
+def single(device):
+    """Every variable on `device`."""
+    return _Single([device], "single")
+
+
+def round_robin(device_list):
+    """Variables to `device_list` in turn, in creation order (TF1's default device setter)."""
+    return _RoundRobin(device_list)
+
+
+def greedy_by_size(device_list):
+    """Each variable to the device with the fewest bytes so far (TF1's greedy load balancer).
+
+    Decided as variables are created, so the largest load is at most the ideal (total / number
+    of devices) plus the largest variable. Optimizer slots follow their variable and are not
+    counted.
+    """
+    return _GreedyBySize(device_list)
+
+
+def by_path(rules, default=None):
+    """The first regex (searched in the Keras path) that matches decides the device.
+
+    Args:
+        rules: dict `{regex: device or policy}`, tried in order.
+        default: device or policy for paths no rule matches; without it such a path is an
+            error.
+    """
+    return _ByPath(rules, default)
+
+
+def as_policy(parameter_device):
+    """Turns what `parameter_device` accepts into a callable policy.
+
+    A string is `single`, a list or tuple is `greedy_by_size`, a callable is used as it is.
+    """
+    if isinstance(parameter_device, str):
+        return single(parameter_device)
+    if isinstance(parameter_device, (list, tuple)):
+        return greedy_by_size(list(parameter_device))
+    if callable(parameter_device):
+        return parameter_device
+    raise ValueError(
+        f"parameter_device must be a device string, a list of devices, or a placement policy "
+        f"(a callable taking a dpkeras.placement.VariableSpec and returning a device). "
+        f"Received: {parameter_device!r} (of type {type(parameter_device).__name__})")
+
+
+# Keras's SeedGenerator names its state variable so (keras/src/random/seed_generator.py).
+SEED_STATE_NAME = "seed_generator_state"
+
+
+def _kind(leaf, synchronization, callers):
+    if synchronization == tf.VariableSynchronization.ON_READ:
+        return "metric"
+    for caller in reversed(callers):
+        if isinstance(caller, keras.random.SeedGenerator):
+            return "seed"
+        if isinstance(caller, keras.metrics.Metric):
+            return "metric"
+        if isinstance(caller, keras.optimizers.Optimizer):
+            return "optimizer"
+        if isinstance(caller, keras.layers.Layer):
+            return "weight"
+    return "seed" if leaf.startswith(SEED_STATE_NAME) else "other"
+
+
+def describe_variable(kwargs):
+    """The `VariableSpec` of a variable from the keyword arguments its creator receives."""
+    name = kwargs.get("name") or "Variable"
+    leaf = name.split(":")[0]
+    stack = _keras_internals.name_scope_stack()
+    prefix = "/".join(entry.name for entry in stack if entry.name)
+    path = f"{prefix}/{leaf}" if prefix and not leaf.startswith(prefix + "/") else leaf
+    initial_value = kwargs.get("initial_value")
+    keras_variable = _keras_internals.keras_variable_being_initialized(initial_value)
+    if keras_variable is not None:
+        shape, dtype = tuple(keras_variable.shape), keras_variable.dtype
+        path = keras_variable.path or path
+    elif kwargs.get("shape") is not None:
+        shape = tuple(tf.TensorShape(kwargs["shape"]).as_list())
+        dtype = kwargs.get("dtype") or "float32"
+    elif callable(initial_value):  # calling it could draw random numbers twice: shape unknown
+        shape, dtype = None, kwargs.get("dtype") or "float32"
+    else:
+        tensor = tf.convert_to_tensor(initial_value, dtype=kwargs.get("dtype"))
+        shape, dtype = tuple(tensor.shape.as_list()), tensor.dtype
+    trainable = kwargs.get("trainable")
+    trainable = True if trainable is None else bool(trainable)
+    callers = [entry.caller for entry in stack if entry.caller is not None]
+    return VariableSpec(path=path, shape=shape, dtype=tf.as_dtype(dtype).name,
+                        trainable=trainable,
+                        kind=_kind(leaf, kwargs.get("synchronization"), callers))
