@@ -10,22 +10,61 @@ model.fit(x, y, batch_size=256)
 """
 
 from dpkeras import lookups as _lookups  # noqa: F401  (registers the tf.gather dispatcher)
+from dpkeras import placement
 from dpkeras.devices import simulate_cpu_devices
 from dpkeras.strategy import ParameterDeviceStrategy
 from dpkeras.strategy_scope import get_strategy, scope
 from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
+from dpkeras.variable_collections import (
+    LocalVariable,
+    add_model_variable,
+    get_local_variables,
+    get_model_variables,
+    get_variables,
+    local_variable,
+    model_variable,
+    regularization_losses,
+    variable,
+)
+from dpkeras.variable_store import (
+    AUTO_REUSE,
+    VariableScope,
+    VariableStore,
+    get_variable,
+    get_variable_store,
+    variable_scope,
+)
 from dpkeras.variables import ParameterVariable
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # The strategy and its scope.
     "ParameterDeviceStrategy",
     "ParameterVariable",
-    "TransferReport",
-    "__version__",
     "get_strategy",
-    "record_transfers",
     "scope",
     "simulate_cpu_devices",
+    # Where variables live, and what a step sends.
+    "placement",
+    "TransferReport",
+    "record_transfers",
     "train_step_transfers",
+    # TF1's variable_scope / get_variable and slim's variables, for Keras 3.
+    "AUTO_REUSE",
+    "VariableScope",
+    "VariableStore",
+    "get_variable",
+    "get_variable_store",
+    "variable_scope",
+    "LocalVariable",
+    "add_model_variable",
+    "get_local_variables",
+    "get_model_variables",
+    "get_variables",
+    "local_variable",
+    "model_variable",
+    "regularization_losses",
+    "variable",
+    "__version__",
 ]

@@ -1,34 +1,63 @@
-"""The Keras internals dpkeras relies on, in one place, each with the reason.
+"""Every Keras internal dpkeras relies on, in one place, each with its reason.
 
-A `tf.variable_creator_scope` creator sees only what `tf.Variable(...)` receives: Keras passes
-the leaf name (`kernel`) and a callable initial value. Placement policies and the placement
-report need the Keras path, the shape, and whether a layer, an optimizer, a metric or a seed
-generator is creating the variable. Keras 3 has no public way to ask; these functions do it
-with Keras-private state, tested against the Keras version pinned in pyproject.toml.
+Keras 3 has no public hook for what a `tf.variable_creator_scope` creator must know: the
+creator gets only the leaf name (`kernel`) and a callable initial value. Placement policies
+and the placement report need the Keras path, the shape, and whether a layer, an optimizer, a
+metric or a seed generator is creating the variable; the name-keyed variable scope needs, in
+addition, whether Keras is tracing a model symbolically (where it defers creating variables
+until after our scope has exited), and how to make a second layer hold the first layer's
+`keras.Variable` so that a shared variable is listed once in `model.trainable_weights`. Each
+function below answers one of these with Keras-private state and says why no public API does.
+They are tested against the Keras version pinned in pyproject.toml (tests/test_variable_scope.py,
+tests/test_placement.py); if Keras changes them, those tests fail rather than placement or
+sharing silently going wrong.
 """
 
 import keras
-from keras.src.backend.common import global_state
+from keras.src.backend.common import global_state, stateless_scope
 
 __all__ = []
 
 
 def name_scope_stack():
-    """The entries of this thread's Keras name-scope stack, outermost first.
+    """Returns the entries of the Keras name-scope stack of this thread, outermost first.
 
-    Each entry has `.name` and `.caller`: a layer, optimizer, metric or seed generator pushes
-    one with itself as caller while it creates variables. `keras.name_scope` is public; the
-    stack it maintains is not (`current_path()` gives only the joined names).
+    Each entry has `.name` and `.caller`. A Keras layer pushes an entry whose caller is the
+    layer itself while it builds (`Layer._open_name_scope`, `Layer.add_weight`), so the stack
+    tells the variable creator which layer is creating a weight. `keras.name_scope` is public
+    but the stack it maintains is not; `keras.src.backend.common.name_scope.current_path()`
+    only gives the joined names, not the callers.
     """
     return list(global_state.get_global_attribute("name_scope_stack") or ())
 
 
-def keras_variable_being_initialized(initial_value):
-    """The `keras.Variable` whose callable `initial_value` this is, else None.
+def in_stateless_scope():
+    """Whether Keras is running code inside a `keras.StatelessScope` in this thread.
 
-    Keras initialises with `lambda: initializer(self._shape, dtype=self._dtype)`; the creator
-    cannot know the shape without calling it, which would draw random numbers. The lambda's
-    closure holds the Keras variable, whose shape is known.
+    Keras traces unbuilt models symbolically (`backend.compute_output_spec`, used by `fit`
+    and by the first call of a model without `build()`) inside a StatelessScope, where new
+    variables are only registered and are created when the outermost StatelessScope exits.
+    `keras.StatelessScope` is public; asking whether one is active is not.
+    """
+    return stateless_scope.in_stateless_scope()
+
+
+def deferred_variables():
+    """Returns the Keras variables registered for deferred creation in this thread.
+
+    See `in_stateless_scope`: these variables get their `tf.Variable` only when the outermost
+    StatelessScope exits, outside any scope that was active when they were declared.
+    """
+    return list(global_state.get_global_attribute("uninitialized_variables") or ())
+
+
+def keras_variable_being_created(initial_value):
+    """Returns the `keras.Variable` whose callable `initial_value` a creator received, or None.
+
+    Keras creates its `tf.Variable` with `lambda: initializer(self._shape, dtype=self._dtype)`
+    (`keras/src/backend/tensorflow/core.py`), so a creator learns the requested shape only by
+    calling it, which computes a throwaway tensor and advances a `SeedGenerator` seed. The
+    lambda's closure holds the Keras variable, whose shape is known.
     """
     for cell in getattr(initial_value, "__closure__", None) or ():
         try:
@@ -38,3 +67,76 @@ def keras_variable_being_initialized(initial_value):
         if isinstance(content, keras.Variable):
             return content
     return None
+
+
+def underlying_variable(keras_variable):
+    """Returns the `tf.Variable` a `keras.Variable` wraps (None while creation is deferred).
+
+    The public `keras.Variable.value` returns a cast tensor instead inside a layer running in
+    mixed precision (an AutocastScope), where identity and handles cannot be compared.
+    """
+    return keras_variable._value
+
+
+def tracked_variables(layer):
+    """Returns the variables a Keras layer tracks itself (not those of its sub-layers)."""
+    tracker = getattr(layer, "_tracker", None)
+    if tracker is None:
+        return []
+    return list(layer._trainable_variables) + list(layer._non_trainable_variables)
+
+
+def replace_tracked_variable(layer, old, new):
+    """Makes `layer` hold `new` wherever it holds `old`; returns whether it held `old`.
+
+    Keras deduplicates `model.weights` by object identity (`Layer.weights`), and its
+    optimizers key state by the underlying `tf.Variable`: two `keras.Variable` wrappers of one
+    shared `tf.Variable` would be listed twice and updated twice. A Keras layer creates its own
+    wrapper in `add_weight` and offers no way to be handed an existing one, so after a layer
+    built under `reuse` has tracked its wrapper, this swaps it for the first layer's wrapper in
+    the layer's tracking lists (in place, keeping the weight order that saving relies on) and
+    in its attributes (through `setattr`, so TensorFlow checkpoints track the new object too).
+    `Tracker.replace_tracked_value` exists but finds `old` with `==`, which Keras variables
+    overload elementwise.
+    """
+    tracker = getattr(layer, "_tracker", None)
+    if tracker is None:
+        return False
+    found = False
+    for store_name in ("trainable_variables", "non_trainable_variables"):
+        values = tracker.config[store_name][1]
+        ids = tracker.stored_ids[store_name]
+        for index, value in enumerate(values):
+            if value is old:
+                values[index] = new
+                ids.discard(id(old))
+                ids.add(id(new))
+                found = True
+    if not found:
+        return False
+    was_locked = tracker.locked
+    tracker.unlock()
+    try:
+        for attribute, value in list(vars(layer).items()):
+            if value is old:
+                setattr(layer, attribute, new)
+    finally:
+        if was_locked:
+            tracker.lock()
+    return True
+
+
+def untrack_variable(layer, variable):
+    """Removes `variable` from `layer.weights` but leaves the attribute that holds it.
+
+    Used for local variables, which must never be saved: `.keras` files store exactly the
+    variables a layer tracks. `Layer._untrack_variable` is the method Keras itself uses when a
+    variable attribute is deleted.
+    """
+    tracker = getattr(layer, "_tracker", None)
+    if tracker is None:
+        return False
+    if not any(value is variable for value in tracked_variables(layer)):
+        return False
+    layer._untrack_variable(variable)
+    return True

@@ -22,8 +22,6 @@ Why each is needed:
   compute devices, DistributedIterator) have no public constructor.
 - `Mirrored`, `regroup`: the per-replica containers `strategy.run` returns and
   `experimental_local_results` unpacks; `tf.distribute.DistributedValues` cannot be built.
-- `compute_batch_size`: the global batch size tf.data will split over replicas, read from the
-  dataset graph as TF's own rebatching does, so that a bad batch size fails before training.
 - `record_operation`: a cached replica-side read of a variable must be registered on the
   GradientTape as a read of that variable (`ResourceVariable._read_variable_op` does the same);
   there is no public way to add an edge to the tape.
@@ -38,7 +36,6 @@ Why each is needed:
 """
 
 # ruff: noqa: F401
-from tensorflow.python.data.experimental.ops.distribute import compute_batch_size
 from tensorflow.python.distribute.distribute_lib import (
     InputContext,
     InputReplicationMode,

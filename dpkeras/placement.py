@@ -237,7 +237,7 @@ def describe_variable(kwargs):
     prefix = "/".join(entry.name for entry in stack if entry.name)
     path = f"{prefix}/{leaf}" if prefix and not leaf.startswith(prefix + "/") else leaf
     initial_value = kwargs.get("initial_value")
-    keras_variable = _keras_internals.keras_variable_being_initialized(initial_value)
+    keras_variable = _keras_internals.keras_variable_being_created(initial_value)
     if keras_variable is not None:
         shape, dtype = tuple(keras_variable.shape), keras_variable.dtype
         path = keras_variable.path or path

@@ -41,8 +41,9 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     Semantics, with 2 replicas: a global batch of 256 gives each replica 128 examples; Keras
     scales each replica's loss by 1/2, the two gradients are summed on the parameter device, so
-    the update equals one device's on all 256. A short last batch (say 100 examples, split
-    50/50, or 101 split 51/50) is weighted by each replica's share, so it too equals one device.
+    the update equals one device's on all 256. An uneven split (a global batch of 101, split
+    51/50, or a short last batch) is weighted by each replica's share in `fit`, so it too
+    equals one device.
 
     Args:
         compute_devices: list of str, the devices that run replicas, such as
@@ -226,6 +227,10 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"Variable {name!r}: aggregation must be one of "
                 f"{[a.name for a in _VALID_AGGREGATIONS]}. Received: aggregation={aggregation!r}")
         dtype = kwargs.get("dtype")
+        initial_value = kwargs.get("initial_value")
+        if dtype is None and initial_value is not None and not callable(initial_value):
+            dtype = getattr(initial_value, "dtype", None) or tf.convert_to_tensor(
+                initial_value).dtype
         if dtype is not None:
             self._check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
         with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device(device):
@@ -528,25 +533,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"one input pipeline rebatched over the replicas. Received: "
                 f"experimental_replication_mode=PER_REPLICA.")
 
-    def _check_global_batch(self, dataset):
-        n = self._num_replicas_in_sync
-        if n == 1 or not tf.executing_eagerly():
-            return
-        try:
-            batch = int(_tf_internals.compute_batch_size(dataset))
-        except (tf.errors.OpError, TypeError, ValueError):
-            return
-        if batch > 0 and batch % n:
-            lower, upper = batch - batch % n, batch - batch % n + n
-            suggestion = f"{lower} or {upper}" if lower else f"{upper}"
-            raise ValueError(
-                f"The global batch size {batch} does not split evenly over {n} replicas. "
-                f"Keras needs every full batch to split evenly (a short last batch is fine). "
-                f"Use a multiple of {n}, such as {suggestion}.")
-
     def _experimental_distribute_dataset(self, dataset, options):
         self._check_input_options(options, "experimental_distribute_dataset")
-        self._check_global_batch(dataset)
         return _tf_internals.get_distributed_dataset(
             dataset, self._input_workers(options), self._container_strategy(),
             num_replicas_in_sync=self._num_replicas_in_sync, options=options)

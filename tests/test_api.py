@@ -16,7 +16,11 @@ def test_public_names():
     assert sorted(dpkeras.__all__) == sorted([
         "ParameterDeviceStrategy", "ParameterVariable", "TransferReport", "__version__",
         "get_strategy", "record_transfers", "scope", "simulate_cpu_devices",
-        "train_step_transfers"])
+        "train_step_transfers", "placement",
+        "AUTO_REUSE", "VariableScope", "VariableStore", "get_variable", "get_variable_store",
+        "variable_scope", "LocalVariable", "add_model_variable", "get_local_variables",
+        "get_model_variables", "get_variables", "local_variable", "model_variable",
+        "regularization_losses", "variable"])
     for name in dpkeras.__all__:
         assert hasattr(dpkeras, name), name
     assert dpkeras.__version__.count(".") == 2

@@ -1,16 +1,19 @@
 """N replicas on a global batch give the weights, losses and metrics of one device.
 
 For every layer kind the issue names, SGD and Adam, 2 and 3 replicas: same data, same order,
-same global batches, several steps. Also uneven last batches (split 20/19/19, and 2 examples
-over 3 replicas so one replica gets none), which dpkeras weights by each replica's share.
+same global batches, several steps. Also uneven splits: global batches not divisible by the
+replicas, and short last batches (split 20/19/19, and 2 examples over 3 replicas so one replica
+gets none), which dpkeras weights by each replica's share.
 """
 
+import contextlib
 import functools
 
+import keras
 import numpy as np
 import pytest
 from conftest import assert_weights_close, strategy_for
-from models import train
+from models import make_data, train
 
 KINDS = ["dense", "conv2d", "embedding", "lstm", "gru"]
 
@@ -43,6 +46,30 @@ def test_replicas_equal_one_device(kind, optimizer, replicas):
 def test_uneven_last_batch_equals_one_device(n):
     expected = _one_device("dense", "adam", n=n)
     _assert_same_run(expected, train("dense", strategy_for(3), n=n))
+
+
+@pytest.mark.parametrize("batch_size", [10, 100], ids=["4-3-3", "34-33-33"])
+def test_global_batch_not_divisible_by_replicas_equals_one_device(batch_size):
+    """Every batch splits unevenly over 3 replicas; each replica's share weights its gradient."""
+    one_device = train("dense", None, n=200, batch_size=batch_size)
+    _assert_same_run((one_device[0].get_weights(),) + one_device[1:],
+                     train("dense", strategy_for(3), n=200, batch_size=batch_size))
+
+
+def test_unbuilt_model_with_uneven_batches_equals_one_device():
+    """No Input layer: Keras builds the model from the first (uneven) per-replica batch."""
+    x, y = make_data("dense", 50)
+
+    def fit(strategy):
+        keras.utils.set_random_seed(3)
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            model = keras.Sequential([keras.layers.Dense(8, activation="relu"),
+                                      keras.layers.Dense(4)])
+            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True))
+        model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights()
+    assert_weights_close(fit(None), fit(strategy_for(3)))
 
 
 def test_training_actually_moves_the_weights():

@@ -98,19 +98,6 @@ def test_integer_variable_with_mean_aggregation():
                         aggregation=tf.VariableAggregation.MEAN)
 
 
-def test_global_batch_not_divisible_by_replicas():
-    with strategy_for(3).scope():
-        model = build_model("dense")
-    initial = model.get_weights()
-    x, y = make_data("dense", 512)
-    with pytest.raises(ValueError, match=r"global batch size 256 does not split evenly over 3 "
-                                         r"replicas.*such as 255 or 258"):
-        model.fit(x, y, batch_size=256, epochs=1, verbose=0)
-    for a, b in zip(initial, model.get_weights()):
-        np.testing.assert_array_equal(a, b)
-    assert not model.optimizer.variables or int(model.optimizer.iterations.numpy()) == 0
-
-
 def test_update_of_a_foreign_variable_in_a_custom_loop():
     foreign = tf.Variable(1.0)
     strategy = strategy_for(2)

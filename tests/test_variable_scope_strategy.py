@@ -1,0 +1,123 @@
+"""`dpkeras.variable_scope` under `dpkeras.scope()`, entered in either order.
+
+Variables made by name live on the parameter device like all others, towers still share, and
+training with 2 replicas equals one device with one layer called twice. The 4 logical CPU
+devices come from conftest.py (`/cpu:0` holds the variables).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import strategy_for
+from test_variable_scope import INPUT_SHAPE, Towers, assert_towers_share, images, reference_like
+
+import dpkeras
+from dpkeras.variable_collections import local_variable, model_variable
+from dpkeras.variable_store import VariableStore, get_variable, variable_scope
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(dpkeras, "ParameterDeviceStrategy"),
+    reason="dpkeras.ParameterDeviceStrategy (the core strategy) is not available",
+)
+
+ORDERS = ["strategy_outside", "variable_scope_outside"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_store():
+    with VariableStore() as store:
+        yield store
+
+
+def enter(order, strategy, name="model"):
+    """Enters the strategy scope and a variable scope, in the given order."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    if order == "strategy_outside":
+        stack.enter_context(strategy.scope())
+        stack.enter_context(variable_scope(name))
+    else:
+        stack.enter_context(variable_scope(name))
+        stack.enter_context(strategy.scope())
+    return stack
+
+
+def parameter_device(strategy):
+    """Where dpkeras puts any variable: that of a plain keras.Variable made in its scope."""
+    with strategy.scope():
+        return keras.Variable(0.0).value.device
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_shared_variables_live_on_the_parameter_device(order):
+    strategy = strategy_for(2)
+    with enter(order, strategy):
+        model = Towers()
+        model.build(INPUT_SHAPE)
+        weights = get_variable("weights", (2, 2))
+        params = model_variable("params", (3,))
+        seen = local_variable("seen", ())
+    assert_towers_share(model)
+    device = parameter_device(strategy)
+    for v in [*model.weights, weights, params, seen.variable]:
+        assert isinstance(v.value, dpkeras.ParameterVariable), v.path
+        assert v.value.device == device, (v.path, v.value.device)
+    assert [w.path for w in model.tower1.weights] == [
+        "model/towers/Layer/kernel",
+        "model/towers/Layer/bias",
+    ]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_two_replicas_train_like_one_device_with_one_layer_called_twice(order):
+    x, y = images(n=8)
+    strategy = strategy_for(2)
+    with enter(order, strategy):
+        model = Towers()
+        model.build(INPUT_SHAPE)
+        model.compile(keras.optimizers.Adam(0.05), "mse")
+    reference = reference_like(model)
+    reference.compile(keras.optimizers.Adam(0.05), "mse")
+    for _ in range(3):
+        history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        reference_history = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False,
+                                          verbose=0)
+        np.testing.assert_allclose(history.history["loss"], reference_history.history["loss"],
+                                   rtol=1e-5)
+        for mine, theirs in [(model.tower2.kernel, reference.conv.kernel),
+                             (model.head.kernel, reference.head.kernel)]:
+            np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+    assert_towers_share(model)
+    assert len(model.optimizer.variables) == len(reference.optimizer.variables)
+
+
+def test_lazily_built_model_under_dpkeras_fails_saying_to_build_it_inside_the_scope():
+    x, y = images(n=8)
+    with strategy_for(2).scope():
+        model = Towers()
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    with pytest.raises(RuntimeError, match=r"variable_scope\('towers'\).*symbolically.*"
+                       r"Build the model inside the scope"):
+        model.fit(x, y, batch_size=8, verbose=0)
+
+
+def test_reusing_under_another_strategy_fails_naming_both():
+    with variable_scope("model"):
+        get_variable("w", (2,))
+    with strategy_for(2).scope(), variable_scope("model", reuse=True):
+        with pytest.raises(ValueError, match=(
+            r"variable 'model/w' was created under no strategy and is being reused under "
+            r"strategy ParameterDeviceStrategy.*same dpkeras.scope\(\)"
+        )):
+            get_variable("w", (2,))
+
+
+def test_reuse_outside_the_strategy_reads_the_same_variable():
+    with strategy_for(2).scope(), variable_scope("model"):
+        w = get_variable("w", initializer=[1.0, 2.0])
+    with variable_scope("model", reuse=True):
+        assert get_variable("w", (2,)) is w
+    assert isinstance(w.value, dpkeras.ParameterVariable)
+    assert not tf.distribute.has_strategy()
