@@ -12,6 +12,7 @@ model.fit(x, y, batch_size=256)
 from dpkeras import lookups as _lookups  # noqa: F401  (registers the tf.gather dispatcher)
 from dpkeras import placement
 from dpkeras.devices import simulate_cpu_devices
+from dpkeras.report import PlacementReport, placement_report
 from dpkeras.strategy import ParameterDeviceStrategy
 from dpkeras.strategy_scope import get_strategy, scope
 from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
@@ -47,6 +48,8 @@ __all__ = [
     "simulate_cpu_devices",
     # Where variables live, and what a step sends.
     "placement",
+    "placement_report",
+    "PlacementReport",
     "TransferReport",
     "record_transfers",
     "train_step_transfers",

@@ -16,7 +16,7 @@ def test_public_names():
     assert sorted(dpkeras.__all__) == sorted([
         "ParameterDeviceStrategy", "ParameterVariable", "TransferReport", "__version__",
         "get_strategy", "record_transfers", "scope", "simulate_cpu_devices",
-        "train_step_transfers", "placement",
+        "train_step_transfers", "placement", "placement_report", "PlacementReport",
         "AUTO_REUSE", "VariableScope", "VariableStore", "get_variable", "get_variable_store",
         "variable_scope", "LocalVariable", "add_model_variable", "get_local_variables",
         "get_model_variables", "get_variables", "local_variable", "model_variable",

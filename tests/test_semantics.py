@@ -199,3 +199,32 @@ def test_embedding_lookups_outside_replicas_are_unchanged():
     with strategy_for(2).scope():
         placed = keras.Variable(np.arange(12, dtype="float32").reshape(6, 2))
     np.testing.assert_array_equal(keras.ops.take(placed, [5], axis=0).numpy(), [[10, 11]])
+
+
+def test_idiom_13_a_read_after_a_write_in_the_same_step_sees_the_write():
+    """TF1 needed `control_dependencies` + `read_value`; here the cached read is dropped."""
+    strategy = strategy_for(2)
+    with strategy.scope():
+        v = tf.Variable(1.0, aggregation=tf.VariableAggregation.SUM)
+
+    @tf.function
+    def step():
+        def replica_fn():
+            before = v.read_value()
+            v.assign_add(1.0)          # SUM over 2 replicas: +2
+            return before, v.read_value(), tf.convert_to_tensor(v) * 1
+        return strategy.run(replica_fn)
+
+    before, after, used = (strategy.experimental_local_results(t) for t in step())
+    assert [float(b) for b in before] == [1.0, 1.0]
+    assert [float(a) for a in after] == [3.0, 3.0]
+    assert [float(u) for u in used] == [3.0, 3.0]
+
+
+def test_idiom_12_initial_values_may_read_other_variables():
+    with strategy_for(2).scope():
+        first = tf.Variable(tf.fill([3], 2.0))
+        second = tf.Variable(first * 3.0)
+        third = tf.Variable(lambda: first + second)
+    assert third.numpy().tolist() == [8.0, 8.0, 8.0]
+    assert all(isinstance(v, dpkeras.ParameterVariable) for v in (first, second, third))

@@ -1,0 +1,231 @@
+"""Placement policies (TF1's device functions and replica_device_setter) and the report."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from conftest import assert_weights_close, run_python
+from models import build_model, make_data
+
+import dpkeras
+from dpkeras import placement
+
+L = keras.layers
+REPLICAS = ["/cpu:1", "/cpu:2"]
+SPREAD = ["/cpu:0", "/cpu:3"]
+
+
+def _uneven_model():
+    """Variables from 64 bytes to 256 KB: a table, two dense layers, their biases."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), L.Embedding(2000, 32),
+                              L.GlobalAveragePooling1D(), L.Dense(64, activation="relu"),
+                              L.Dense(512), L.Dense(4)])
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _weight_loads(model):
+    loads = {}
+    for v in model.weights:
+        device = dpkeras.devices.short_device(v.value.device)
+        loads[device] = loads.get(device, 0) + v.value.shape.num_elements() * 4
+    return loads
+
+
+def _build_under(parameter_device, builder=_uneven_model):
+    with dpkeras.scope(REPLICAS, parameter_device):
+        return builder()
+
+
+def test_greedy_balances_better_than_round_robin_and_within_one_variable_of_ideal():
+    greedy = _weight_loads(_build_under(placement.greedy_by_size(SPREAD)))
+    keras.backend.clear_session()
+    robin = _weight_loads(_build_under(placement.round_robin(SPREAD)))
+    sizes = [v.shape.num_elements() * 4 for v in _uneven_model().weights]
+    ideal = sum(sizes) / len(SPREAD)
+    assert set(greedy) == set(robin) == {"/cpu:0", "/cpu:3"}
+    assert max(greedy.values()) <= max(robin.values())
+    assert max(greedy.values()) <= ideal + max(sizes)
+    assert max(greedy.values()) < max(robin.values()), (greedy, robin)  # strictly, here
+
+
+def test_a_list_of_devices_means_greedy_by_size():
+    strategy = dpkeras.get_strategy(REPLICAS, SPREAD)
+    assert "greedy_by_size" in repr(strategy.extended.placement_policy)
+    assert strategy.extended.parameter_devices == tuple(
+        dpkeras.devices.canonical_device(d) for d in SPREAD)
+
+
+def test_by_path_and_slots_follow_their_variable():
+    model = _build_under(placement.by_path({r"embedding": "/cpu:0"}, default="/cpu:3"))
+    x, y = np.zeros((8, 6), "int32"), np.zeros(8, "int32")
+    model.fit(x, y, batch_size=8, verbose=0)  # creates the Adam slots
+    for v in model.weights:
+        expected = "CPU:0" if "embedding" in v.path else "CPU:3"
+        assert v.value.device.endswith(expected), v.path
+    slots = [v for v in model.optimizer.variables if "_momentum" in v.path or "_velocity" in
+             v.path]
+    assert len(slots) == 2 * len(model.trainable_weights)
+    for slot in slots:
+        expected = "CPU:0" if "embedding" in slot.path else "CPU:3"
+        assert slot.value.device.endswith(expected), slot.path
+
+
+def test_a_callable_policy_sees_each_variable_once_with_its_spec():
+    seen = []
+
+    def policy(spec):
+        seen.append(spec)
+        return "/cpu:3" if spec.kind == "weight" else "/cpu:0"
+
+    keras.config.set_dtype_policy("float32")
+    with dpkeras.scope(REPLICAS, policy):
+        model = build_model("dropout")
+    x, y = make_data("dense", 32)
+    model.fit(x, y, batch_size=32, verbose=0)
+    by_path = {s.path: s for s in seen}
+    first_kernel = model.layers[0].kernel.path
+    kernel = by_path[first_kernel]
+    assert (kernel.shape, kernel.dtype, kernel.trainable, kernel.kind) == (
+        (12, 16), "float32", True, "weight")
+    assert by_path[model.optimizer.iterations.path].kind == "optimizer"
+    assert {s.kind for s in seen} == {"weight", "optimizer", "metric", "seed"}
+    assert not any("momentum" in s.path or "velocity" in s.path for s in seen), (
+        "slots must follow their variable, not ask the policy")
+    assert len(seen) == len(by_path), "each variable asked once"
+    for v in model.weights:
+        assert v.value.device.endswith("CPU:3" if v.value.kind == "weight" else "CPU:0")
+
+
+def test_training_spread_over_two_parameter_devices_equals_one_device():
+    x, y = make_data("dense", 192)
+    reference = build_model("dense")
+    reference.fit(x, y, batch_size=96, epochs=2, shuffle=False, verbose=0)
+    model = _build_under(placement.round_robin(SPREAD), lambda: build_model("dense"))
+    assert {v.value.device[-5:] for v in model.weights} == {"CPU:0", "CPU:3"}
+    model.fit(x, y, batch_size=96, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(reference.get_weights(), model.get_weights())
+
+
+def test_gradients_are_reduced_where_each_variable_lives():
+    model = _build_under(placement.round_robin(SPREAD), lambda: build_model("dense"))
+    x, y = make_data("dense", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    home = {v.path.split("/", 1)[1]: dpkeras.devices.short_device(v.value.device)
+            for v in model.trainable_weights}
+    grads = [t for t in report.transfers if "gradient_tape" in t.tensor]
+    assert len(grads) == len(REPLICAS) * len(home)
+    for t in grads:
+        assert t.source in REPLICAS and t.destination in SPREAD
+    # Between the two parameter devices only scalars travel (learning rate, iteration count).
+    between = [t for t in report.transfers if {t.source, t.destination} == set(SPREAD)]
+    assert all(t.shape in ((), None) for t in between), between
+    assert sorted({t.destination for t in grads}) == sorted(set(home.values()))
+
+
+def test_saving_and_loading_across_placements(tmp_path):
+    x, y = make_data("dense", 96)
+    spread = _build_under(placement.round_robin(SPREAD), lambda: build_model("dense"))
+    spread.fit(x, y, batch_size=96, verbose=0)
+    spread.save(tmp_path / "spread.keras")
+    with dpkeras.scope(REPLICAS, "/cpu:3"):
+        single = keras.models.load_model(tmp_path / "spread.keras")
+    assert all(v.value.device.endswith("CPU:3") for v in single.weights)
+    assert_weights_close(spread.get_weights(), single.get_weights(), rtol=0, atol=0)
+    single.save(tmp_path / "single.keras")
+    with dpkeras.scope(REPLICAS, placement.round_robin(SPREAD)):
+        again = keras.models.load_model(tmp_path / "single.keras")
+    assert {v.value.device[-5:] for v in again.weights} == {"CPU:0", "CPU:3"}
+    assert_weights_close(spread.get_weights(), again.get_weights(), rtol=0, atol=0)
+
+
+_PLACEMENT_PROGRAM = """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import dpkeras
+    from dpkeras import placement
+    from test_placement import _uneven_model
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], placement.greedy_by_size(["/cpu:0", "/cpu:3"])):
+        model = _uneven_model()
+    print(json.dumps({{v.path: v.value.device for v in model.weights}}))
+"""
+
+
+def test_placement_is_deterministic_across_processes():
+    import pathlib
+    tests = str(pathlib.Path(__file__).parent)
+    runs = [json.loads(run_python(_PLACEMENT_PROGRAM.format(tests=tests), cpus=4).strip()
+                       .splitlines()[-1]) for _ in range(2)]
+    assert runs[0] == runs[1]
+    here = {v.path: v.value.device for v in _build_under(placement.greedy_by_size(SPREAD))
+            .weights}
+    assert here == runs[0]
+
+
+BAD_POLICIES = [
+    (lambda spec: "/cpu:9", r"placed variable 'sequential/embedding/embeddings' on /cpu:9, "
+                            r"which does not exist.*Available devices: /cpu:0"),
+    (lambda spec: 7, r"returned an invalid device for variable "
+                     r"'sequential/embedding/embeddings'.*Received: 7"),
+    (lambda spec: {}["missing"], r"failed for variable 'sequential/embedding/embeddings' "
+                                 r"\(weight, shape \(2000, 32\)\): KeyError"),
+    (placement.by_path({r"dense": "/cpu:3"}),
+     r"no by_path\(\) rule matches 'sequential/embedding/embeddings' and there is no default"),
+]
+
+
+@pytest.mark.parametrize("policy,message", BAD_POLICIES)
+def test_bad_policies_fail_before_training_naming_the_variable(policy, message):
+    with pytest.raises(ValueError, match=message):
+        _build_under(policy)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: placement.round_robin("/cpu:0"), r"round_robin\(\) needs a non-empty list"),
+    (lambda: placement.greedy_by_size(["/cpu:0", "cpu:0"]), r"lists a device twice"),
+    (lambda: placement.by_path([("x", "/cpu:0")]), r"by_path\(\) needs a dict"),
+    (lambda: placement.by_path({"(": "/cpu:0"}), r"'\(' is not a valid regular expression"),
+    (lambda: placement.by_path({"x": "/cpu:0"}, default=3), r"Received: 3 \(of type int\)"),
+])
+def test_bad_policy_arguments(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_environment_list_of_parameter_devices(monkeypatch):
+    monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", "/cpu:0,/cpu:3")
+    strategy = dpkeras.ParameterDeviceStrategy(REPLICAS)
+    assert [d[-5:] for d in strategy.extended.parameter_devices] == ["CPU:0", "CPU:3"]
+
+
+def test_placement_report_of_a_model_and_of_a_strategy():
+    model = _build_under(placement.by_path({r"embedding": "/cpu:0"}, default="/cpu:3"))
+    x, y = np.zeros((8, 6), "int32"), np.zeros(8, "int32")
+    model.fit(x, y, batch_size=8, verbose=0)
+    report = dpkeras.placement_report(model)
+    rows = {r.path: r for r in report.rows}
+    table = rows["sequential/embedding/embeddings"]
+    assert (table.kind, table.shape, table.dtype, table.bytes, table.device) == (
+        "weight", (2000, 32), "float32", 256000, "/cpu:0")
+    assert {r.kind for r in report.rows} == {"weight", "optimizer", "metric"}
+    totals = report.totals
+    assert sum(n for n, _ in totals.values()) == len(report.rows)
+    assert totals["/cpu:0"][1] == sum(r.bytes for r in report.rows if r.device == "/cpu:0")
+    text = str(report)
+    assert "┃ Variable" in text and "sequential/embedding/embeddings" in text
+    assert "/cpu:0:" in text and "/cpu:3:" in text
+    strategy_report = dpkeras.placement_report(
+        dpkeras.get_strategy(REPLICAS, "/cpu:0"))
+    assert strategy_report.title.startswith("Placement: ParameterDeviceStrategy(")
+    lines = []
+    report.print(print_fn=lines.append)
+    assert lines == [text]
+
+
+def test_placement_report_rejects_other_objects():
+    with pytest.raises(TypeError, match=r"takes a keras.Model or a "
+                                        r"dpkeras.ParameterDeviceStrategy.*of type int"):
+        dpkeras.placement_report(3)
