@@ -49,12 +49,16 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         compute_devices: list of str, the devices that run replicas, such as
             `["/gpu:0", "/gpu:1"]`. Defaults to `$DPKERAS_COMPUTE_DEVICES` (comma-separated),
             else every GPU, else every logical CPU but the parameter device, else the one CPU.
-        parameter_device: str, the device that holds the variables. Defaults to
-            `$DPKERAS_PARAMETER_DEVICE`, else `"/cpu:0"`. It may also be a compute device.
+        parameter_device: where variables live: a device string (it may also be a compute
+            device), a list of devices (spread by `placement.greedy_by_size`), or a placement
+            policy (see `dpkeras.placement`: any callable taking a `VariableSpec` and returning
+            a device). Defaults to `$DPKERAS_PARAMETER_DEVICE` (one device, or
+            comma-separated devices), else `"/cpu:0"`.
 
     Raises:
-        ValueError: for an unparseable, absent or duplicated device or an empty list, before
-            anything is created.
+        ValueError: for an unparseable, absent or duplicated device, an empty list, or a
+            parameter_device of another type, before anything is created. A policy that fails
+            or returns a bad device raises ValueError when the variable is created, naming it.
     """
 
     def __init__(self, compute_devices=None, parameter_device=None):
@@ -67,7 +71,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     @property
     def parameter_device(self):
-        """Canonical name of the device that holds the variables."""
+        """Canonical name of the (first) device that holds variables."""
         return self.extended.parameter_devices[0]
 
     def __repr__(self):
@@ -145,7 +149,7 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
 
     def variables(self):
         """Every live variable created under this strategy, in creation order."""
-        return [self._variables[k] for k in sorted(self._variables.keys())]
+        return [v for _, v in sorted(self._variables.items(), key=lambda item: item[0])]
 
     @property
     def device_reason(self):
@@ -217,9 +221,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
 
     def _create_variable(self, next_creator, **kwargs):
         colocate_with = kwargs.pop("colocate_with", None)
-        spec = placement.describe_variable(kwargs)
-        # Optimizer slots are created under colocate_vars_with(variable): they follow it.
-        device = self._place(spec) if colocate_with is None else colocate_with.device
         name = kwargs.get("name") or "Variable"
         aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
         if aggregation not in _VALID_AGGREGATIONS:
@@ -233,6 +234,9 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 initial_value).dtype
         if dtype is not None:
             self._check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
+        spec = placement.describe_variable(kwargs)
+        # Optimizer slots are created under colocate_vars_with(variable): they follow it.
+        device = self._place(spec) if colocate_with is None else colocate_with.device
         with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device(device):
             variable = next_creator(**kwargs)
         if isinstance(variable, ParameterVariable):
