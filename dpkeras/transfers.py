@@ -93,6 +93,19 @@ def _short(device_name):
         return device_name
 
 
+def _carries_no_data(send, nodes):
+    """Whether a `_Send` stands for a control edge: it carries no data, so it is not counted.
+
+    The partitioner turns a control edge between devices into a send of a constant that has
+    only control inputs (`.../ctrl/_N`, or a `GroupCrossDeviceControlEdges` node).
+    """
+    if send.attr["tensor_name"].s.startswith(b"GroupCrossDeviceControlEdges"):
+        return True
+    source = nodes.get(send.input[0].split(":")[0].lstrip("^"))
+    return source is not None and source.op == "Const" and all(
+        i.startswith("^") for i in source.input) and bool(source.input)
+
+
 def _report_from_function_graph(function_graph):
     shapes = tf.Graph()
     with shapes.as_default():
@@ -107,15 +120,15 @@ def _report_from_function_graph(function_graph):
 
     transfers, collectives, seen_devices = [], [], set()
     for partition in function_graph.partition_graphs:
+        by_name = {node.name: node for node in partition.node}
         for node in partition.node:
             if node.device:
                 seen_devices.add(_short(node.device))
             if node.op == "_Send":
                 source, destination = (_short(node.attr["send_device"].s.decode()),
                                        _short(node.attr["recv_device"].s.decode()))
-                if source == destination or node.attr["tensor_name"].s.startswith(
-                        b"GroupCrossDeviceControlEdges"):
-                    continue  # not a transfer, or a control-only edge that carries no data
+                if source == destination or _carries_no_data(node, by_name):
+                    continue
                 dtype = tf.as_dtype(node.attr["T"].type)
                 tensor = output(node.input[0])
                 shape = tuple(tensor.shape.as_list()) if (

@@ -1,0 +1,452 @@
+"""The benchmark's measurement code: transfer counting, result files, failure reporting, and a
+tiny end-to-end run (benchmarks/ lives outside the package, beside this directory)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import compare, machine, results, worker  # noqa: E402
+from benchmarks.models import MODELS  # noqa: E402
+from dpkeras.transfers import Transfer, TransferReport  # noqa: E402
+
+
+def _record(strategy, model="mlp", replicas=3, sps=10.0, loss=1.0, status="ok", **extra):
+    r = {"strategy": strategy, "model": model, "size": 1.0, "replicas": replicas,
+         "status": status, "error": None, "phase": None, "steps_per_sec": sps,
+         "examples_per_sec": None if sps is None else sps * 240,
+         "steps_per_sec_spread": 0.05, "tensors_to_replicas_per_step": 6.0,
+         "max_tensors_to_a_replica_per_step": 6, "bytes_to_replicas_per_step": 1e6,
+         "tensors_from_replicas_per_step": 6.0, "collectives_per_replica_per_step": 0.0,
+         "collective_bytes_per_replica_per_step": 0.0, "model_variables": 6,
+         "metric_variables": 4, "final_loss": loss, "eval_loss": loss, "check_loss": loss,
+         "tensors_to_each_replica": {"/cpu:1": [6, 6, 0, 0], "/cpu:2": [6, 6, 0, 0]},
+         "variable_bytes_by_device": {"/cpu:0": 8_000_000}}
+    if status != "ok":
+        r.update({k: None for k in ("steps_per_sec", "examples_per_sec", "final_loss",
+                                    "eval_loss", "tensors_to_replicas_per_step",
+                                    "bytes_to_replicas_per_step")})
+        r["error"] = "ValueError: it broke. And more."
+        r["phase"] = "first steps"
+    r.update(extra)
+    return r
+
+
+def _default_run():
+    return [
+        _record("one_device", replicas=1, sps=20.0, loss=2.0, tensors_to_replicas_per_step=0,
+                max_tensors_to_a_replica_per_step=0),
+        _record("dpkeras", sps=19.0, loss=2.0001),
+        _record("mirrored", sps=10.0, loss=1.9999, collectives_per_replica_per_step=1.0,
+                collective_bytes_per_replica_per_step=2.5e6,
+                variable_bytes_by_device={"/cpu:1": 8e6, "/cpu:2": 8e6, "/cpu:3": 8e6}),
+        _record("central_storage", sps=15.0, loss=2.5),
+        _record("central_storage", model="resnet", status="failed"),
+    ]
+
+
+# -- transfer counting --------------------------------------------------------------------------
+
+def _transfer(src, dst, nbytes, shape=False):
+    shape = (nbytes // 4,) if shape is False else shape
+    return Transfer(src, dst, "t", "float32", shape, nbytes)
+
+
+def test_transfer_fields_average_over_replicas():
+    report = TransferReport(
+        transfers=(_transfer("/cpu:0", "/cpu:1", 400), _transfer("/cpu:0", "/cpu:1", 4, ()),
+                   _transfer("/cpu:0", "/cpu:1", 0, None),
+                   _transfer("/cpu:0", "/cpu:2", 400), _transfer("/cpu:1", "/cpu:0", 400),
+                   _transfer("/cpu:2", "/cpu:0", 400), _transfer("/cpu:2", "/cpu:0", 8)),
+        collectives=(("/cpu:1", "CollectiveReduceV2", 1000),
+                     ("/cpu:2", "CollectiveReduceV2", 1000)),
+        devices=("/cpu:0", "/cpu:1", "/cpu:2"))
+    fields = worker.transfer_fields(report, ["/cpu:1", "/cpu:2"])
+    assert fields["tensors_to_each_replica"] == {"/cpu:1": [3, 1, 1, 1], "/cpu:2": [1, 1, 0, 0]}
+    assert fields["scalar_tensors_to_replicas_per_step"] == 0.5
+    assert fields["unknown_shape_tensors_to_replicas_per_step"] == 0.5
+    assert fields["tensors_to_replicas_per_step"] == 2
+    assert fields["bytes_to_replicas_per_step"] == 402
+    assert fields["max_tensors_to_a_replica_per_step"] == 3
+    assert fields["tensors_from_replicas_per_step"] == 1.5
+    assert fields["bytes_from_replicas_per_step"] == 404
+    assert fields["collectives_per_replica_per_step"] == 1
+    assert fields["collective_bytes_per_replica_per_step"] == 1000
+    assert fields["transfers"]["/cpu:0 -> /cpu:1"] == [3, 404]
+    json.dumps(fields)  # the record must serialise
+
+
+def test_transfer_fields_of_a_real_dpkeras_step():
+    from conftest import strategy_for
+
+    from dpkeras.transfers import train_step_transfers
+
+    with strategy_for(2).scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(optimizer="sgd", loss="mse")
+    x = tf.random.normal((8, 8))
+    y = tf.random.normal((8, 4))
+    fields = worker.transfer_fields(train_step_transfers(model, x, y, batch_size=8),
+                                    ["/cpu:1", "/cpu:2"])
+    # kernel and bias arrive once per replica at least; gradients go back
+    assert fields["tensors_to_replicas_per_step"] >= 2
+    assert fields["bytes_to_replicas_per_step"] >= (8 * 4 + 4) * 4
+    assert fields["bytes_from_replicas_per_step"] >= (8 * 4 + 4) * 4
+    assert fields["collectives_per_replica_per_step"] == 0
+
+
+def test_variable_bytes_by_device_counts_each_copy():
+    with tf.device("/cpu:0"):
+        a = tf.Variable(tf.zeros((10, 10)))  # 400 bytes
+    with tf.device("/cpu:1"):
+        b = tf.Variable(tf.zeros((5,), tf.int64))  # 40 bytes
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2"])
+    with mirrored.scope():
+        c = keras.Variable(tf.zeros((3,)))  # 12 bytes on each replica
+    by_device = worker.variable_bytes_by_device([a, b, a, c])
+    assert by_device == {"/cpu:0": 400, "/cpu:1": 52, "/cpu:2": 12}
+
+
+def test_peak_memory_is_none_on_cpu():
+    assert worker.peak_memory_by_device(["/cpu:0"]) == {"/cpu:0": None}
+
+
+def test_timing_fields_median_and_spread():
+    fields = worker.timing_fields([1.0, 2.0, 0.5], steps=10, batch_size=240)
+    assert fields["steps_per_sec_runs"] == [10.0, 5.0, 20.0]
+    assert fields["steps_per_sec"] == 10.0
+    assert fields["examples_per_sec"] == 2400.0
+    assert fields["steps_per_sec_spread"] == pytest.approx(1.5)
+
+
+# -- failure reporting --------------------------------------------------------------------------
+
+def test_first_line_of_a_keras_wrapped_error():
+    error = ValueError("Exception encountered when calling Dropout.call().\n\n"
+                       "\x1b[1mYou must specify an aggregation method.\x1b[0m\n\nArguments...")
+    assert worker.first_line(error) == (
+        "ValueError: Exception encountered when calling Dropout.call(): "
+        "You must specify an aggregation method.")
+    assert worker.first_line(RuntimeError("one\ntwo")) == "RuntimeError: one"
+    assert worker.first_line(KeyError()) == "KeyError"
+
+
+def test_a_failing_pair_is_a_record_not_an_exception():
+    record = worker.run(worker.PairSpec(strategy="parameter_server", model="mlp"))
+    assert record["status"] == "failed"
+    assert record["phase"] == "setup"
+    assert record["error"].startswith("ValueError: Unknown strategy 'parameter_server'")
+    assert "dpkeras, mirrored, central_storage, one_device" in record["error"]
+    record = worker.run(worker.PairSpec(strategy="dpkeras", model="mlp", replicas=3,
+                                        batch_size=100))
+    assert record["status"] == "failed"
+    assert "does not split evenly over 3 replicas" in record["error"]
+
+
+def test_pair_spec_rejects_unknown_fields():
+    with pytest.raises(ValueError, match=r"Unknown pair fields \['colour'\]"):
+        worker.PairSpec.from_json('{"strategy": "dpkeras", "model": "mlp", "colour": 1}')
+
+
+def test_worker_output_without_a_result_line_is_a_failure():
+    spec = worker.PairSpec(strategy="mirrored", model="mlp")
+    record = compare.parse_worker_output(spec, -11, "some output\n", "warning\nSegmentation\n")
+    assert record["status"] == "failed"
+    assert record["error"] == "worker exited with code -11 without a result: Segmentation"
+    assert record["phase"] == "process"
+    ok = {"status": "ok", "strategy": "mirrored"}
+    line = worker.RESULT_PREFIX + json.dumps(ok)
+    assert compare.parse_worker_output(spec, 0, f"noise\n{line}\n", "") == ok
+
+
+def test_run_pair_reports_a_crash_and_keeps_the_log(tmp_path):
+    spec = worker.PairSpec(strategy="dpkeras", model="mlp")
+    log = tmp_path / "logs" / "pair.log"
+    crash = [sys.executable, "-c", "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"]
+    record = compare.run_pair(spec, timeout=60, log_path=str(log), command=crash)
+    assert record["status"] == "failed"
+    assert record["error"] == "worker exited with code 3 without a result: boom"
+    assert record["strategy"] == "dpkeras" and record["model"] == "mlp"
+    assert "boom" in log.read_text()
+
+
+def test_run_pair_reports_a_timeout():
+    spec = worker.PairSpec(strategy="dpkeras", model="mlp")
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    record = compare.run_pair(spec, timeout=1, command=sleep)
+    assert record["status"] == "failed"
+    assert record["error"] == "TimeoutError: the pair did not finish within 1 s"
+
+
+# -- plan and flags -----------------------------------------------------------------------------
+
+def _config(**kw):
+    base = dict(models=["mlp", "resnet"], strategies=["dpkeras", "one_device", "mirrored"],
+                replica_counts=[3], sizes=[1.0], steps=None, check_steps=2, warmup_steps=1,
+                repeats=2,
+                batch_size=None, scaling=False, out="results", pair_timeout=60, seed=1,
+                parameter_device="/cpu:0", devices="simulated")
+    base.update(kw)
+    return compare.Config(**base)
+
+
+def test_plan_runs_one_device_first_and_once():
+    pairs = compare.plan(_config(scaling=True, replica_counts=[1, 2, 4], sizes=[0.5, 1.0]))
+    assert len(pairs) == 2 * 2 * (1 + 2 * 3)
+    first = pairs[:7]
+    assert [(p.strategy, p.replicas) for p in first] == [
+        ("one_device", 1), ("dpkeras", 1), ("mirrored", 1), ("dpkeras", 2), ("mirrored", 2),
+        ("dpkeras", 4), ("mirrored", 4)]
+    assert {p.batch_size for p in pairs if p.model == "mlp"} == {MODELS["mlp"].batch_size}
+    assert {p.steps for p in pairs if p.model == "resnet"} == {MODELS["resnet"].steps}
+
+
+def test_default_batches_split_over_every_scaling_count():
+    for m in MODELS.values():
+        for n in (1, 2, 3, 4, 6, 8):
+            assert m.batch_size % n == 0, (m.name, n)
+
+
+def test_indivisible_batch_is_a_usage_error():
+    with pytest.raises(compare.app.UsageError, match="batch 100 over 3 replicas"):
+        compare._check_batches(_config(batch_size=100))
+
+
+class _Flags(dict):
+    """Stands in for absl's FLAGS: `f.name` is the value, `f[name].present` whether it was
+    given on the command line (here: whether it is in `present`)."""
+
+    def __init__(self, values, present=()):
+        super().__init__(values)
+        self.present = set(present)
+
+    def __getattr__(self, name):
+        return dict.__getitem__(self, name)
+
+    def __getitem__(self, name):
+        return type("Flag", (), {"present": name in self.present,
+                                 "value": dict.__getitem__(self, name)})()
+
+
+def _flags(present=(), **kw):
+    values = dict(models=list(MODELS), strategies=list(worker.STRATEGIES), replicas=None,
+                  steps=None, check_steps=5, warmup_steps=3, repeats=5, batch_size=None,
+                  size=1.0,
+                  scaling=False, scaling_replicas=["1", "2", "4", "8"],
+                  scaling_sizes=["0.5", "1"], out="results", pair_timeout=60, seed=1,
+                  parameter_device="/cpu:0", chart=False)
+    values.update(kw)
+    return _Flags(values, present)
+
+
+def test_config_defaults_on_cpu_and_gpu():
+    config = compare.config_from_flags(_flags(), gpus=[])
+    assert config.replica_counts == [3] and config.devices == "simulated"
+    config = compare.config_from_flags(_flags(), gpus=["GPU:0", "GPU:1"])
+    assert config.replica_counts == [2] and config.devices == "gpu"
+    config = compare.config_from_flags(_flags(scaling=True), gpus=["GPU:0", "GPU:1"])
+    assert config.replica_counts == [1, 2] and config.models == ["mlp"]
+    config = compare.config_from_flags(_flags(scaling=True, models=["resnet"],
+                                              present=["models"]), gpus=[])
+    assert config.replica_counts == [1, 2, 4, 8] and config.models == ["resnet"]
+    with pytest.raises(compare.app.UsageError, match="only 2 GPU"):
+        compare.config_from_flags(_flags(replicas=4), gpus=["GPU:0", "GPU:1"])
+    with pytest.raises(compare.app.UsageError, match="--strategies must be .*Received: "
+                                                     "--strategies=horovod"):
+        compare.config_from_flags(_flags(strategies=["horovod"]), gpus=[])
+
+
+# -- derived columns, targets, files ------------------------------------------------------------
+
+def test_derive_ratios_and_loss_check():
+    records = results.derive(_default_run(), {"mlp": 1e-4})
+    by = {(r["model"], r["strategy"]): r for r in records}
+    dp = by["mlp", "dpkeras"]
+    assert dp["ratio_to_one_device"] == pytest.approx(0.95)
+    assert dp["ratio_to_mirrored"] == pytest.approx(1.9)
+    assert dp["loss_vs_one_device"] == pytest.approx(5e-5)
+    assert dp["check_loss_vs_one_device"] == pytest.approx(5e-5)
+    assert dp["loss_check"] == "ok"
+    drifted = results.derive([dict(r, final_loss=3.0) if r["strategy"] == "dpkeras" else r
+                              for r in _default_run()])
+    assert drifted[1]["loss_vs_one_device"] == pytest.approx(0.5)
+    assert drifted[1]["loss_check"] == "ok"  # judged on the first steps' loss
+    assert by["mlp", "central_storage"]["loss_check"] == "DIFFERS"
+    assert by["mlp", "one_device"]["loss_check"] == "reference"
+    assert by["mlp", "one_device"]["ratio_to_mirrored"] == pytest.approx(2.0)
+    failed = by["resnet", "central_storage"]
+    assert failed["ratio_to_one_device"] is None and failed["loss_vs_one_device"] is None
+
+
+def test_targets_say_met_missed_and_by_how_much():
+    records = results.derive(_default_run())
+    targets = {t["target"]: t for t in results.check_targets(records)}
+    assert targets["steps/s >= central_storage's"]["met"] is True
+    assert targets["steps/s >= 1.3x mirrored's"]["met"] is True
+    assert targets["steps/s within 10% of one_device's"]["value"] == pytest.approx(0.95)
+    assert targets["tensors to each replica <= one per model variable"]["met"] is True
+    assert targets["metrics add no tensors to replicas"]["met"] is True
+    chatty = [dict(r, tensors_to_each_replica={"/cpu:1": [11, 6, 5, 0], "/cpu:2": [12, 7, 4, 1]})
+              if r["strategy"] == "dpkeras" else r for r in _default_run()]
+    targets = {t["target"]: t for t in results.check_targets(results.derive(chatty))}
+    assert targets["tensors to each replica <= one per model variable"]["met"] is False
+    assert targets["tensors to each replica <= one per model variable"]["value"] == 7
+    assert "plus 1 of unknown shape" in targets[
+        "tensors to each replica <= one per model variable"]["detail"]
+    metrics = targets["metrics add no tensors to replicas"]
+    assert (metrics["met"], metrics["value"]) == (False, 5)
+    assert metrics["detail"].startswith("5 scalar tensors to /cpu:1 per step")
+    slow = [dict(r, steps_per_sec=5.0) if r["strategy"] == "dpkeras" else r
+            for r in _default_run()]
+    targets = {t["target"]: t for t in results.check_targets(results.derive(slow))}
+    assert targets["steps/s >= 1.3x mirrored's"]["met"] is False
+    assert "= 0.500x (needs >= 1.30x)" in targets["steps/s >= 1.3x mirrored's"]["detail"]
+    lines = results.format_targets(results.check_targets(results.derive(slow)))
+    assert any(line.startswith("  [MISSED] 3 replicas: steps/s >= 1.3x") for line in lines)
+
+
+def test_result_files_have_the_required_fields(tmp_path):
+    records = results.derive(_default_run())
+    jsonl, md = results.write_results(records, str(tmp_path / "out"), "bench", "title",
+                                      ["Machine: test"], results.check_targets(records))
+    lines = results.read_jsonl(jsonl)
+    assert len(lines) == len(records)
+    for line in lines:
+        assert set(results.REQUIRED_FIELDS) <= set(line)
+        assert line["status"] in ("ok", "failed")
+    failed = [line for line in lines if line["status"] == "failed"]
+    assert failed[0]["error"] == "ValueError: it broke. And more."
+    text = open(md).read()
+    assert "Machine: test" in text
+    assert "| mlp | 1 | dpkeras | 3 | ok | 19.00 |" in text
+    assert "resnet / central_storage / 3 replicas, in first steps: ValueError: it broke." in text
+    assert "[MET   ]" in text
+
+
+def test_terminal_table_shows_failures_with_their_first_line():
+    table = results.format_table(results.derive(_default_run()))
+    header = table.splitlines()[0]
+    assert header.split()[:5] == ["model", "size", "strategy", "repl", "status"]
+    assert "FAILED (first steps)" in table
+    assert "resnet / central_storage / 3 replicas, in first steps: ValueError: it broke." in table
+    assert "ok (+0.005%)" in table and "DIFFERS (+25%)" in table
+    assert "3 x 8.00" in table  # mirrored: a copy on each replica
+
+
+def test_short_error():
+    assert results.short_error("ValueError: first. second. third") == "ValueError: first."
+    assert results.short_error("x" * 200, 20) == "x" * 17 + "..."
+    assert results.short_error(None) == ""
+
+
+def test_charts_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import chart
+
+    records = results.derive(_default_run())
+    path = chart.comparison_chart(records, str(tmp_path / "bench.png"), "test")
+    assert os.path.getsize(path) > 1000
+    scaling = results.derive([
+        _record("one_device", replicas=1, sps=20.0),
+        _record("dpkeras", replicas=1, sps=18.0), _record("dpkeras", replicas=2, sps=16.0),
+        _record("mirrored", replicas=1, sps=17.0),
+        _record("mirrored", replicas=2, status="failed")])
+    path = chart.scaling_chart(scaling, str(tmp_path / "scaling.png"))
+    assert os.path.getsize(path) > 1000
+    tables = "\n".join(results.scaling_tables(scaling))
+    assert "| strategy | 1 replica | 2 replicas |" in tables
+    assert "| dpkeras | 0.90 | 0.80 |" in tables
+    assert "| mirrored | 0.85 | failed |" in tables
+
+
+def test_machine_description_says_devices_are_simulated():
+    info = machine.describe([], 3, "/cpu:0")
+    text = "\n".join(machine.lines(info))
+    assert info["devices"] == "simulated"
+    assert "SIMULATED" in text and "/cpu:1../cpu:3" in text and "not a speed-up" in text
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+def test_smoke_one_tiny_pair_end_to_end(tmp_path):
+    out = tmp_path / "results"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", "--models=mlp",
+         "--strategies=one_device,dpkeras", "--replicas=2", "--size=0.05", "--steps=2",
+         "--repeats=2", "--check_steps=2", "--warmup_steps=0", "--pair_timeout=240", f"--out={out}",
+         "--nochart"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SIMULATED" in proc.stdout
+    assert "[ 2/2] mlp" in proc.stdout
+    assert str(out / "bench.jsonl") in proc.stdout
+    lines = results.read_jsonl(out / "bench.jsonl")
+    assert [(r["strategy"], r["status"]) for r in lines] == [("one_device", "ok"),
+                                                           ("dpkeras", "ok")]
+    dp = lines[1]
+    assert dp["replicas"] == 2 and dp["steps_per_sec"] > 0
+    assert dp["tensors_to_replicas_per_step"] >= dp["model_variables"]
+    assert dp["variable_bytes_by_device"].keys() == {"/cpu:0"}
+    assert abs(dp["loss_vs_one_device"]) < 1e-3
+    assert (out / "bench.md").exists() and (out / "logs").is_dir()
+
+
+# -- GPU arithmetic and the command line --------------------------------------------------------
+
+def test_pcie_arithmetic():
+    from benchmarks import pcie
+
+    per_gpu, host = pcie.parameter_device_bytes(25e6, 4)
+    assert (per_gpu, host) == (100e6, 400e6)
+    assert pcie.allreduce_bytes(25e6, 4) == pytest.approx(150e6)  # 2 (N - 1) / N x 100 MB
+    assert pcie.allreduce_bytes(25e6, 2) == pytest.approx(100e6)
+    lines = pcie.table(25e6, [4], pcie_gbps=10.0, nvlink_gbps=100.0)
+    assert lines[-1] == "| 4 | 100 | 400 | 10.0 | 40.0 | 150 | 15.0 | 1.50 |"
+
+
+def test_cli_env_prints_versions_devices_and_the_default_choice(capsys, monkeypatch):
+    from dpkeras import cli
+
+    monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", "/cpu:0")
+    assert cli.main(["env", "--simulate_cpu_devices", "4"]) == 0
+    text = capsys.readouterr().out
+    assert f"TensorFlow {tf.__version__}" in text and f"Keras {keras.__version__}" in text
+    assert "/cpu:3" in text
+    assert "compute devices:  /cpu:1, /cpu:2, /cpu:3" in text
+    assert "parameter device: '/cpu:0'" in text or "parameter device: /cpu:0" in text
+    assert "DPKERAS_PARAMETER_DEVICE=/cpu:0" in text
+
+
+def test_cli_usage_and_unknown_command(capsys):
+    from dpkeras import cli
+
+    assert cli.main(["--help"]) == 0
+    assert "bench" in capsys.readouterr().out
+    assert cli.main(["train"]) == 2
+    assert "unknown command 'train'; valid commands: env, bench" in capsys.readouterr().err
+
+
+def test_cli_bench_outside_a_checkout_says_what_to_do(capsys, monkeypatch):
+    from dpkeras import cli
+
+    monkeypatch.setattr(cli, "_checkout_root", lambda: None)
+    assert cli.main(["bench"]) == 2
+    assert "no benchmarks/compare.py beside it" in capsys.readouterr().err
+
+
+def test_command_line_for_the_report():
+    assert compare.command_line(["/x/benchmarks/compare.py", "--models=mlp"]) == (
+        "python -m benchmarks.compare --models=mlp")
+    assert compare.command_line(["/venv/bin/dpkeras", "bench", "--scaling"]) == (
+        "dpkeras bench --scaling")
+    info = machine.describe([], 8, "/cpu:0", [1, 2, 4, 8])
+    assert "replicas + 1 logical devices (2 to 9)" in info["layout"]
