@@ -73,7 +73,10 @@ flags.DEFINE_integer("pair_timeout", 600,
                      lower_bound=1)
 flags.DEFINE_integer("seed", 1234, "Seed of the initial weights, the data and Dropout.")
 flags.DEFINE_string("parameter_device", "/cpu:0",
-                    "Where dpkeras and central_storage keep the variables.")
+                    "Where dpkeras and central_storage keep the variables. A comma-separated "
+                    "list spreads dpkeras's variables over those devices (greedy by bytes); "
+                    "central_storage takes the first. On simulated devices, an index beyond "
+                    "the replicas adds a device that only holds variables.")
 flags.DEFINE_bool("chart", True, "Draw the PNG chart (needs matplotlib).")
 
 DEFAULT_CPU_REPLICAS = 3

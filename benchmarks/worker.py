@@ -114,6 +114,11 @@ def compute_devices(spec):
     return [f"/{kind}:{first + i}" for i in range(spec.effective_replicas)]
 
 
+def parameter_device_list(parameter_device):
+    """`"/cpu:0,/cpu:3"` -> `["/cpu:0", "/cpu:3"]` (the `--parameter_device` flag's value)."""
+    return [d.strip() for d in parameter_device.split(",") if d.strip()]
+
+
 def make_strategy(spec):
     """The `tf.distribute` strategy for `spec.strategy` on this pair's devices."""
     import tensorflow as tf
@@ -121,13 +126,16 @@ def make_strategy(spec):
     import dpkeras
 
     compute = compute_devices(spec)
+    parameter_devices = parameter_device_list(spec.parameter_device)
     if spec.strategy == "dpkeras":
-        return dpkeras.ParameterDeviceStrategy(compute, spec.parameter_device)
+        # Several devices: variables spread over them by dpkeras.placement.greedy_by_size.
+        return dpkeras.ParameterDeviceStrategy(
+            compute, parameter_devices if len(parameter_devices) > 1 else parameter_devices[0])
     if spec.strategy == "mirrored":
         return tf.distribute.MirroredStrategy(compute)
-    if spec.strategy == "central_storage":
+    if spec.strategy == "central_storage":  # takes one device: the first
         return tf.distribute.experimental.CentralStorageStrategy(
-            compute, parameter_device=spec.parameter_device)
+            compute, parameter_device=parameter_devices[0])
     if spec.strategy == "one_device":
         return tf.distribute.OneDeviceStrategy(compute[0])
     raise ValueError(f"Unknown strategy {spec.strategy!r}. Valid strategies: "
@@ -282,7 +290,9 @@ def _run(spec, progress):
     import dpkeras
 
     if spec.devices == "simulated":
-        dpkeras.simulate_cpu_devices(spec.replicas + 1)
+        highest = max([spec.replicas] + [int(d.rsplit(":", 1)[1]) for d in
+                                         parameter_device_list(spec.parameter_device)])
+        dpkeras.simulate_cpu_devices(highest + 1)
     import keras
     import numpy as np
     import tensorflow as tf

@@ -450,3 +450,15 @@ def test_command_line_for_the_report():
         "dpkeras bench --scaling")
     info = machine.describe([], 8, "/cpu:0", [1, 2, 4, 8])
     assert "replicas + 1 logical devices (2 to 9)" in info["layout"]
+
+
+def test_a_list_of_parameter_devices_spreads_dpkeras_variables():
+    spec = worker.PairSpec(strategy="dpkeras", model="mlp", replicas=2,
+                           parameter_device="/cpu:0, /cpu:3")
+    assert worker.parameter_device_list(spec.parameter_device) == ["/cpu:0", "/cpu:3"]
+    strategy = worker.make_strategy(spec)
+    assert [d[-5:] for d in strategy.extended.parameter_devices] == ["CPU:0", "CPU:3"]
+    assert "greedy_by_size" in repr(strategy.extended.placement_policy)
+    css = worker.make_strategy(worker.PairSpec(strategy="central_storage", model="mlp",
+                                               replicas=2, parameter_device="/cpu:0,/cpu:3"))
+    assert css.extended.parameter_devices[0].lower().endswith("cpu:0")
