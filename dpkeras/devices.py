@@ -5,6 +5,8 @@ Every device string dpkeras accepts goes through `canonical_device`, so `/gpu:0`
 reports, error messages).
 """
 
+import os
+
 import tensorflow as tf
 
 from dpkeras import _tf_internals, config
@@ -107,6 +109,25 @@ def _check_exists(device, role, available):
 
 
 def resolve_devices(compute_devices=None, parameter_device=None):
+    """Validates and fills in a strategy's devices; see `_resolve_devices`.
+
+    A bad device that came from a `DPKERAS_*` environment variable is reported with that
+    variable's setting, since the program itself does not name it.
+    """
+    try:
+        return _resolve_devices(compute_devices, parameter_device)
+    except ValueError as e:
+        used = [name for name, given in ((config.COMPUTE_DEVICES_ENV, compute_devices),
+                                         (config.PARAMETER_DEVICE_ENV, parameter_device))
+                if given is None and config.env_device(name) is not None]
+        if not used or any(name in str(e) for name in used):
+            raise
+        settings = ", ".join(f"{name}={os.environ[name]!r}" for name in used)
+        raise ValueError(f"{e} (Devices not passed as arguments come from the environment: "
+                         f"{settings}.)") from None
+
+
+def _resolve_devices(compute_devices=None, parameter_device=None):
     """Validates and fills in a strategy's devices.
 
     Precedence for each: the argument, then `DPKERAS_COMPUTE_DEVICES` (comma-separated) /

@@ -1,5 +1,6 @@
 """`ParameterDeviceStrategy`: variables on a parameter device, Keras computation on replicas."""
 
+import contextlib
 import dataclasses
 import inspect
 import itertools
@@ -9,7 +10,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from dpkeras import _tf_internals, devices, placement
+from dpkeras import _tf_internals, checkpointing, devices, placement
 from dpkeras.variables import ParameterVariable
 
 __all__ = ["ParameterDeviceStrategy", "ParameterDeviceExtended"]
@@ -117,9 +118,11 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         self._device_reason = reason
         self._host_device = devices.canonical_device("/cpu:0")
         self._step_weights = None
+        self._step_inputs = None  # per replica: the input tensors of the step being traced
         # Reductions this strategy made, by graph and tensor name: (how, per-replica value);
         # see `_home_tensor`.
         self._reductions = weakref.WeakKeyDictionary()
+        checkpointing.install()  # crash-safe saving for models built under this strategy
         _log.info("dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
                   [devices.short_device(d) for d in compute], reason,
                   [devices.short_device(d) for d in self._parameter_devices], policy)
@@ -274,18 +277,46 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         model, step = _keras_step_owner(fn)
         if model is not None:
             self._check_model_variables(model)
-        previous = self._step_weights
+        previous = self._step_weights, self._step_inputs
         self._step_weights = (self._keras_train_step_weights(args) if step == "train_step"
                               else None)
+        self._step_inputs = self._replica_inputs(args, kwargs)
         try:
             result = _tf_internals.call_for_each_replica(self._container_strategy(), fn, args,
                                                          kwargs)
         finally:
-            self._step_weights = previous
+            self._step_weights, self._step_inputs = previous
         owner, name = _bound_method(fn)
         if isinstance(owner, keras.optimizers.LossScaleOptimizer) and name == "check_finite":
             result = self._all_replicas_finite(result)
         return result
+
+    def _replica_inputs(self, args, kwargs):
+        """Per replica, the tensors a traced step receives (None when running eagerly)."""
+        if tf.executing_eagerly():
+            return None
+        inputs = [[] for _ in range(self._num_replicas_in_sync)]
+        for x in tf.nest.flatten((args, kwargs)):
+            parts = (self._local_results(x) if isinstance(x, tf.distribute.DistributedValues)
+                     else [x] * self._num_replicas_in_sync)
+            for replica_inputs, part in zip(inputs, parts):
+                replica_inputs += [t for t in tf.nest.flatten(part, expand_composites=True)
+                                   if isinstance(t, tf.Tensor)]
+        return inputs
+
+    def _after_step_inputs(self, replica_id=0):
+        """Orders a write that does not depend on the step's data after that data arrives.
+
+        A replica-context write of a counter or a seed (the optimizer's iteration count,
+        `SeedGenerator` state) has no data dependency. When Keras calls its step once more
+        to find the end of a dataset of unknown size, TensorFlow may run such a write before
+        the missing batch stops the step: the count and the random stream then drift, and
+        differ from run to run. Writes made inside this context cannot run without the data.
+        """
+        inputs = self._step_inputs[replica_id] if self._step_inputs else None
+        if not inputs or tf.executing_eagerly():
+            return contextlib.nullcontext()
+        return tf.control_dependencies(inputs)
 
     def _all_replicas_finite(self, per_replica_finite):
         """Every replica's answer to "are all gradients finite?" becomes the global answer.
@@ -539,9 +570,21 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
 
     def _experimental_distribute_dataset(self, dataset, options):
         self._check_input_options(options, "experimental_distribute_dataset")
+        self._check_not_empty(dataset)
         return _tf_internals.get_distributed_dataset(
             dataset, self._input_workers(options), self._container_strategy(),
             num_replicas_in_sync=self._num_replicas_in_sync, options=options)
+
+    @staticmethod
+    def _check_not_empty(dataset):
+        """A dataset known to be empty fails here, not with a bare StopIteration in Keras."""
+        if tf.get_static_value(dataset.cardinality()) == 0:
+            raise ValueError(
+                f"Cannot distribute an empty dataset: it yields no batch (cardinality 0), so "
+                f"Keras's fit, evaluate and predict would stop with a bare StopIteration. "
+                f"Received: {dataset!r}. Give it at least one batch (check for empty arrays, a "
+                f"filter or take that removes everything, or batch(..., drop_remainder=True) "
+                f"on fewer examples than one batch).")
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         self._check_input_options(options, "distribute_datasets_from_function")

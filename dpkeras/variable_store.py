@@ -1010,7 +1010,7 @@ def _check_reuse(what, entry, shape, dtype):
 def _describe(strategy):
     if strategy is None or type(strategy).__name__ == "_DefaultDistributionStrategy":
         return "no strategy"
-    return f"strategy {type(strategy).__name__}"
+    return f"strategy {strategy!r}"
 
 
 def _check_not_building_symbolically(scope):

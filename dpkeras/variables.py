@@ -195,16 +195,21 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         """Applies `method` (e.g. "assign_add") by this variable's kind; see module docstring."""
         write = getattr(super(), method)
         replica_id = self._extended._current_replica_id()
-        if replica_id is None or self._extended._num_replicas_in_sync == 1:
+        if replica_id is None:
             self._invalidate_reads()
             return write(value, **kwargs)
+        if self._extended._num_replicas_in_sync == 1:
+            self._invalidate_reads()
+            with self._extended._after_step_inputs(0):
+                return write(value, **kwargs)
         if self.synchronization == _ON_READ and self.aggregation != _NONE and method in (
                 "assign", "assign_add", "assign_sub"):
             return self._merge_on_read_write(method, value, replica_id)
         if self.aggregation == _NONE:
             if replica_id == 0:
                 self._invalidate_reads()
-                return write(value, **kwargs)
+                with self._extended._after_step_inputs(0):
+                    return write(value, **kwargs)
             return self._dropped_write_value(method, value, replica_id)
         return tf.distribute.get_replica_context().merge_call(
             self._merge_aggregated_write, args=(method, value), kwargs=kwargs)
@@ -236,7 +241,8 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
     def _merge_aggregated_write(self, strategy, method, per_replica_value, **kwargs):
         value = strategy.extended._aggregate(self.aggregation, per_replica_value, self.device)
         self._invalidate_reads()
-        return getattr(super(), method)(value, **kwargs)
+        with strategy.extended._after_step_inputs(0):
+            return getattr(super(), method)(value, **kwargs)
 
     def assign(self, value, use_locking=None, name=None, read_value=True):
         return self._write("assign", value, use_locking=use_locking, name=name,
@@ -282,10 +288,14 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
 
     def _write_nd(self, method, indices, updates, name):
         replica_id = self._extended._current_replica_id()
-        if replica_id is None or self._extended._num_replicas_in_sync == 1 or (
-                self.aggregation == _NONE and replica_id == 0):
+        if replica_id is None:
             self._invalidate_reads()
             return getattr(super(), method)(indices, updates, name=name)
+        if self._extended._num_replicas_in_sync == 1 or (
+                self.aggregation == _NONE and replica_id == 0):
+            self._invalidate_reads()
+            with self._extended._after_step_inputs(0):
+                return getattr(super(), method)(indices, updates, name=name)
         if self.aggregation == _NONE:
             return self._replica_read(replica_id)
         raise NotImplementedError(
