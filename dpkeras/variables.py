@@ -50,11 +50,12 @@ def _is_same_tensor(a, b):
     return a is b or (not tf.executing_eagerly() and a.graph is b.graph and a.name == b.name)
 
 
-def _delta(new_value, read):
-    """`new_value - read`, exactly when `new_value` was computed as `read + delta`.
+def _added_delta(new_value, read):
+    """`x` when `new_value` was computed in the graph as `read + x`, else None.
 
-    Keras implements `v.assign_add(x)` as `v.assign(v + x)`. Recovering `x` from the graph keeps
-    metric sums bit-identical to one device; subtracting would round.
+    Keras implements `v.assign_add(x)` as `v.assign(v + x)`; recovering `x` lets dpkeras apply
+    it as an `assign_add` where the variable lives, so the replica need not receive the value,
+    with a bit-identical result.
     """
     if hasattr(new_value, "op") and new_value.op.type in ("AddV2", "Add"):
         a, b = new_value.op.inputs
@@ -62,7 +63,13 @@ def _delta(new_value, read):
             return b
         if _is_same_tensor(b, read):
             return a
-    return new_value - read
+    return None
+
+
+def _delta(new_value, read):
+    """`new_value - read`, exactly (without rounding) when it was computed as `read + x`."""
+    delta = _added_delta(new_value, read)
+    return new_value - read if delta is None else delta
 
 
 def _scale_gradient(grad, weight):
@@ -193,8 +200,10 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
 
     def _write(self, method, value, **kwargs):
         """Applies `method` (e.g. "assign_add") by this variable's kind; see module docstring."""
-        write = getattr(super(), method)
         replica_id = self._extended._current_replica_id()
+        if replica_id is not None and method == "assign" and not tf.executing_eagerly():
+            method, value = self._as_assign_add(value, replica_id)
+        write = getattr(super(), method)
         if replica_id is None:
             self._invalidate_reads()
             return write(value, **kwargs)
@@ -213,6 +222,22 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
             return self._dropped_write_value(method, value, replica_id)
         return tf.distribute.get_replica_context().merge_call(
             self._merge_aggregated_write, args=(method, value), kwargs=kwargs)
+
+    def _as_assign_add(self, value, replica_id):
+        """`("assign_add", x)` for an `assign(read + x)` whose result that gives, else as is.
+
+        True with one replica, and for NONE, ONLY_FIRST_REPLICA and MEAN aggregation (every
+        replica read the same value); not for SUM, where assigning N values `read + x_i` sums
+        to `N * read + sum(x_i)`, nor for ON_READ state, which has its own exact path.
+        """
+        single = self._extended._num_replicas_in_sync == 1
+        if not single and (self.synchronization == _ON_READ or self.aggregation ==
+                           tf.VariableAggregation.SUM):
+            return "assign", value
+        delta = _added_delta(value, self._replica_read(replica_id))
+        if delta is None or self._kind == "seed" and replica_id:
+            return "assign", value
+        return "assign_add", delta
 
     def _dropped_write_value(self, method, value, replica_id):
         """What a non-zero replica's dropped NONE-aggregated write returns: the value it meant."""

@@ -85,3 +85,20 @@ def test_report_requires_a_step_traced_inside():
         with dpkeras.record_transfers() as recorder:
             pass
         recorder.report()
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_counters_are_incremented_where_they_live(replicas):
+    """Keras's `iterations.assign_add(1)` is `assign(iterations + 1)`; dpkeras applies it as an
+    assign_add on the parameter device, so no replica receives the int64 count."""
+    strategy = strategy_for(replicas)
+    with strategy.scope():
+        model = build_model("dense", metrics=())
+    x, y = make_data("dense", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    for replica in strategy.extended.worker_devices:
+        received = _weight_reads(report, dpkeras.devices.short_device(replica))
+        assert not [t for t in received if t.dtype == "int64"], received
+        # The 4 weights, and the loss tracker's total and count.
+        assert len(received) == len(model.trainable_variables) + 2, [t.tensor for t in received]
+    assert int(model.optimizer.iterations.numpy()) == 1
