@@ -437,8 +437,9 @@ def test_cli_usage_and_unknown_command(capsys):
 
 def test_cli_bench_outside_a_checkout_says_what_to_do(capsys, monkeypatch):
     from dpkeras import cli
+    from dpkeras.commands import bench
 
-    monkeypatch.setattr(cli, "_checkout_root", lambda: None)
+    monkeypatch.setattr(bench, "_checkout_root", lambda: None)
     assert cli.main(["bench"]) == 2
     assert "no benchmarks/compare.py beside it" in capsys.readouterr().err
 

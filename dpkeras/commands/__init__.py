@@ -1,0 +1,1 @@
+"""The verbs of the `dpkeras` command, one module each."""
