@@ -159,7 +159,8 @@ def variable_bytes_by_device(variables):
     Mirrored variables count once on every replica; a variable kept on a parameter device
     counts once there.
     """
-    from dpkeras.devices import canonical_device, short_device
+    from dpkeras.device_names import canonical_device, short_device
+    from dpkeras.sizes import nbytes
 
     seen, totals = set(), {}
     for v in variables:
@@ -168,11 +169,8 @@ def variable_bytes_by_device(variables):
             if key in seen:
                 continue
             seen.add(key)
-            n = 1
-            for dim in c.shape:
-                n *= int(dim)
             device = short_device(canonical_device(c.device)) if c.device else "?"
-            totals[device] = totals.get(device, 0) + n * c.dtype.size
+            totals[device] = totals.get(device, 0) + nbytes(c.shape, c.dtype)
     return dict(sorted(totals.items()))
 
 
@@ -224,7 +222,7 @@ def transfer_fields(report, replica_devices):
 
 
 def _short(device):
-    from dpkeras.devices import canonical_device, short_device
+    from dpkeras.device_names import canonical_device, short_device
 
     return short_device(canonical_device(device))
 

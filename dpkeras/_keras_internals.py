@@ -140,3 +140,33 @@ def untrack_variable(layer, variable):
         return False
     layer._untrack_variable(variable)
     return True
+
+
+def predict_step_model(fn):
+    """Returns the model whose `predict` step `fn` is, or None.
+
+    Keras 3.15's TF trainer passes `strategy.run` a bound `train_step` / `test_step` for
+    `fit` and `evaluate`, but for `predict` a closure (`make_predict_function`'s
+    `one_step_on_data`, possibly a `tf.function`, possibly wrapped by `_autoconvert_optionals`)
+    that calls `self.predict_step`. No public API says which model a step belongs to; the
+    closure's cells hold it.
+    """
+    pending, seen = [fn], set()
+    while pending:
+        f = pending.pop()
+        f = getattr(f, "python_function", f)  # a tf.function's Python function
+        if id(f) in seen or not callable(f):
+            continue
+        seen.add(id(f))
+        cells = getattr(f, "__closure__", None) or ()
+        qualname = getattr(f, "__qualname__", "")
+        for cell in cells:
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if "make_predict_function" in qualname and isinstance(content, keras.Model):
+                return content
+            if callable(content) and not isinstance(content, keras.Model):
+                pending.append(content)
+    return None

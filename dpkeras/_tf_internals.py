@@ -30,6 +30,10 @@ Why each is needed:
 - `register_dispatchable_type`: `tf.experimental.dispatch_for_api` (public) only dispatches on
   types registered as dispatchable (ExtensionTypes register themselves); Keras variables must
   be registered for the `tf.gather` dispatcher of `dpkeras.lookups` to see them.
+- `ops.colocate_with`: a variable is created under `tf.device(chosen device)` with any
+  enclosing colocation constraint cleared (Keras may create optimizer state inside a
+  colocation scope of the graph being traced); `tf.compat.v1.colocate_with` does the same but
+  is deprecated and logs a warning each time, and TF's own "internal interface" is this one.
 - `context`: counting the tensors a step sends between devices needs the partitioned graphs TF
   runs; only the eager context's run-metadata switch exposes them. It also tells whether TF has
   initialised its devices (for `simulate_cpu_devices`).
@@ -53,6 +57,7 @@ from tensorflow.python.distribute.mirrored_run import call_for_each_replica
 from tensorflow.python.distribute.values import Mirrored
 from tensorflow.python.eager import context as _context
 from tensorflow.python.eager.record import record_operation
+from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable, is_resource_variable
 from tensorflow.python.util.dispatch import register_dispatchable_type
 
@@ -85,3 +90,8 @@ def export_and_disable_run_metadata():
 def context_initialized():
     """Whether TensorFlow has already initialised its devices in this process."""
     return _context.context()._initialized  # pylint: disable=protected-access
+
+
+def no_colocation():
+    """A context that clears enclosing colocation constraints (graph mode); see above."""
+    return _ops.colocate_with(None, ignore_existing=True)

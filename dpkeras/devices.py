@@ -1,72 +1,23 @@
-"""Device names: parsing, validation, defaults, and simulated CPU devices.
+"""Which devices a strategy uses: validation, defaults, and simulated CPU devices.
 
-Every device string dpkeras accepts goes through `canonical_device`, so `/gpu:0`, `GPU:0` and
-`/job:localhost/replica:0/task:0/device:GPU:0` are the same device everywhere (placement,
-reports, error messages).
+Names are spelled by `dpkeras.device_names`; this module decides which devices compute and which
+hold variables, from the arguments, the `DPKERAS_*` settings and what this process has.
 """
 
 import os
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals, config
+from dpkeras import _tf_internals, config, placement
+from dpkeras.device_names import canonical_device, is_local, short_device
 
-__all__ = ["canonical_device", "default_parameter_device", "default_compute_devices",
-           "resolve_devices", "simulate_cpu_devices", "short_device"]
-
-_LOCAL_PREFIX = "/job:localhost/replica:0/task:0"
+__all__ = ["default_parameter_device", "default_compute_devices", "resolve_devices",
+           "simulate_cpu_devices"]
 
 
 def _available():
     """Canonical names of the logical devices of this process (initialises TensorFlow)."""
     return [canonical_device(d.name) for d in tf.config.list_logical_devices()]
-
-
-def canonical_device(device):
-    """Returns the canonical, fully specified name of a local logical device.
-
-    Args:
-        device: str, such as `"/gpu:1"`, `"GPU:1"` or `"/device:CPU:0"`.
-
-    Returns:
-        str, `"/job:localhost/replica:0/task:0/device:GPU:1"`.
-
-    Raises:
-        ValueError: if `device` is not a string naming one device type and index.
-    """
-    if not isinstance(device, str):
-        raise ValueError(
-            f"A device must be a string such as '/gpu:0' or '/cpu:0'. "
-            f"Received: {device!r} (of type {type(device).__name__})")
-    text = device.strip()
-    if ":" not in text:
-        raise ValueError(
-            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
-            f"Received: {device!r}")
-    if not text.startswith("/"):
-        text = "/device:" + text
-    try:
-        spec = tf.DeviceSpec.from_string(text)
-    except (ValueError, TypeError) as e:
-        raise ValueError(
-            f"Cannot parse device {device!r}: {e}. Expected a device such as '/gpu:0', "
-            f"'/cpu:0' or '/job:localhost/replica:0/task:0/device:GPU:0'.") from None
-    if spec.device_type is None or spec.device_index is None:
-        raise ValueError(
-            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
-            f"Received: {device!r}")
-    if spec.job not in (None, "localhost") or spec.replica not in (None, 0) or (
-            spec.task not in (None, 0)):
-        raise ValueError(
-            f"dpkeras runs on the devices of this process only; {device!r} names another "
-            f"job, replica or task. Use a local device such as '/gpu:0'.")
-    return f"{_LOCAL_PREFIX}/device:{spec.device_type.upper()}:{spec.device_index}"
-
-
-def short_device(device):
-    """`'/job:localhost/replica:0/task:0/device:GPU:1'` -> `'/gpu:1'`, for messages."""
-    spec = tf.DeviceSpec.from_string(device)
-    return f"/{spec.device_type.lower()}:{spec.device_index}"
 
 
 def default_parameter_device():
@@ -99,7 +50,12 @@ def default_compute_devices(parameter_devices):
     return cpus[:1], "no GPU and a single CPU device: one replica on it"
 
 
-def _check_exists(device, role, available):
+def _check_exists(device, role, available, given=None):
+    if device not in available and not is_local(device):
+        raise ValueError(
+            f"dpkeras runs on the devices of this process only; {given or device!r} names "
+            f"another job, replica or task, and this process is connected to no cluster that "
+            f"has it. Use a local device such as '/gpu:0'.")
     if device not in available:
         raise ValueError(
             f"The {role} {short_device(device)} does not exist in this process. "
@@ -149,8 +105,6 @@ def _resolve_devices(compute_devices=None, parameter_device=None):
         ValueError: for an unparseable, absent or duplicated device, an empty list, or a
             parameter_device of another type. Nothing has been created when it is raised.
     """
-    from dpkeras import placement  # placement uses canonical_device from this module
-
     source = "argument"
     if parameter_device is None:
         from_env = config.env_device_list(config.PARAMETER_DEVICE_ENV)
@@ -191,28 +145,14 @@ def _resolve_devices(compute_devices=None, parameter_device=None):
                 f"{given!r}); each compute device runs one replica. "
                 f"Received: compute_devices={compute_devices!r}")
         seen[name] = given
-    for name in canonical:
-        _check_exists(name, "compute device", available)
+    for given, name in zip(compute_devices, canonical):
+        _check_exists(name, "compute device", available, given)
     reason = f"from the {source}"
     shared = [d for d in policy_devices if d in canonical]
     if shared:
         reason += (f"; parameter device(s) {', '.join(short_device(d) for d in shared)} also "
                    f"compute (like tf_cnn_benchmarks' --local_parameter_device)")
     return tuple(canonical), policy, home, reason
-
-
-def check_device(device, what):
-    """Canonicalises `device` and checks it exists; `what` names it in the error."""
-    try:
-        name = canonical_device(device)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}") from None
-    available = _available()
-    if name not in available:
-        raise ValueError(
-            f"{what}: device {short_device(name)} does not exist in this process. Available "
-            f"devices: {', '.join(short_device(d) for d in available)}.")
-    return name
 
 
 def simulate_cpu_devices(n):

@@ -11,7 +11,7 @@ dispatcher does exactly what `tf.gather` did.
 import keras
 import tensorflow as tf
 
-from dpkeras import _tf_internals
+from dpkeras import _tf_internals, replica_step
 from dpkeras.variables import ParameterVariable
 
 __all__ = []
@@ -24,7 +24,7 @@ def _gather(params, indices, validate_indices=None, axis=None, batch_dims=0, nam
     table = params.value  # the tf.Variable itself unless Keras autocasts this variable
     if (isinstance(table, ParameterVariable) and batch_dims == 0 and
             tf.get_static_value(axis if axis is not None else 0) == 0 and
-            table._extended._current_replica_id() is not None):
+            replica_step.current(table.extended) is not None):
         return table.sparse_read(indices, name=name)
     return tf.gather(tf.convert_to_tensor(params), indices, validate_indices=validate_indices,
                      axis=axis, batch_dims=batch_dims, name=name)

@@ -30,7 +30,8 @@ import threading
 import keras
 import tensorflow as tf
 
-from dpkeras import _keras_internals, devices
+from dpkeras import _keras_internals, sizes
+from dpkeras.device_names import canonical_device, short_device
 
 __all__ = ["VariableSpec", "Policy", "single", "round_robin", "greedy_by_size", "by_path",
            "as_policy", "describe_variable", "KINDS"]
@@ -61,12 +62,7 @@ class VariableSpec:
     @property
     def nbytes(self):
         """Size in bytes (0 if the shape is not fully known)."""
-        if self.shape is None or any(d is None for d in self.shape):
-            return 0
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * tf.as_dtype(self.dtype).size
+        return sizes.nbytes(self.shape, self.dtype)
 
 
 class Policy:
@@ -81,7 +77,7 @@ class Policy:
             raise ValueError(
                 f"{name}() needs a non-empty list of devices, such as ['/gpu:0', '/gpu:1']. "
                 f"Received: {device_list!r}")
-        canonical = [devices.canonical_device(d) for d in device_list]
+        canonical = [canonical_device(d) for d in device_list]
         if len(set(canonical)) != len(canonical):
             raise ValueError(f"{name}() lists a device twice. Received: {list(device_list)!r}")
         self.devices = tuple(canonical)
@@ -96,7 +92,7 @@ class Policy:
         raise NotImplementedError
 
     def __repr__(self):
-        return f"{self._name}([{', '.join(devices.short_device(d) for d in self.devices)}])"
+        return f"{self._name}([{', '.join(short_device(d) for d in self.devices)}])"
 
 
 class _Single(Policy):
@@ -104,7 +100,7 @@ class _Single(Policy):
         return self.devices[0]
 
     def __repr__(self):
-        return repr(devices.short_device(self.devices[0]))
+        return repr(short_device(self.devices[0]))
 
 
 class _RoundRobin(Policy):

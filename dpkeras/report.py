@@ -12,7 +12,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from dpkeras import devices
+from dpkeras import sizes
+from dpkeras.device_names import short_device
 from dpkeras.strategy import ParameterDeviceStrategy
 from dpkeras.variables import ParameterVariable
 
@@ -62,7 +63,7 @@ class PlacementReport:
         out += [row(c) for c in cells]
         out.append(line("└", "─", "┴", "┘"))
         for device, (n, b) in self.totals.items():
-            out.append(f" {device}: {n} variables, {_human(b)}")
+            out.append(f" {device}: {n} variables, {sizes.human_bytes(b)}")
         return "\n".join(out)
 
     def print(self, print_fn=print):
@@ -70,21 +71,14 @@ class PlacementReport:
         print_fn(str(self))
 
 
-def _human(n):
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-
-
 def _row(variable, path=None):
     value = variable.value if isinstance(variable, keras.Variable) else variable
     kind = value.kind if isinstance(value, ParameterVariable) else "-"
     shape = tuple(value.shape.as_list())
     dtype = tf.as_dtype(value.dtype)
-    size = (value.shape.num_elements() or 0) * dtype.size
+    size = sizes.nbytes(value.shape, dtype)
     return PlacementRow(path or getattr(variable, "path", None) or value.name.split(":")[0], kind,
-                        shape, dtype.name, size, devices.short_device(value.device)
+                        shape, dtype.name, size, short_device(value.device)
                         if value.device else "-")
 
 

@@ -21,7 +21,8 @@ import re
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals, devices
+from dpkeras import _tf_internals, sizes
+from dpkeras.device_names import canonical_device, short_device
 
 __all__ = ["TransferReport", "record_transfers", "train_step_transfers"]
 
@@ -56,19 +57,19 @@ class TransferReport:
 
     def to_device(self, device):
         """`(tensors, bytes)` received by `device` from other devices."""
-        device = devices.short_device(devices.canonical_device(device))
+        device = short_device(canonical_device(device))
         ts = [t for t in self.transfers if t.destination == device]
         return len(ts), sum(t.bytes for t in ts)
 
     def from_device(self, device):
         """`(tensors, bytes)` sent by `device` to other devices."""
-        device = devices.short_device(devices.canonical_device(device))
+        device = short_device(canonical_device(device))
         ts = [t for t in self.transfers if t.source == device]
         return len(ts), sum(t.bytes for t in ts)
 
     def collectives_on(self, device):
         """`(collective ops, bytes reduced)` on `device`."""
-        device = devices.short_device(devices.canonical_device(device))
+        device = short_device(canonical_device(device))
         cs = [c for c in self.collectives if c[0] == device]
         return len(cs), sum(c[2] for c in cs)
 
@@ -88,7 +89,7 @@ class TransferReport:
 
 def _short(device_name):
     try:
-        return devices.short_device(device_name)
+        return short_device(device_name)
     except (ValueError, TypeError):
         return device_name
 
@@ -133,21 +134,14 @@ def _report_from_function_graph(function_graph):
                 tensor = output(node.input[0])
                 shape = tuple(tensor.shape.as_list()) if (
                     tensor is not None and tensor.shape.rank is not None) else None
-                size = 0
-                if shape is not None and None not in shape:
-                    n = 1
-                    for dim in shape:
-                        n *= dim
-                    size = n * dtype.size
+                size = sizes.nbytes(shape, dtype)
                 transfers.append(Transfer(source, destination,
                                           re.sub(r"^edge_\d+_", "",
                                                  node.attr["tensor_name"].s.decode()),
                                           dtype.name, shape, size))
             elif node.op in _COLLECTIVE_OPS:
                 tensor = output(node.name + ":0")
-                size = 0
-                if tensor is not None and tensor.shape.is_fully_defined():
-                    size = tensor.shape.num_elements() * tensor.dtype.size
+                size = 0 if tensor is None else sizes.nbytes(tensor.shape, tensor.dtype)
                 collectives.append((_short(node.device), node.op, size))
     return TransferReport(tuple(transfers), tuple(collectives), tuple(sorted(seen_devices)))
 

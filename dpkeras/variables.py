@@ -34,7 +34,7 @@ import weakref
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals
+from dpkeras import _tf_internals, replica_step
 
 __all__ = ["ParameterVariable"]
 
@@ -135,19 +135,20 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         return self._spec
 
     @property
-    def primary(self):
-        """The variable this one wraps (same handle, same device)."""
-        return self._primary
+    def extended(self):
+        """The `ParameterDeviceExtended` that created it."""
+        return self._extended
 
     # -- reads --------------------------------------------------------------------------------
 
     def _read_variable_op(self, no_copy=False):
-        replica_id = self._extended._current_replica_id()
-        if replica_id is None:
+        step = replica_step.current(self._extended)
+        if step is None:
             return super()._read_variable_op(no_copy=no_copy)
-        return self._replica_read(replica_id)
+        return self._replica_read(step)
 
-    def _replica_read(self, replica_id):
+    def _replica_read(self, step):
+        replica_id = step.replica_id
         eager = tf.executing_eagerly()
         cache = None if eager else self._replica_reads.setdefault(tf.compat.v1.get_default_graph(),
                                                                   {})
@@ -159,13 +160,13 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
             with tf.device(self.device):
                 value = super()._read_variable_op()
             if self._kind == "seed" and replica_id:
-                with tf.device(self._extended.worker_devices[replica_id]):
+                with tf.device(step.device):
                     value = value + tf.constant([replica_id * _REPLICA_SEED_STRIDE, 0],
                                                 dtype=value.dtype)
             if cache is not None:
                 cache[replica_id] = value
         if self.trainable:
-            weight = self._extended._gradient_weight(replica_id)
+            weight = step.gradient_weight
             _tf_internals.record_operation(
                 "ReadVariableOp", [value], [self.handle],
                 backward_function=lambda g: [_scale_gradient(g, weight)],
@@ -174,12 +175,12 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
 
     def sparse_read(self, indices, name=None):
         """Gathers rows; in a replica, on the parameter device, sending only the rows."""
-        replica_id = self._extended._current_replica_id()
-        if replica_id is None:
+        step = replica_step.current(self._extended)
+        if step is None:
             return super().sparse_read(indices, name=name)
         with tf.device(self.device):
             value = super().sparse_read(indices, name=name)
-        weight = self._extended._gradient_weight(replica_id) if self.trainable else None
+        weight = step.gradient_weight if self.trainable else None
         if weight is not None:
             flat_indices = tf.reshape(indices, [-1])
             row_shape = self.shape[1:]
@@ -200,73 +201,73 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
 
     def _write(self, method, value, **kwargs):
         """Applies `method` (e.g. "assign_add") by this variable's kind; see module docstring."""
-        replica_id = self._extended._current_replica_id()
-        if replica_id is not None and method == "assign" and not tf.executing_eagerly():
-            method, value = self._as_assign_add(value, replica_id)
+        step = replica_step.current(self._extended)
+        if step is not None and method == "assign" and not tf.executing_eagerly():
+            method, value = self._as_assign_add(value, step)
         write = getattr(super(), method)
-        if replica_id is None:
+        if step is None:
             self._invalidate_reads()
             return write(value, **kwargs)
-        if self._extended._num_replicas_in_sync == 1:
+        if step.num_replicas == 1:
             self._invalidate_reads()
-            with self._extended._after_step_inputs(0):
+            with step.after_inputs(0):
                 return write(value, **kwargs)
         if self.synchronization == _ON_READ and self.aggregation != _NONE and method in (
                 "assign", "assign_add", "assign_sub"):
-            return self._merge_on_read_write(method, value, replica_id)
+            return self._merge_on_read_write(method, value, step)
         if self.aggregation == _NONE:
-            if replica_id == 0:
+            if step.replica_id == 0:
                 self._invalidate_reads()
-                with self._extended._after_step_inputs(0):
+                with step.after_inputs(0):
                     return write(value, **kwargs)
-            return self._dropped_write_value(method, value, replica_id)
+            return self._dropped_write_value(method, value, step)
         return tf.distribute.get_replica_context().merge_call(
             self._merge_aggregated_write, args=(method, value), kwargs=kwargs)
 
-    def _as_assign_add(self, value, replica_id):
+    def _as_assign_add(self, value, step):
         """`("assign_add", x)` for an `assign(read + x)` whose result that gives, else as is.
 
         True with one replica, and for NONE, ONLY_FIRST_REPLICA and MEAN aggregation (every
         replica read the same value); not for SUM, where assigning N values `read + x_i` sums
         to `N * read + sum(x_i)`, nor for ON_READ state, which has its own exact path.
         """
-        single = self._extended._num_replicas_in_sync == 1
+        single = step.num_replicas == 1
         if not single and (self.synchronization == _ON_READ or self.aggregation ==
                            tf.VariableAggregation.SUM):
             return "assign", value
-        delta = _added_delta(value, self._replica_read(replica_id))
-        if delta is None or self._kind == "seed" and replica_id:
+        delta = _added_delta(value, self._replica_read(step))
+        if delta is None or self._kind == "seed" and step.replica_id:
             return "assign", value
         return "assign_add", delta
 
-    def _dropped_write_value(self, method, value, replica_id):
+    def _dropped_write_value(self, method, value, step):
         """What a non-zero replica's dropped NONE-aggregated write returns: the value it meant."""
         if method in ("assign", "assign_add", "assign_sub"):
             value = tf.cast(value, self.dtype)
             if method == "assign":
                 return value
-            read = self._replica_read(replica_id)
+            read = self._replica_read(step)
             return read + value if method == "assign_add" else read - value
-        return self._replica_read(replica_id)
+        return self._replica_read(step)
 
-    def _merge_on_read_write(self, method, value, replica_id):
+    def _merge_on_read_write(self, method, value, step):
         value = tf.cast(value, self.dtype)
         if method == "assign":
-            delta = _delta(value, self._replica_read(replica_id))
+            delta = _delta(value, self._replica_read(step))
         else:
             delta = value if method == "assign_add" else -value
         tf.distribute.get_replica_context().merge_call(self._merge_on_read_apply, args=(delta,))
-        return self._replica_read(replica_id)
+        return self._replica_read(step)
 
     def _merge_on_read_apply(self, strategy, per_replica_delta):
-        total = strategy.extended._aggregate(self.aggregation, per_replica_delta, self.device)
+        total = strategy.extended.aggregate(self.aggregation, per_replica_delta, self.device)
         self._invalidate_reads()
         super().assign_add(total, read_value=False)
 
     def _merge_aggregated_write(self, strategy, method, per_replica_value, **kwargs):
-        value = strategy.extended._aggregate(self.aggregation, per_replica_value, self.device)
+        value = strategy.extended.aggregate(self.aggregation, per_replica_value, self.device)
         self._invalidate_reads()
-        with strategy.extended._after_step_inputs(0):
+        with replica_step.state_of(strategy.extended).after_inputs(0):
             return getattr(super(), method)(value, **kwargs)
 
     def assign(self, value, use_locking=None, name=None, read_value=True):
@@ -312,17 +313,16 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         return self._write_nd("scatter_nd_update", indices, updates, name)
 
     def _write_nd(self, method, indices, updates, name):
-        replica_id = self._extended._current_replica_id()
-        if replica_id is None:
+        step = replica_step.current(self._extended)
+        if step is None:
             self._invalidate_reads()
             return getattr(super(), method)(indices, updates, name=name)
-        if self._extended._num_replicas_in_sync == 1 or (
-                self.aggregation == _NONE and replica_id == 0):
+        if step.num_replicas == 1 or (self.aggregation == _NONE and step.replica_id == 0):
             self._invalidate_reads()
-            with self._extended._after_step_inputs(0):
+            with step.after_inputs(0):
                 return getattr(super(), method)(indices, updates, name=name)
         if self.aggregation == _NONE:
-            return self._replica_read(replica_id)
+            return self._replica_read(step)
         raise NotImplementedError(
             f"{method} in a replica context needs aggregation=NONE; variable {self.name} has "
             f"aggregation={self.aggregation}. Call it in cross-replica context "

@@ -70,7 +70,7 @@ def test_many_epochs_trace_once_and_keep_their_variables():
         def on_epoch_end(self, epoch, logs=None):
             counts.append((len(model.variables), len(model.optimizer.variables),
                            len(strategy.extended.variables()),
-                           len(strategy.extended._reductions),
+                           len(strategy.extended.reductions),
                            sum(len(v._replica_reads) for v in strategy.extended.variables())))
 
     CountCalls.calls = 0

@@ -30,7 +30,7 @@ def _uneven_model():
 def _weight_loads(model):
     loads = {}
     for v in model.weights:
-        device = dpkeras.devices.short_device(v.value.device)
+        device = dpkeras.device_names.short_device(v.value.device)
         loads[device] = loads.get(device, 0) + v.value.shape.num_elements() * 4
     return loads
 
@@ -56,7 +56,7 @@ def test_a_list_of_devices_means_greedy_by_size():
     strategy = dpkeras.get_strategy(REPLICAS, SPREAD)
     assert "greedy_by_size" in repr(strategy.extended.placement_policy)
     assert strategy.extended.parameter_devices == tuple(
-        dpkeras.devices.canonical_device(d) for d in SPREAD)
+        dpkeras.device_names.canonical_device(d) for d in SPREAD)
 
 
 def test_by_path_and_slots_follow_their_variable():
@@ -114,7 +114,7 @@ def test_gradients_are_reduced_where_each_variable_lives():
     model = _build_under(placement.round_robin(SPREAD), lambda: build_model("dense"))
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
-    home = {v.path.split("/", 1)[1]: dpkeras.devices.short_device(v.value.device)
+    home = {v.path.split("/", 1)[1]: dpkeras.device_names.short_device(v.value.device)
             for v in model.trainable_weights}
     grads = [t for t in report.transfers if "gradient_tape" in t.tensor]
     assert len(grads) == len(REPLICAS) * len(home)

@@ -182,7 +182,7 @@ def test_embedding_rows_travel_not_the_table(replicas):
                                           batch_size=global_batch)
     rows_bytes = global_batch // replicas * 4 * 64 * 4
     for replica in strategy_for(replicas).extended.worker_devices:
-        short = dpkeras.devices.short_device(replica)
+        short = dpkeras.device_names.short_device(replica)
         received = [t for t in report.transfers if t.destination == short]
         sent = [t for t in report.transfers if t.source == short and t.destination == "/cpu:0"]
         assert max(t.bytes for t in received) == rows_bytes, [(t.tensor, t.shape) for t in received]

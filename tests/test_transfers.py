@@ -36,7 +36,7 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
     read_variables = len(model.trainable_variables) + len(model.optimizer.variables) + sum(
         len(m.variables) for m in model.metrics)
     for replica in strategy_for(replicas).extended.worker_devices:
-        short = dpkeras.devices.short_device(replica)
+        short = dpkeras.device_names.short_device(replica)
         received = _weight_reads(report, short)
         names = [t.tensor for t in received]
         assert len(received) <= read_variables, names
@@ -44,7 +44,8 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
         float_matrices = [t for t in received if t.shape and len(t.shape) >= 1]
         assert len(float_matrices) == len(model.trainable_variables), names
     # Gradients go back once per trainable variable per replica, nothing else is large.
-    for replica in ("/cpu:1", "/cpu:2"):
+    for replica in strategy_for(replicas).extended.worker_devices:
+        replica = dpkeras.device_names.short_device(replica)
         back = [t for t in report.transfers if t.source == replica and t.shape]
         assert len(back) == len(model.trainable_variables)
 
@@ -97,7 +98,7 @@ def test_counters_are_incremented_where_they_live(replicas):
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
     for replica in strategy.extended.worker_devices:
-        received = _weight_reads(report, dpkeras.devices.short_device(replica))
+        received = _weight_reads(report, dpkeras.device_names.short_device(replica))
         assert not [t for t in received if t.dtype == "int64"], received
         # The 4 weights, and the loss tracker's total and count.
         assert len(received) == len(model.trainable_variables) + 2, [t.tensor for t in received]

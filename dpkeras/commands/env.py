@@ -34,7 +34,7 @@ def env(argv=None, out=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import dpkeras
-    from dpkeras import config, devices
+    from dpkeras import config, device_names, devices
 
     if args.simulate_cpu_devices is not None:
         try:
@@ -59,7 +59,7 @@ def env(argv=None, out=None):
         say(f"  {d.name} ({d.device_type})")
     say("Logical devices:")
     for d in tf.config.list_logical_devices():
-        say(f"  {devices.short_device(d.name)}  ({d.name})")
+        say(f"  {device_names.short_device(d.name)}  ({d.name})")
     say()
     say("dpkeras.scope() with no arguments would use:")
     try:
@@ -67,13 +67,9 @@ def env(argv=None, out=None):
     except ValueError as e:
         say(f"  nothing: {e}")
     else:
-        compute, reason = resolved[0], resolved[-1]
-        say(f"  compute devices:  {', '.join(devices.short_device(d) for d in compute)}")
-        if len(resolved) == 4:  # (compute, placement policy, home device, reason)
-            say(f"  parameter device: {resolved[1]!r} (reductions on "
-                f"{devices.short_device(resolved[2])})")
-        else:  # (compute, parameter device, reason)
-            say(f"  parameter device: {devices.short_device(resolved[1])}")
+        compute, policy, home, reason = resolved
+        say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
+        say(f"  parameter device: {policy!r} (reductions on {device_names.short_device(home)})")
         say(f"  because:          {reason}")
     say()
     settings = config.env_settings()

@@ -1,0 +1,113 @@
+"""The one variable creator: every variable made under the strategy is placed here, once.
+
+It validates the request, describes it as a `placement.VariableSpec`, asks the placement
+policy for a device (optimizer slots follow their variable instead), creates the variable there
+with the creators below it, and wraps it as a `ParameterVariable`. Nothing else places
+variables.
+"""
+
+import dataclasses
+import itertools
+import threading
+import weakref
+
+import tensorflow as tf
+
+from dpkeras import _tf_internals, placement
+from dpkeras.device_names import canonical_device, short_device
+from dpkeras.variables import ParameterVariable
+
+__all__ = ["VariableCreator", "VALID_AGGREGATIONS"]
+
+VALID_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.SUM,
+                      tf.VariableAggregation.MEAN, tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
+def _check_aggregation_dtype(name, aggregation, dtype):
+    if aggregation == tf.VariableAggregation.MEAN and not (dtype.is_floating or
+                                                           dtype.is_complex):
+        raise ValueError(
+            f"Variable {name!r} has dtype {dtype.name} and aggregation=MEAN; the mean of "
+            f"integers across replicas is not an integer. Use aggregation SUM, "
+            f"ONLY_FIRST_REPLICA or NONE, or a floating dtype.")
+
+
+class VariableCreator:
+    """Places variables by a policy and keeps a registry of what it created.
+
+    Args:
+        policy: callable `(VariableSpec) -> device`; see `dpkeras.placement`.
+        available: set of canonical device names the policy may choose from.
+        wrap: callable `(variable, spec) -> ParameterVariable`.
+    """
+
+    def __init__(self, policy, available, wrap):
+        self.policy = policy
+        self._available = frozenset(available)
+        self._wrap = wrap
+        self._lock = threading.Lock()
+        self._variables = weakref.WeakValueDictionary()  # creation order -> ParameterVariable
+        self._order = itertools.count()
+
+    def variables(self):
+        """Every live variable created here, in creation order."""
+        with self._lock:
+            items = sorted(self._variables.items(), key=lambda item: item[0])
+        return [v for _, v in items]
+
+    def place(self, spec):
+        """The device the placement policy chooses for `spec`, validated."""
+        try:
+            device = self.policy(spec)
+        except Exception as e:  # a user policy may raise anything; say which variable
+            raise ValueError(
+                f"The placement policy {self.policy!r} failed for variable {spec.path!r} "
+                f"({spec.kind}, shape {spec.shape}): {type(e).__name__}: {e}") from e
+        try:
+            device = canonical_device(device)
+        except ValueError as e:
+            raise ValueError(f"The placement policy {self.policy!r} returned an invalid device "
+                             f"for variable {spec.path!r}: {e}") from None
+        if device not in self._available:
+            raise ValueError(
+                f"The placement policy {self.policy!r} placed variable {spec.path!r} on "
+                f"{short_device(device)}, which does not exist in this process. "
+                f"Available devices: "
+                f"{', '.join(sorted(short_device(d) for d in self._available))}.")
+        return device
+
+    def __call__(self, next_creator, **kwargs):
+        """A `tf.variable_creator_scope` creator."""
+        colocate_with = kwargs.pop("colocate_with", None)
+        name = kwargs.get("name") or "Variable"
+        aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
+        if aggregation not in VALID_AGGREGATIONS:
+            raise ValueError(
+                f"Variable {name!r}: aggregation must be one of "
+                f"{[a.name for a in VALID_AGGREGATIONS]}. Received: aggregation={aggregation!r}")
+        dtype = kwargs.get("dtype")
+        initial_value = kwargs.get("initial_value")
+        if dtype is None and initial_value is not None and not callable(initial_value):
+            dtype = getattr(initial_value, "dtype", None) or tf.convert_to_tensor(
+                initial_value).dtype
+        if dtype is not None:
+            _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
+        spec = placement.describe_variable(kwargs)
+        # Optimizer slots are created under colocate_vars_with(variable): they follow it.
+        device = self.place(spec) if colocate_with is None else colocate_with.device
+        with _tf_internals.no_colocation(), tf.device(device):
+            variable = next_creator(**kwargs)
+        if isinstance(variable, ParameterVariable):
+            return variable  # a creator below returned a variable already placed
+        if not _tf_internals.is_resource_variable(variable):
+            raise TypeError(
+                f"dpkeras places resource variables only; the variable creators below "
+                f"dpkeras.scope() returned {type(variable).__name__} for {name!r}.")
+        if dtype is None:
+            _check_aggregation_dtype(name, aggregation, variable.dtype)
+        if spec.shape is None:
+            spec = dataclasses.replace(spec, shape=tuple(variable.shape.as_list()))
+        wrapped = self._wrap(variable, spec)
+        with self._lock:
+            self._variables[next(self._order)] = wrapped
+        return wrapped
