@@ -242,6 +242,11 @@ CASES = {
         r"Model 'sequential' has variable 'sequential/dense/kernel' that was not created under "
         r"this strategy's scope.*Create the model \(and compile it\) inside `with "
         r"dpkeras.scope\(\):`", setup=lambda: dense_model()),
+    # Keras hands strategy.run a closure for predict, not a bound step: checked all the same.
+    "model-built-without-strategy-predicted-in-scope": Case(
+        lambda model: _predict_in(strategy_for(2), model), ValueError,
+        r"Model 'sequential' has variable 'sequential/dense/kernel' that was not created under "
+        r"this strategy's scope", setup=lambda: dense_model()),
     # TensorFlow's message, raised when Keras distributes the data: it names both strategies.
     "model-built-under-another-dpkeras-strategy": Case(
         lambda model: _fit_in(strategy_for(3), model), RuntimeError,
@@ -343,6 +348,11 @@ def _reuse_under(store, strategy):
 def _fit_in(strategy, model):
     with strategy.scope():
         model.fit(X, Y, batch_size=24, epochs=1, verbose=0)
+
+
+def _predict_in(strategy, model):
+    with strategy.scope():
+        model.predict(X, batch_size=24, verbose=0)
 
 
 def _compiled_outside():
