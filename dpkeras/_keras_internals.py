@@ -170,3 +170,30 @@ def predict_step_model(fn):
             if callable(content) and not isinstance(content, keras.Model):
                 pending.append(content)
     return None
+
+
+def creating_optimizer():
+    """The Keras optimizer creating a variable right now (innermost on the stack), or None.
+
+    A Keras optimizer creates its variables (`iterations`, slots, accumulators) inside
+    `backend.name_scope(self.name, caller=self)`; see `name_scope_stack`.
+    """
+    for entry in reversed(name_scope_stack()):
+        caller = getattr(entry, "caller", None)
+        if isinstance(caller, keras.optimizers.Optimizer):
+            return caller
+    return None
+
+
+def route_optimizer_apply(optimizer, apply):
+    """Makes `optimizer.apply` (and so `apply_gradients`, which calls it) call `apply`.
+
+    Keras 3.15 has no hook for where gradients are summed relative to clipping, weight decay
+    and gradient accumulation: `BaseOptimizer._backend_apply_gradients` clips, decays and
+    accumulates first, and sums across replicas last (`_backend_update_step`). dpkeras needs
+    the sum first, so it routes this optimizer object's `apply` (an instance attribute; the
+    class and every other optimizer are untouched) through a merge that sums the gradients,
+    then calls Keras's own `apply` once, in cross-replica context. `apply_gradients` calls
+    `self.apply(grads, trainable_variables)` (tests/test_optimizer_apply.py pins this).
+    """
+    optimizer.apply = apply

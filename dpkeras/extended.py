@@ -13,7 +13,15 @@ import threading
 import keras
 import tensorflow as tf
 
-from dpkeras import _tf_internals, checkpointing, devices, keras_steps, replica_step
+from dpkeras import (
+    _keras_internals,
+    _tf_internals,
+    checkpointing,
+    devices,
+    keras_steps,
+    optimizer_apply,
+    replica_step,
+)
 from dpkeras.creator import VariableCreator
 from dpkeras.device_names import canonical_device, short_device
 from dpkeras.distributed_input import InputPlan
@@ -126,7 +134,11 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     # -- variables ----------------------------------------------------------------------------
 
     def _create_variable(self, next_creator, **kwargs):
-        return self._creator(next_creator, **kwargs)
+        variable = self._creator(next_creator, **kwargs)
+        optimizer = _keras_internals.creating_optimizer()
+        if optimizer is not None:
+            optimizer_apply.attach(optimizer, self)
+        return variable
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         if not isinstance(colocate_with_variable, ParameterVariable):
@@ -155,6 +167,14 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                                                      self._parameter_device,
                                                      _tf_internals.Mirrored)
         return result
+
+    def _use_merge_call(self):
+        """Merge from replica context; in cross-replica context there is nothing to merge.
+
+        Keras's `maybe_merge_call` (weight decay, updates, accumulators) then calls its function
+        directly when the optimizer applies the summed gradient (`dpkeras.optimizer_apply`).
+        """
+        return tf.distribute.get_replica_context() is not None
 
     # -- reductions and updates ---------------------------------------------------------------
 

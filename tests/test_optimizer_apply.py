@@ -1,0 +1,158 @@
+"""The optimizer applies the summed gradient once (`dpkeras.optimizer_apply`).
+
+One device clips, decays and accumulates the whole batch's gradient; so must N replicas.
+Each case: 3 replicas against one device, same initial weights, same global batches.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import assert_weights_close, strategy_for
+from models import build_model, make_data
+
+from dpkeras import _keras_internals
+
+RNG = np.random.RandomState(0)
+X = RNG.rand(64, 6).astype("float32")
+Y = (RNG.rand(64, 3) * 5).astype("float32")
+
+
+def _build(optimizer):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer=optimizer(), loss="mse")
+    return model
+
+
+def _compare(optimizer, batch_size=16, epochs=4, x=X, y=Y):
+    """Trains one device and 3 replicas; asserts equal weights and history; returns both."""
+    reference = _build(optimizer)
+    expected = reference.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False,
+                             verbose=0).history
+    with strategy_for(3).scope():
+        model = _build(optimizer)
+    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False,
+                        verbose=0).history
+    assert_weights_close(reference.get_weights(), model.get_weights())
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    return reference, model
+
+
+CASES = {
+    "clipnorm": lambda: keras.optimizers.SGD(0.05, clipnorm=0.1),
+    "global_clipnorm": lambda: keras.optimizers.SGD(0.05, global_clipnorm=0.1),
+    "clipvalue": lambda: keras.optimizers.SGD(0.05, clipvalue=0.05),
+    "accumulation-2-sgd": lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=2),
+    "accumulation-4-sgd": lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=4),
+    "accumulation-2-adam": lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=2),
+    "accumulation-4-adam": lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=4),
+    "accumulation-with-clipnorm": lambda: keras.optimizers.Adam(
+        0.01, gradient_accumulation_steps=2, clipnorm=0.1),
+    "weight-decay": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    "ema": lambda: keras.optimizers.SGD(0.05, use_ema=True, ema_overwrite_frequency=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_equals_one_device(name):
+    _compare(CASES[name])
+
+
+def test_clipping_actually_clips_here():
+    """The clipped run must differ from the unclipped one, or the cases above prove nothing."""
+    clipped = _build(CASES["clipnorm"])
+    clipped.fit(X, Y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    plain = _build(lambda: keras.optimizers.SGD(0.05))
+    plain.fit(X, Y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert max(np.abs(a - b).max() for a, b in zip(clipped.get_weights(),
+                                                  plain.get_weights())) > 1e-3
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_accumulation_with_an_uneven_last_batch(steps):
+    """58 examples in batches of 16 over 3 replicas: the last batch of 10 splits 4/3/3."""
+    reference, model = _compare(lambda: keras.optimizers.Adam(
+        0.01, gradient_accumulation_steps=steps, clipnorm=0.5), x=X[:58], y=Y[:58])
+    assert int(model.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy())
+
+
+def test_loss_scale_optimizer_with_clipping():
+    """mixed_float16: as close as float16 allows (the tolerance of the mixed-precision test)."""
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        x, y = make_data("dense", 288)
+        reference = build_model("dense", keras.optimizers.SGD(0.1, clipnorm=0.05))
+        reference.fit(x, y, batch_size=96, epochs=2, shuffle=False, verbose=0)
+        with strategy_for(3).scope():
+            model = build_model("dense", keras.optimizers.SGD(0.1, clipnorm=0.05))
+        model.fit(x, y, batch_size=96, epochs=2, shuffle=False, verbose=0)
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        assert_weights_close(reference.get_weights(), model.get_weights(), rtol=1e-3, atol=2e-4)
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def test_accumulation_in_a_custom_loop():
+    def run(strategy):
+        model = _build(lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=2))
+        model.optimizer.build(model.trainable_variables)
+
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(
+                    tf.reduce_mean((model(x) - y) ** 2, axis=-1), global_batch_size=16)
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        @tf.function
+        def step(x, y):
+            if strategy is None:
+                return replica_step(x, y)
+            return strategy.run(replica_step, args=(x, y))
+
+        dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+        if strategy is not None:
+            dataset = strategy.experimental_distribute_dataset(dataset)
+        for x, y in dataset:
+            step(x, y)
+        return model
+
+    reference = run(None)
+    strategy = strategy_for(3)
+    with strategy.scope():
+        model = run(strategy)
+    assert_weights_close(reference.get_weights(), model.get_weights())
+
+
+def test_keras_apply_gradients_calls_apply():
+    """dpkeras routes an optimizer's `apply`; Keras's `apply_gradients` must go through it."""
+    source = inspect.getsource(keras.optimizers.Optimizer.apply_gradients)
+    assert "self.apply(grads, trainable_variables)" in source, (
+        "Keras changed Optimizer.apply_gradients: re-check dpkeras.optimizer_apply")
+
+
+def test_creating_optimizer_is_found_on_keras_name_scope_stack():
+    found = []
+
+    def creator(next_creator, **kwargs):
+        found.append(_keras_internals.creating_optimizer())
+        return next_creator(**kwargs)
+
+    weight = keras.Variable(np.zeros((2, 2), "float32"))
+    with tf.variable_creator_scope(creator):
+        optimizer = keras.optimizers.Adam(0.1)  # iterations, learning rate
+        optimizer.build([weight])  # two slots
+    assert found == [optimizer] * 4
+
+
+def test_other_optimizers_and_the_class_are_untouched():
+    with strategy_for(2).scope():
+        model = _build(lambda: keras.optimizers.SGD(0.1))
+    outside = keras.optimizers.SGD(0.1)
+    assert "apply" in vars(model.optimizer)
+    assert "apply" not in vars(outside)
+    assert keras.optimizers.SGD.apply is keras.optimizers.Optimizer.apply
