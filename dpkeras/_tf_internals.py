@@ -25,6 +25,9 @@ Why each is needed:
 - `record_operation`: a cached replica-side read of a variable must be registered on the
   GradientTape as a read of that variable (`ResourceVariable._read_variable_op` does the same);
   there is no public way to add an edge to the tape.
+- `variable_accessed`: a replica that uses the copy of a variable its task already pulled makes
+  no read of its own, so it must tell its (thread-local) GradientTape that it accessed the
+  variable, exactly as `ResourceVariable._read_variable_op` does; there is no public call.
 - `BaseResourceVariable`, `is_resource_variable`: the variable dpkeras hands to Keras shares the
   handle of the one the creator chain made; only this class has a handle-taking constructor.
 - `register_dispatchable_type`: `tf.experimental.dispatch_for_api` (public) only dispatches on
@@ -58,7 +61,11 @@ from tensorflow.python.distribute.values import Mirrored
 from tensorflow.python.eager import context as _context
 from tensorflow.python.eager.record import record_operation
 from tensorflow.python.framework import ops as _ops
-from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable, is_resource_variable
+from tensorflow.python.ops.resource_variable_ops import (
+    BaseResourceVariable,
+    is_resource_variable,
+    variable_accessed,
+)
 from tensorflow.python.util.dispatch import register_dispatchable_type
 
 

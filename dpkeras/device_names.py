@@ -7,7 +7,8 @@ reports, error messages). This module imports nothing from dpkeras: every other 
 
 import tensorflow as tf
 
-__all__ = ["LOCAL_JOB", "canonical_device", "short_device", "task_of", "is_local"]
+__all__ = ["LOCAL_JOB", "canonical_device", "short_device", "task_of", "is_local",
+           "host_of", "pull_device"]
 
 LOCAL_JOB = "localhost"
 
@@ -62,6 +63,25 @@ def is_local(device):
 def task_of(device):
     """`'/job:ps/replica:0/task:1/device:CPU:0'` -> `'/job:ps/replica:0/task:1'`."""
     return device.rsplit("/device:", 1)[0]
+
+
+def host_of(device):
+    """The host CPU of a device's task: `.../task:1/device:GPU:3` -> `.../task:1/device:CPU:0`."""
+    return f"{task_of(canonical_device(device))}/device:CPU:0"
+
+
+def pull_device(source, consumer):
+    """Where a consumer on another task should receive a value from `source`, else None.
+
+    A tensor crosses the network once per device that consumes it; replicas on one worker
+    task share one copy on that task's host CPU instead, so each variable crosses once per
+    task and step however many replicas the task runs. Within one task, None: TensorFlow
+    copies between its devices directly.
+    """
+    if not source or not consumer:
+        return None
+    source, consumer = canonical_device(source), canonical_device(consumer)
+    return None if task_of(source) == task_of(consumer) else host_of(consumer)
 
 
 def short_device(device):

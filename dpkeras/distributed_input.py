@@ -1,13 +1,16 @@
 """Input for the replicas: one pipeline per input host, rebatched over its replicas.
 
 A global batch of 256 over 2 replicas gives each 128 examples, prefetched to the replica's
-device; 101 over 2 gives 51 and 50. TensorFlow's own distributed datasets do the work; this
-module says which host feeds which devices and refuses what dpkeras does not support.
+device; 101 over 2 gives 51 and 50. On a cluster each worker task runs its own copy of the
+pipeline on its host CPU and feeds its own replicas (TensorFlow shards the data between the
+workers), so batches do not flow through the client. TensorFlow's own distributed datasets do
+the work; this module says which host feeds which devices and refuses what dpkeras does not
+support.
 """
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals
+from dpkeras import _tf_internals, device_names
 
 __all__ = ["InputPlan"]
 
@@ -16,25 +19,35 @@ class InputPlan:
     """Which host device feeds which compute devices.
 
     Args:
-        host_device: canonical name of the device the input pipeline runs on.
-        compute_devices: tuple of canonical names, one per replica.
+        workers: list of `(host device, compute devices)` pairs, canonical names; the
+            compute devices of all pairs, in order, are the replicas.
     """
 
-    def __init__(self, host_device, compute_devices):
-        self.host_device = host_device
-        self.compute_devices = tuple(compute_devices)
+    def __init__(self, workers):
+        self.workers = [(host, tuple(devices)) for host, devices in workers]
+        self.compute_devices = tuple(d for _, devices in self.workers for d in devices)
+
+    @classmethod
+    def by_task(cls, compute_devices, local_host):
+        """One input host per task: this process's `local_host` for its own devices, each other
+        task's host CPU for that task's devices. Replicas keep their order within a task;
+        tasks are in the order they first appear."""
+        workers = {}
+        for device in compute_devices:
+            host = local_host if device_names.is_local(device) else device_names.host_of(device)
+            workers.setdefault(host, []).append(device)
+        return cls(list(workers.items()))
 
     @property
     def num_replicas(self):
         return len(self.compute_devices)
 
     def input_workers(self, options=None):
-        """TF's `InputWorkers`: where the pipeline runs and which devices it feeds."""
-        if options is not None and not options.experimental_fetch_to_device:
-            targets = (self.host_device,) * self.num_replicas
-        else:
-            targets = self.compute_devices
-        return _tf_internals.InputWorkers([(self.host_device, targets)])
+        """TF's `InputWorkers`: where each pipeline runs and which devices it feeds."""
+        fetch = options is None or options.experimental_fetch_to_device
+        return _tf_internals.InputWorkers([
+            (host, devices if fetch else (host,) * len(devices))
+            for host, devices in self.workers])
 
     @staticmethod
     def check_options(options, api):
@@ -66,12 +79,15 @@ class InputPlan:
             num_replicas_in_sync=self.num_replicas, options=options)
 
     def distribute_datasets_from_function(self, dataset_fn, strategy, options):
-        """`strategy.distribute_datasets_from_function`: one pipeline, one `InputContext`."""
+        """`strategy.distribute_datasets_from_function`: one pipeline per input host, each
+        called with its `InputContext`."""
         self.check_options(options, "distribute_datasets_from_function")
-        context = _tf_internals.InputContext(
-            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=self.num_replicas)
+        contexts = [_tf_internals.InputContext(num_input_pipelines=len(self.workers),
+                                               input_pipeline_id=i,
+                                               num_replicas_in_sync=self.num_replicas)
+                    for i in range(len(self.workers))]
         return _tf_internals.get_distributed_datasets_from_function(
-            dataset_fn, self.input_workers(options), [context], strategy, options=options)
+            dataset_fn, self.input_workers(options), contexts, strategy, options=options)
 
     def distribute_values_from_function(self, value_fn):
         """`strategy.experimental_distribute_values_from_function`."""

@@ -49,6 +49,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         super().__init__(container_strategy)
         compute, policy, home, reason = devices.resolve_devices(compute_devices,
                                                                 parameter_device)
+        self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
+        compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute
         self._parameter_device = home
         self._parameter_devices = tuple(getattr(policy, "devices", ())) or (home,)
@@ -58,7 +60,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                                         lambda variable, spec: ParameterVariable(self, variable,
                                                                                  spec))
         self._ledger = ReductionLedger(len(compute), self._local_results)
-        self._input = InputPlan(canonical_device("/cpu:0"), compute)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
         checkpointing.install()  # crash-safe saving for models built under this strategy
         _log.info("dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",

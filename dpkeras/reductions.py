@@ -16,12 +16,51 @@ import weakref
 
 import tensorflow as tf
 
+from dpkeras import device_names
+
 __all__ = ["ReductionLedger", "normalize_op"]
 
 
 def normalize_op(how):
     """`tf.VariableAggregation.SUM`, `ReduceOp.SUM` or `"sum"` -> `"SUM"`."""
     return str(getattr(how, "name", how)).upper()
+
+
+def _combine(parts):
+    if all(isinstance(c, tf.IndexedSlices) for c in parts):
+        return tf.IndexedSlices(tf.concat([c.values for c in parts], 0),
+                                tf.concat([c.indices for c in parts], 0), parts[0].dense_shape)
+    return tf.add_n([tf.convert_to_tensor(c) for c in parts])
+
+
+def _other_task_host(component, device):
+    """The host of the task `component` was computed on, if that is not `device`'s task."""
+    source = getattr(component.values if isinstance(component, tf.IndexedSlices) else component,
+                     "device", "")
+    try:
+        return device_names.host_of(source) if device_names.pull_device(device, source) else None
+    except ValueError:  # no device, or a partial one: leave it where TensorFlow puts it
+        return None
+
+
+def _presum_by_task(components, device):
+    """Sums, on each other task's host, the components of that task's replicas.
+
+    A worker of a cluster then sends one locally summed gradient per variable, not one per
+    replica. Components on `device`'s own task (every replica on one machine) are left as
+    they are. Sums and concatenations are exact regroupings of the same terms.
+    """
+    groups = {}
+    for c in components:
+        groups.setdefault(_other_task_host(c, device), []).append(c)
+    if len(components) < 2 or all(host is None or len(parts) == 1
+                                  for host, parts in groups.items()):
+        return components
+    out = list(groups.pop(None, []))
+    for host, parts in groups.items():
+        with tf.device(host):
+            out.append(_combine(parts) if len(parts) > 1 else parts[0])
+    return out
 
 
 class ReductionLedger:
@@ -78,6 +117,7 @@ class ReductionLedger:
             raise ValueError(f"Cannot reduce with {how!r}; expected SUM, MEAN or "
                              f"ONLY_FIRST_REPLICA.")
         n = len(components)
+        components = _presum_by_task(components, device)
         with tf.device(device):
             if all(isinstance(c, tf.IndexedSlices) for c in components):
                 values = tf.concat([c.values for c in components], axis=0)

@@ -107,10 +107,28 @@ def _carries_no_data(send, nodes):
         i.startswith("^") for i in source.input) and bool(source.input)
 
 
-def _report_from_function_graph(function_graph):
+def _shapes_graph(graph_def):
+    """A `tf.Graph` of `graph_def`, to read static shapes from.
+
+    A function spanning several tasks of a cluster has one post-optimisation graph per task,
+    merged into one `GraphDef` whose argument and return nodes repeat names: only the first
+    node of each name is kept, which leaves the shapes of the transferred tensors intact.
+    """
+    seen, unique = set(), type(graph_def)()
+    unique.library.CopyFrom(graph_def.library)
+    unique.versions.CopyFrom(graph_def.versions)
+    for node in graph_def.node:
+        if node.name not in seen:
+            seen.add(node.name)
+            unique.node.add().CopyFrom(node)
     shapes = tf.Graph()
     with shapes.as_default():
-        tf.graph_util.import_graph_def(function_graph.post_optimization_graph, name="")
+        tf.graph_util.import_graph_def(unique, name="")
+    return shapes
+
+
+def _report_from_function_graph(function_graph):
+    shapes = _shapes_graph(function_graph.post_optimization_graph)
 
     def output(name):
         node, _, index = name.partition(":")

@@ -34,7 +34,7 @@ import weakref
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals, replica_step
+from dpkeras import _tf_internals, device_names, replica_step
 
 __all__ = ["ParameterVariable"]
 
@@ -156,9 +156,21 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         if value is None:
             # The read stays on the parameter device: TensorFlow sends a tensor once to each
             # device that consumes it, and not at all when nothing does (a read made only for
-            # `tf.shape`, say), so no replica-side copy is made here.
-            with tf.device(self.device):
-                value = super()._read_variable_op()
+            # `tf.shape`, say), so no replica-side copy is made here. A replica on another
+            # task (a worker of a cluster) reads the copy its task's host pulled, shared by
+            # every replica of that task.
+            host = device_names.pull_device(self.device, step.device)
+            value = None if cache is None or host is None else cache.get(host)
+            if value is not None:
+                _tf_internals.variable_accessed(self)  # as the read it does not make would
+            else:
+                with tf.device(self.device):
+                    value = super()._read_variable_op()
+                if host is not None:
+                    with tf.device(host):
+                        value = tf.identity(value)
+                    if cache is not None:
+                        cache[host] = value
             if self._kind == "seed" and replica_id:
                 with tf.device(step.device):
                     value = value + tf.constant([replica_id * _REPLICA_SEED_STRIDE, 0],
