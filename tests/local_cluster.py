@@ -1,0 +1,176 @@
+"""A cluster of real `dpkeras serve` processes on loopback, for tests.
+
+```python
+with LocalCluster(ps=2, workers=2, cpus=2) as cluster:
+    cluster.spec          # {"ps": ["127.0.0.1:41234", ...], "worker": [...]}
+    cluster.kill("ps", 1) # SIGKILL, as a crash
+    cluster.restart("ps", 1)
+```
+
+Every process is stopped on exit from the `with` block, and at interpreter exit if a test forgot
+(atexit). Every wait is bounded.
+"""
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY_TIMEOUT = 180.0  # seconds for a server to print `ready` (TF import on a loaded machine)
+
+_live = set()  # every LocalCluster not yet stopped, for the atexit safety net
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(spec, job, task, cpus=None):
+    """The argv of `python -m dpkeras serve` for one task."""
+    argv = [sys.executable, "-m", "dpkeras", "serve", "--cluster", json.dumps(spec),
+            "--job", job, "--task", str(task)]
+    if cpus is not None:
+        argv += ["--cpus", str(cpus)]
+    return argv
+
+
+def server_env():
+    """The environment of a server subprocess: this checkout importable, TF quiet."""
+    path = os.environ.get("PYTHONPATH")
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=REPO + (os.pathsep + path if path else ""))
+
+
+def wait_for_line(proc, expected, timeout):
+    """Reads `proc`'s stdout until a line equal to `expected`; returns the lines read.
+
+    Raises:
+        RuntimeError: if the process exits or `timeout` seconds pass first.
+    """
+    lines = []
+    done = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if lines[-1] == expected:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not done.wait(timeout) or not lines or lines[-1] != expected:
+        raise RuntimeError(f"no {expected!r} line within {timeout:g} s (exit status "
+                           f"{proc.poll()}); stdout so far: {lines}")
+    return lines
+
+
+class LocalCluster:
+    """`ps` + `workers` `dpkeras serve` processes on free loopback ports.
+
+    Args:
+        ps: int, number of ps tasks.
+        workers: int, number of worker tasks.
+        cpus: int or None, `--cpus` of every task.
+    """
+
+    def __init__(self, ps=2, workers=2, cpus=2):
+        self.spec = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)]}
+        if ps:
+            self.spec = {"ps": [f"127.0.0.1:{free_port()}" for _ in range(ps)], **self.spec}
+        self.cpus = cpus
+        self.procs = {}  # (job, index) -> Popen
+
+    def address(self, job, task):
+        """`"127.0.0.1:port"` of a task."""
+        return self.spec[job][task]
+
+    def _start(self, job, task):
+        proc = subprocess.Popen(serve_command(self.spec, job, task, self.cpus),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=server_env())
+        self.procs[(job, task)] = proc
+        return proc
+
+    def start(self):
+        """Starts every task and waits for each `ready` line; returns self."""
+        _live.add(self)
+        try:
+            for job, addresses in self.spec.items():
+                for task in range(len(addresses)):
+                    self._start(job, task)
+            for (job, task), proc in self.procs.items():
+                try:
+                    wait_for_line(proc, "ready", READY_TIMEOUT)
+                except RuntimeError as e:
+                    raise RuntimeError(f"{job} task {task}: {e}") from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, job, task, sig=signal.SIGKILL):
+        """Sends `sig` (default SIGKILL: a crash) to a task; reaps it if the signal ends it.
+
+        `signal.SIGSTOP` freezes the task (as a hung machine); `signal.SIGCONT` resumes it.
+        """
+        proc = self.procs[(job, task)]
+        proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            proc.wait(timeout=30)
+
+    def restart(self, job, task):
+        """Kills the task if it runs and starts it again on the same port (bounded wait)."""
+        proc = self.procs[(job, task)]
+        if proc.poll() is None:
+            self.kill(job, task)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the port can linger briefly after a kill
+            try:
+                with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind(("127.0.0.1", int(self.address(job, task).rsplit(":", 1)[1])))
+                break
+            except OSError:
+                time.sleep(0.2)
+        wait_for_line(self._start(job, task), "ready", READY_TIMEOUT)
+
+    def stop(self):
+        """Stops every task (SIGCONT, then SIGKILL) and reaps it."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        _live.discard(self)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+@atexit.register
+def _stop_all():
+    for cluster in list(_live):
+        cluster.stop()
