@@ -88,6 +88,7 @@ class LocalCluster:
             self.spec = {"ps": [f"127.0.0.1:{free_port()}" for _ in range(ps)], **self.spec}
         self.cpus = cpus
         self.procs = {}  # (job, index) -> Popen
+        self.startup_lines = {}  # (job, index) -> stdout lines up to `ready`
 
     def address(self, job, task):
         """`"127.0.0.1:port"` of a task."""
@@ -109,7 +110,7 @@ class LocalCluster:
                     self._start(job, task)
             for (job, task), proc in self.procs.items():
                 try:
-                    wait_for_line(proc, "ready", READY_TIMEOUT)
+                    self.startup_lines[(job, task)] = wait_for_line(proc, "ready", READY_TIMEOUT)
                 except RuntimeError as e:
                     raise RuntimeError(f"{job} task {task}: {e}") from None
         except BaseException:
@@ -141,7 +142,8 @@ class LocalCluster:
                 break
             except OSError:
                 time.sleep(0.2)
-        wait_for_line(self._start(job, task), "ready", READY_TIMEOUT)
+        self.startup_lines[(job, task)] = wait_for_line(self._start(job, task), "ready",
+                                                        READY_TIMEOUT)
 
     def stop(self):
         """Stops every task (SIGCONT, then SIGKILL) and reaps it."""
