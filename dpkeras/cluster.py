@@ -424,10 +424,20 @@ def name_failures(cluster_spec):
         model.fit(...)   # a killed ps -> TaskFailedError("/job:ps/replica:0/task:1 at ...")
     ```
 
-    `UnavailableError`, `CancelledError` and `AbortedError` are translated when a task no longer
-    answers (or TensorFlow's error names a remote target); anything else passes through.
+    TensorFlow's errors (`tf.errors.OpError`, and a `ValueError` carrying a gRPC error) are
+    translated when a task no longer answers, or when every task answers but a gRPC error names
+    a remote target; anything else passes through. The original is the `__cause__`.
     """
     return _NameFailures(cluster_spec)
+
+
+def _may_be_task_failure(error):
+    """Whether `error` can come from a lost task: any TF op error, or a ValueError carrying a
+    gRPC error (with streaming enqueue on, TF 2.21 raises a lost ps inside Keras `fit` as
+    ValueError "... Additional GRPC error information from remote target ...")."""
+    if isinstance(error, tf.errors.OpError):
+        return True
+    return isinstance(error, ValueError) and "GRPC" in str(error)
 
 
 class _NameFailures:
@@ -438,10 +448,10 @@ class _NameFailures:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if not isinstance(error, (tf.errors.UnavailableError, tf.errors.CancelledError,
-                                  tf.errors.AbortedError)) or isinstance(error, TaskFailedError):
+        if error is None or isinstance(error, TaskFailedError) or not _may_be_task_failure(error):
             return False
-        dead = failed_tasks(self._spec, error)
+        grpc = isinstance(error, tf.errors.UnavailableError) or "GRPC" in str(error)
+        dead = failed_tasks(self._spec, error if grpc else None)
         if not dead:
             return False
         task, reason = next(iter(dead.items()))

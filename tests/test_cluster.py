@@ -202,6 +202,100 @@ def test_health_monitor_reports_a_silent_task_once():
     assert monitor.failure == seen[0]
 
 
+class _Answering:
+    """A loopback port that answers like a gRPC server: 9 bytes after any greeting."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(10)
+        self.sock.close()
+
+
+def test_probe_accepts_an_answering_server():
+    server = _Answering()
+    try:
+        assert cluster.probe(server.address, timeout=2.0) is None
+    finally:
+        server.close()
+
+
+def _grpc_error(target):
+    return tf.errors.UnavailableError(
+        None, None, f"recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+                    f"remote target {target} while calling /tensorflow.WorkerService/RecvTensor")
+
+
+def test_name_failures_names_the_refusing_task():
+    alive, dead_port = _Answering(), socket.socket()
+    try:
+        dead_port.bind(("127.0.0.1", 0))  # bound, not listening: refuses
+        dead = f"127.0.0.1:{dead_port.getsockname()[1]}"
+        spec = cluster.resolve_cluster({"ps": [dead], "worker": [alive.address]})
+        cause = _grpc_error("/job:worker/replica:0/task:0")  # derived: names the live task
+        with pytest.raises(cluster.TaskFailedError) as info:
+            with cluster.name_failures(spec):
+                raise cause
+        assert info.value.task == "/job:ps/replica:0/task:0"
+        assert info.value.address == dead
+        assert info.value.__cause__ is cause
+        assert isinstance(info.value, tf.errors.UnavailableError)
+        assert re.fullmatch(rf"/job:ps/replica:0/task:0 at {dead} is unreachable \(Connection "
+                            rf"refused\); synchronous training cannot continue\..*",
+                            info.value.message)
+    finally:
+        alive.close()
+        dead_port.close()
+
+
+def test_name_failures_falls_back_to_the_task_a_grpc_error_names():
+    alive = _Answering()
+    try:
+        spec = cluster.resolve_cluster({"worker": [alive.address]})
+        with pytest.raises(cluster.TaskFailedError, match=r"/job:worker/replica:0/task:0 at .* "
+                                                          r"is unreachable \(named by "
+                                                          r"TensorFlow's error\)"):
+            with cluster.name_failures(spec):
+                raise _grpc_error("/job:worker/replica:0/task:0/device:CPU:0")
+    finally:
+        alive.close()
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("a shape error, nothing to do with the cluster"),
+    tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]"),
+    KeyError("x"),
+])
+def test_name_failures_passes_other_errors_through_when_every_task_answers(error):
+    alive = _Answering()
+    try:
+        spec = cluster.resolve_cluster({"worker": [alive.address]})
+        with pytest.raises(type(error)) as info:
+            with cluster.name_failures(spec):
+                raise error
+        assert info.value is error
+    finally:
+        alive.close()
+
+
 # --- a real cluster ----------------------------------------------------------------------
 
 
@@ -339,3 +433,35 @@ def test_health_monitor_ends_a_client_blocked_by_a_frozen_ps(local):
         f"synchronous training cannot continue, ending this process (exit code 75) instead of "
         f"waiting forever. Restart that task, then resume from the last checkpoint "
         f"(keras.callbacks.BackupAndRestore).")
+
+
+def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
+    """Keras `fit`, variables on ps:1, compute on worker:0; ps:1 killed at batch 5."""
+    victim = local.procs[("ps", 1)].pid
+    proc = _client(f"""
+        import signal
+        import keras, numpy as np, tensorflow as tf
+        from dpkeras import cluster
+        spec = cluster.resolve_cluster(SPEC)
+        cluster.connect(spec, timeout=60)
+        with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse")
+
+        class Kill(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 5:
+                    os.kill({victim}, signal.SIGKILL)
+
+        x, y = np.ones((640, 8), "float32"), np.ones((640, 1), "float32")
+        try:
+            with cluster.name_failures(spec):
+                with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+                    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[Kill()])
+        except cluster.TaskFailedError as e:
+            print(e.task, type(e.__cause__).__name__)
+        """, local.spec)
+    local.restart("ps", 1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["/job:ps/replica:0/task:1", "UnavailableError"]
