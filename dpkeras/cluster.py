@@ -364,6 +364,11 @@ def default_cluster_devices(cluster_spec):
                              f"the {len(workers)} worker(s); variables on {where}")
 
 
+_RESTARTED = "it was restarted and lost this client's state"
+_NAMED = "named by TensorFlow's error"
+_NAMED_REASONS = (_RESTARTED, _NAMED)
+
+
 class TaskFailedError(tf.errors.UnavailableError):
     """A task of the cluster died or stopped answering while training.
 
@@ -376,13 +381,14 @@ class TaskFailedError(tf.errors.UnavailableError):
         address: str, its `host:port`.
     """
 
-    def __init__(self, task, address, detail):
+    def __init__(self, task, address, reason):
         self.task = task
         self.address = address
+        state = "failed" if reason in _NAMED_REASONS else "is unreachable"
         super().__init__(
             None, None,
-            f"{task} at {address} is unreachable ({detail}); synchronous training cannot "
-            f"continue. Restart that task, then resume from the last checkpoint "
+            f"{task} at {address} {state} ({reason}); synchronous training cannot continue. "
+            f"Restart that task if it is down, then restart training from the last checkpoint "
             f"(keras.callbacks.BackupAndRestore).")
 
 
@@ -392,8 +398,9 @@ def failed_tasks(cluster_spec, error=None, timeout=1.0):
     Args:
         cluster_spec: `tf.train.ClusterSpec`.
         error: optional exception TensorFlow raised; when no port refuses, the tasks it names as
-            a remote target are returned instead (with the reason "named by TensorFlow's
-            error").
+            a remote target are returned instead, with the reason "named by TensorFlow's
+            error", or "it was restarted and lost this client's state" when TensorFlow says
+            the task no longer knows this client (a restarted task answers probes).
         timeout: float, seconds allowed per probe.
 
     Returns:
@@ -412,7 +419,7 @@ def failed_tasks(cluster_spec, error=None, timeout=1.0):
     for job, index in _TASK_IN_TEXT.findall(text):
         name = task_name(job, index)
         if name in tasks and name not in dead and f"remote target {name}" in text:
-            dead[name] = "named by TensorFlow's error"
+            dead[name] = _RESTARTED if "Unable to find a context_id" in text else _NAMED
     return dead
 
 
@@ -461,7 +468,8 @@ class _NameFailures:
 def _exit_process(task, address, reason):
     print(f"dpkeras: {task} at {address} is unreachable ({reason}); synchronous training cannot "
           f"continue, ending this process (exit code 75) instead of waiting forever. Restart "
-          f"that task, then resume from the last checkpoint (keras.callbacks.BackupAndRestore).",
+          f"that task if it is down, then restart training from the last checkpoint "
+          f"(keras.callbacks.BackupAndRestore).",
           file=sys.stderr, flush=True)
     os._exit(75)
 

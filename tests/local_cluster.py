@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -89,17 +90,29 @@ class LocalCluster:
         self.cpus = cpus
         self.procs = {}  # (job, index) -> Popen
         self.startup_lines = {}  # (job, index) -> stdout lines up to `ready`
+        self.stderr_files = {}  # (job, index) -> file holding the latest start's stderr
+        self._logs = []
 
     def address(self, job, task):
         """`"127.0.0.1:port"` of a task."""
         return self.spec[job][task]
 
     def _start(self, job, task):
+        # stderr goes to a file: an unread pipe would block a chatty server once full.
+        log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(serve_command(self.spec, job, task, self.cpus),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=server_env())
+                                stdout=subprocess.PIPE, stderr=log, text=True, env=server_env())
         self.procs[(job, task)] = proc
+        self._logs.append(log)
+        self.stderr_files[(job, task)] = log
         return proc
+
+    def stderr(self, job, task):
+        """What the task (its latest start) wrote on stderr so far."""
+        log = self.stderr_files[(job, task)]
+        log.flush()
+        log.seek(0)
+        return log.read()
 
     def start(self):
         """Starts every task and waits for each `ready` line; returns self."""
@@ -159,9 +172,11 @@ class LocalCluster:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
         _live.discard(self)
 
     def __enter__(self):

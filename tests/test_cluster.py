@@ -271,12 +271,33 @@ def test_name_failures_falls_back_to_the_task_a_grpc_error_names():
     try:
         spec = cluster.resolve_cluster({"worker": [alive.address]})
         with pytest.raises(cluster.TaskFailedError, match=r"/job:worker/replica:0/task:0 at .* "
-                                                          r"is unreachable \(named by "
+                                                          r"failed \(named by "
                                                           r"TensorFlow's error\)"):
             with cluster.name_failures(spec):
                 raise _grpc_error("/job:worker/replica:0/task:0/device:CPU:0")
     finally:
         alive.close()
+
+
+def test_name_failures_names_a_restarted_task():
+    """A restarted task answers probes but lost the client's context (measured text)."""
+    ps, worker = _Answering(), _Answering()
+    try:
+        spec = cluster.resolve_cluster({"ps": [ps.address], "worker": [worker.address]})
+        with pytest.raises(cluster.TaskFailedError) as info:
+            with cluster.name_failures(spec):
+                raise tf.errors.AbortedError(
+                    None, None, "Unable to find a context_id matching the specified one (14). "
+                    "Perhaps the worker was restarted, or the context was GC'd?\nAdditional GRPC "
+                    "error information from remote target /job:ps/replica:0/task:0/device:CPU:0 "
+                    "while calling /tensorflow.eager.EagerService/RunComponentFunction")
+        assert info.value.task == "/job:ps/replica:0/task:0"
+        assert info.value.message.startswith(
+            f"/job:ps/replica:0/task:0 at {ps.address} failed (it was restarted and lost this "
+            f"client's state); synchronous training cannot continue.")
+    finally:
+        ps.close()
+        worker.close()
 
 
 @pytest.mark.parametrize("error", [
@@ -394,7 +415,7 @@ def test_a_killed_ps_is_an_error_naming_it(local):
     try:
         with cluster.name_failures(spec):
             with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
-                tf.function(lambda: bias[0] * 2.0)()
+                float(tf.function(lambda: bias[0] * 2.0)())
     except cluster.TaskFailedError as e:
         print("new function:", e.task, flush=True)
     """, local.spec, timeout=300)
@@ -406,7 +427,7 @@ def test_a_killed_ps_is_an_error_naming_it(local):
     assert re.fullmatch(
         rf"step: /job:ps/replica:0/task:1 {address} \| /job:ps/replica:0/task:1 at {address} "
         rf"is unreachable \(Connection refused\); synchronous training cannot continue\. "
-        rf"Restart that task, then resume from the last checkpoint "
+        rf"Restart that task if it is down, then restart training from the last checkpoint "
         rf"\(keras\.callbacks\.BackupAndRestore\)\.", lines[1]), lines[1]
     assert lines[2:] == ["new function: /job:ps/replica:0/task:1"]
 
@@ -431,7 +452,8 @@ def test_health_monitor_ends_a_client_blocked_by_a_frozen_ps(local):
     assert proc.stderr.splitlines()[-1] == (
         f"dpkeras: /job:ps/replica:0/task:1 at {address} is unreachable (no answer within 1 s); "
         f"synchronous training cannot continue, ending this process (exit code 75) instead of "
-        f"waiting forever. Restart that task, then resume from the last checkpoint "
+        f"waiting forever. Restart that task if it is down, then restart training from the last "
+        f"checkpoint "
         f"(keras.callbacks.BackupAndRestore).")
 
 

@@ -11,12 +11,15 @@ from conftest import run_python
 from local_cluster import LocalCluster, serve_command, server_env
 
 from dpkeras import cli
+from dpkeras.cluster import probe
 from dpkeras.commands.serve import serve
 
 
 def test_serves_a_reachable_task_and_exits_0_on_sigterm():
     with LocalCluster(ps=0, workers=1, cpus=2) as cluster:
         proc = cluster.procs[("worker", 0)]
+        for _ in range(20):  # the health probe's greeting is answered and harms nothing
+            assert probe(cluster.address("worker", 0), timeout=10) is None
         out = run_python(f"""
             import tensorflow as tf
             from dpkeras import cluster
@@ -30,6 +33,7 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert proc.stdout.read().strip() == "dpkeras serve: /job:worker/replica:0/task:0 stopped"
+        print(cluster.stderr("worker", 0))  # shown by pytest -s, for what TF logs
 
 
 def test_ready_lines_name_task_address_and_warning_and_sigint_exits_0():
