@@ -411,11 +411,12 @@ def test_a_killed_ps_is_an_error_naming_it(local):
                 step(x)
     except cluster.TaskFailedError as e:
         print("step:", e.task, e.address, "|", e, flush=True)
-    # A function first run after the death: it raises instead of blocking forever.
+    # A function first run after the death, on the dead task: with TF's default streaming
+    # enqueue it blocks forever (TF 2.21); connect() turns streaming off, so it raises.
     try:
         with cluster.name_failures(spec):
-            with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
-                float(tf.function(lambda: bias[0] * 2.0)())
+            with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
+                float(tf.function(lambda: kernel[0, 0] + bias[0])())
     except cluster.TaskFailedError as e:
         print("new function:", e.task, flush=True)
     """, local.spec, timeout=300)
