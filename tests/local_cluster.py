@@ -12,6 +12,7 @@ Every process is stopped on exit from the `with` block, and at interpreter exit 
 """
 
 import atexit
+import ctypes
 import json
 import os
 import signal
@@ -74,6 +75,16 @@ def wait_for_line(proc, expected, timeout):
     return lines
 
 
+def _die_with_parent():
+    """In the child before exec (Linux): SIGKILL it when the process that started it dies, so
+    that even a test process killed without cleanup leaves no server behind. (Linux ties this
+    to the thread that started the child: start servers from a thread that outlives them.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalCluster:
     """`ps` + `workers` `dpkeras serve` processes on free loopback ports.
 
@@ -101,7 +112,8 @@ class LocalCluster:
         # stderr goes to a file: an unread pipe would block a chatty server once full.
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(serve_command(self.spec, job, task, self.cpus),
-                                stdout=subprocess.PIPE, stderr=log, text=True, env=server_env())
+                                stdout=subprocess.PIPE, stderr=log, text=True, env=server_env(),
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.procs[(job, task)] = proc
         self._logs.append(log)
         self.stderr_files[(job, task)] = log
