@@ -2,6 +2,7 @@
 
     dpkeras env [--simulate_cpu_devices N]   versions, devices and what dpkeras.scope() picks
     dpkeras bench [flags]                    the benchmark (benchmarks/compare.py); --helpfull
+    dpkeras serve --cluster C --job J --task I   one ps or worker task of a cluster
 
 `dpkeras bench` runs the benchmark of the source checkout this dpkeras is installed from
 (`pip install -e .`); the benchmark is not part of the installed package.
@@ -11,6 +12,7 @@ import sys
 
 from dpkeras.commands.bench import bench
 from dpkeras.commands.env import env
+from dpkeras.commands.serve import serve
 
 __all__ = ["main"]
 
@@ -21,10 +23,13 @@ commands:
           DPKERAS_* settings (paste it into bug reports)
   bench   run the benchmark: dpkeras against MirroredStrategy, CentralStorageStrategy and
           one device (flags: dpkeras bench --helpfull)
+  serve   run one task (ps or worker) of a cluster until SIGTERM: --cluster (JSON file or
+          string) --job --task [--cpus N], or TF_CONFIG. No authentication or encryption:
+          private networks only
 """
 
 
-_COMMANDS = {"env": env, "bench": bench}
+_COMMANDS = {"env": env, "bench": bench, "serve": serve}
 
 
 def main(argv=None):

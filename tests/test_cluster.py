@@ -1,0 +1,490 @@
+"""dpkeras.cluster: resolving a cluster, connecting to real servers, and naming a dead task.
+
+Anything that connects runs in a fresh subprocess: a process connects to one cluster, and the
+pytest process must stay unconnected.
+"""
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import tensorflow as tf
+from local_cluster import LocalCluster, server_env
+
+from dpkeras import cluster
+
+SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
+
+
+@pytest.fixture(scope="module")
+def local():
+    """2 ps + 2 workers, 2 CPU devices each, shared by this module's tests."""
+    with LocalCluster(ps=2, workers=2, cpus=2) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _no_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+# --- resolve_cluster ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", [
+    SPEC,
+    tf.train.ClusterSpec(SPEC),
+    tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(SPEC)),
+    {"ps": {0: "10.0.0.1:2222"}, "worker": {1: "10.0.0.3:2222", 0: "10.0.0.2:2222"}},
+])
+def test_resolve_cluster_accepts_dict_spec_and_resolver(given):
+    assert cluster.resolve_cluster(given).as_dict() == SPEC
+
+
+def test_resolve_cluster_keeps_chief_and_worker_only_clusters():
+    spec = {"chief": ["10.0.0.9:2222"], "worker": ["[::1]:2222"]}
+    assert cluster.resolve_cluster(spec).as_dict() == spec
+
+
+def test_no_cluster_without_tf_config():
+    assert cluster.resolve_cluster() is None
+
+
+@pytest.mark.parametrize("tf_config", [
+    {"cluster": SPEC},
+    {"cluster": SPEC, "task": {"type": "chief", "index": 0}},
+    {"cluster": {**SPEC, "chief": ["10.0.0.9:2222"]}, "task": {"type": "chief", "index": 0}},
+])
+def test_resolve_cluster_from_tf_config(monkeypatch, tf_config):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert cluster.resolve_cluster().as_dict() == tf_config["cluster"]
+
+
+def test_tf_config_without_ps_or_worker_is_no_cluster(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["h:1"]}}))
+    assert cluster.resolve_cluster() is None
+
+
+@pytest.mark.parametrize("tf_config, pattern", [
+    (json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}}),
+     r"TF_CONFIG says this process is task 'worker' \(index 1\), but .* is the client, task "
+     r"type 'chief' or no task\. Start ps and worker tasks with `dpkeras serve`.*Received: "
+     r"TF_CONFIG='.*'\."),
+    ("{bad json", r"TF_CONFIG is not valid JSON \(.*\)\. Received: TF_CONFIG='\{bad json'\."),
+    ("[1, 2]", r"TF_CONFIG must be a JSON object\. Received: TF_CONFIG='\[1, 2\]'\."),
+    (json.dumps({"cluster": {"ps": ["h:1"]}}),
+     r"A cluster must have a 'worker' job.*Received jobs \['ps'\] from TF_CONFIG=.*"),
+])
+def test_tf_config_errors(monkeypatch, tf_config, pattern):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ValueError, match=pattern):
+        cluster.resolve_cluster()
+
+
+@pytest.mark.parametrize("given, pattern", [
+    (3, r"A cluster must be a dict .*Received: 3 \(of type int\)\."),
+    ({}, r"A cluster must map job names to addresses.*Received: \{\} from the cluster "
+         r"argument\."),
+    ({"ps": ["h:1"]}, r"A cluster must have a 'worker' job: workers run the replicas\. "
+                      r"Received jobs \['ps'\] from the cluster argument\."),
+    ({"worker": ["h:1"], "evaluator": ["h:2"]},
+     r"Unknown job\(s\) \['evaluator'\] .*valid jobs: ps, worker, chief\. Received jobs: "
+     r"\['worker', 'evaluator'\]\."),
+    ({"worker": []}, r"Job 'worker' has no task\. Received: worker=\[\] from the cluster "
+                     r"argument\."),
+    ({"worker": "h:1"}, r"Job 'worker' must be a list of 'host:port' addresses\. Received: "
+                        r"'h:1' \(of type str\)"),
+    ({"worker": ["h"]}, r"Every task of job 'worker' must be a 'host:port' address.*"
+                        r"Received: 'h' from the cluster argument\."),
+    ({"worker": ["h:0"]}, r"Every task of job 'worker' must be .*Received: 'h:0'"),
+    ({"worker": ["h:99999"]}, r"Every task of job 'worker' must be .*Received: 'h:99999'"),
+    ({"worker": [2222]}, r"Every task of job 'worker' must be .*Received: 2222"),
+    ({"worker": {0: "h:1", 2: "h:2"}},
+     r"The tasks of job 'worker' must be numbered 0\.\.n-1 without gaps\. Received task "
+     r"indices \[0, 2\]"),
+    ({"ps": ["h:1"], "worker": ["h:2", "h:1"]},
+     r"Two tasks share the address h:1: /job:ps/replica:0/task:0 and "
+     r"/job:worker/replica:0/task:1 \(from the cluster argument\)\."),
+    ({"chief": ["a:1", "b:1"], "worker": ["h:1"]},
+     r"The 'chief' job is this process \(the client\): it has one task\. Received "
+     r"chief=\['a:1', 'b:1'\]"),
+])
+def test_resolve_cluster_errors(given, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        cluster.resolve_cluster(given)
+
+
+def test_empty_resolver_is_refused():
+    empty = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))
+    with pytest.raises(ValueError, match=r"the cluster resolver SimpleClusterResolver names no "
+                                         r"job; a cluster needs a 'worker' job\."):
+        cluster.resolve_cluster(empty)
+
+
+# --- probing and connecting, without TensorFlow connecting -------------------------------
+
+
+def _bounded(fn, limit):
+    """Runs fn in a thread; returns (result or exception); fails the test if it blocks."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except Exception as e:  # noqa: BLE001 (returned to the test)
+            box["value"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert "value" in box, f"still blocked after {limit} s"
+    return box["value"]
+
+
+def test_probe_tells_refused_and_silent_ports():
+    with socket.socket() as silent:  # accepts connections (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        assert cluster.probe(address, timeout=0.5) == "no answer within 0.5 s"
+    assert cluster.probe(address, timeout=0.5) == "Connection refused"
+
+
+def test_connect_names_a_task_that_does_not_answer_within_the_timeout():
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        spec = {"worker": [f"127.0.0.1:{port}"]}
+        error = _bounded(lambda: cluster.connect(spec, timeout=1.5), limit=30)
+    assert isinstance(error, TimeoutError)
+    assert re.fullmatch(
+        rf"/job:worker/replica:0/task:0 at 127\.0\.0\.1:{port} did not answer within 1\.5 s "
+        rf"\(no answer within .* s\)\. Start it with `dpkeras serve --cluster \.\.\. --job "
+        rf"worker --task 0`, or check the address and the firewall\.", str(error)), str(error)
+    assert cluster.connected_cluster() is None  # TensorFlow was never asked to connect
+
+
+def test_connect_argument_errors():
+    with pytest.raises(ValueError, match=r"timeout must be a positive number of seconds\. "
+                                         r"Received: 0"):
+        cluster.connect({"worker": ["127.0.0.1:1"]}, timeout=0)
+    with pytest.raises(ValueError, match=r"connect\(\) needs a cluster\. Received: None\."):
+        cluster.connect(None)
+
+
+def test_health_monitor_argument_errors():
+    with pytest.raises(ValueError, match=r"failures must be an int >= 1\. Received: 0"):
+        cluster.HealthMonitor(tf.train.ClusterSpec(SPEC), failures=0)
+    with pytest.raises(ValueError, match=r"interval must be a positive number of seconds\. "
+                                         r"Received: -1"):
+        cluster.HealthMonitor(tf.train.ClusterSpec(SPEC), interval=-1)
+
+
+def test_health_monitor_reports_a_silent_task_once():
+    seen = []
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        spec = cluster.resolve_cluster({"worker": [address]})
+        monitor = cluster.HealthMonitor(spec, interval=0.1, failures=2, probe_timeout=0.2,
+                                        on_failure=lambda *failure: seen.append(failure))
+        with monitor:
+            _bounded(lambda: monitor._thread.join(), limit=30)
+    assert seen == [("/job:worker/replica:0/task:0", address, "no answer within 0.2 s")]
+    assert monitor.failure == seen[0]
+
+
+class _Answering:
+    """A loopback port that answers like a gRPC server: 9 bytes after any greeting."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(10)
+        self.sock.close()
+
+
+def test_probe_accepts_an_answering_server():
+    server = _Answering()
+    try:
+        assert cluster.probe(server.address, timeout=2.0) is None
+    finally:
+        server.close()
+
+
+def _grpc_error(target):
+    return tf.errors.UnavailableError(
+        None, None, f"recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+                    f"remote target {target} while calling /tensorflow.WorkerService/RecvTensor")
+
+
+def test_name_failures_names_the_refusing_task():
+    alive, dead_port = _Answering(), socket.socket()
+    try:
+        dead_port.bind(("127.0.0.1", 0))  # bound, not listening: refuses
+        dead = f"127.0.0.1:{dead_port.getsockname()[1]}"
+        spec = cluster.resolve_cluster({"ps": [dead], "worker": [alive.address]})
+        cause = _grpc_error("/job:worker/replica:0/task:0")  # derived: names the live task
+        with pytest.raises(cluster.TaskFailedError) as info:
+            with cluster.name_failures(spec):
+                raise cause
+        assert info.value.task == "/job:ps/replica:0/task:0"
+        assert info.value.address == dead
+        assert info.value.__cause__ is cause
+        assert isinstance(info.value, tf.errors.UnavailableError)
+        assert re.fullmatch(rf"/job:ps/replica:0/task:0 at {dead} is unreachable \(Connection "
+                            rf"refused\); synchronous training cannot continue\..*",
+                            info.value.message)
+    finally:
+        alive.close()
+        dead_port.close()
+
+
+def test_name_failures_falls_back_to_the_task_a_grpc_error_names():
+    alive = _Answering()
+    try:
+        spec = cluster.resolve_cluster({"worker": [alive.address]})
+        with pytest.raises(cluster.TaskFailedError, match=r"/job:worker/replica:0/task:0 at .* "
+                                                          r"failed \(named by "
+                                                          r"TensorFlow's error\)"):
+            with cluster.name_failures(spec):
+                raise _grpc_error("/job:worker/replica:0/task:0/device:CPU:0")
+    finally:
+        alive.close()
+
+
+def test_name_failures_names_a_restarted_task():
+    """A restarted task answers probes but lost the client's context (measured text)."""
+    ps, worker = _Answering(), _Answering()
+    try:
+        spec = cluster.resolve_cluster({"ps": [ps.address], "worker": [worker.address]})
+        with pytest.raises(cluster.TaskFailedError) as info:
+            with cluster.name_failures(spec):
+                raise tf.errors.AbortedError(
+                    None, None, "Unable to find a context_id matching the specified one (14). "
+                    "Perhaps the worker was restarted, or the context was GC'd?\nAdditional GRPC "
+                    "error information from remote target /job:ps/replica:0/task:0/device:CPU:0 "
+                    "while calling /tensorflow.eager.EagerService/RunComponentFunction")
+        assert info.value.task == "/job:ps/replica:0/task:0"
+        assert info.value.message.startswith(
+            f"/job:ps/replica:0/task:0 at {ps.address} failed (it was restarted and lost this "
+            f"client's state); synchronous training cannot continue.")
+    finally:
+        ps.close()
+        worker.close()
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("a shape error, nothing to do with the cluster"),
+    tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]"),
+    KeyError("x"),
+])
+def test_name_failures_passes_other_errors_through_when_every_task_answers(error):
+    alive = _Answering()
+    try:
+        spec = cluster.resolve_cluster({"worker": [alive.address]})
+        with pytest.raises(type(error)) as info:
+            with cluster.name_failures(spec):
+                raise error
+        assert info.value is error
+    finally:
+        alive.close()
+
+
+# --- a real cluster ----------------------------------------------------------------------
+
+
+def _client(code, spec, timeout=300):
+    """Runs client code (spec in SPEC) in a fresh process with 2 CPU devices; returns it."""
+    prefix = ("import dpkeras\ndpkeras.simulate_cpu_devices(2)\nimport json, os\n"
+              f"SPEC = json.loads({json.dumps(json.dumps(spec))})\n")
+    try:
+        return subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)],
+                              capture_output=True, text=True, env=server_env(),
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the client hung: no exit within {timeout} s")
+
+
+def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
+    proc = _client("""
+        import tensorflow as tf
+        from dpkeras import cluster
+        spec = cluster.resolve_cluster(SPEC)
+        cluster.connect(spec, timeout=60)
+        cluster.connect(SPEC, timeout=60)  # the same cluster again: a no-op
+        try:
+            cluster.connect({"worker": SPEC["worker"][:1]})
+        except RuntimeError as e:
+            error = str(e)
+        compute, parameter, reason = cluster.default_cluster_devices(spec)
+        print(json.dumps({
+            "logical": [d.name for d in tf.config.list_logical_devices()],
+            "tasks": cluster.task_devices(spec), "compute": compute,
+            "parameter": parameter, "reason": reason, "error": error,
+            "streaming": os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"]}))
+        """, local.spec)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    names = {f"/job:{j}/replica:0/task:{t}": [f"/job:{j}/replica:0/task:{t}/device:CPU:{c}"
+                                              for c in range(2)]
+             for j in ("ps", "worker") for t in range(2)}
+    assert got["tasks"] == names
+    # The client's own (simulated) devices are listed without a job, after connecting.
+    assert got["logical"] == ["/device:CPU:0", "/device:CPU:1"] + sum(names.values(), [])
+    assert got["parameter"] == ["/job:ps/replica:0/task:0/device:CPU:0",
+                                "/job:ps/replica:0/task:1/device:CPU:0"]
+    assert got["compute"] == names["/job:worker/replica:0/task:0"] + names[
+        "/job:worker/replica:0/task:1"]
+    assert got["reason"] == ("no GPU on the workers: compute on 4 CPU device(s) of the 2 "
+                             "worker(s); variables on the CPU:0 of each of the 2 ps task(s)")
+    assert re.match(r"This process is already connected to the cluster \{'ps': .*; a process "
+                    r"connects to one cluster for its lifetime .*Received: \{'worker': \[",
+                    got["error"])
+    assert got["streaming"] == "False"
+
+
+_TRAIN = """
+    import signal, sys
+    import tensorflow as tf
+    from dpkeras import cluster
+    spec = cluster.resolve_cluster(SPEC)
+    cluster.connect(spec, timeout=60)
+    with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
+        kernel = tf.Variable(tf.zeros([64, 64]))
+    with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
+        bias = tf.Variable(tf.zeros([64]))
+
+    @tf.function
+    def step(x):
+        total = []
+        for w in range(2):
+            with tf.device(f"/job:worker/replica:0/task:{w}/device:CPU:1"):
+                total.append(tf.reduce_sum(tf.matmul(x, kernel) + bias))
+        with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
+            kernel.assign_add(tf.ones([64, 64]) * 1e-3)
+        with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
+            bias.assign_add(tf.ones([64]) * 1e-3)
+        return tf.add_n(total)
+
+    x = tf.ones([8, 64])
+    for _ in range(5):
+        step(x)
+    print("trained", flush=True)
+    """
+
+
+def test_a_killed_ps_is_an_error_naming_it(local):
+    victim = local.procs[("ps", 1)].pid
+    proc = _client(_TRAIN + f"""
+    try:
+        with cluster.name_failures(spec):
+            for i in range(10000):
+                if i == 3:
+                    os.kill({victim}, signal.SIGKILL)
+                step(x)
+    except cluster.TaskFailedError as e:
+        print("step:", e.task, e.address, "|", e, flush=True)
+    # A function first run after the death, on the dead task: with TF's default streaming
+    # enqueue it blocks forever (TF 2.21); connect() turns streaming off, so it raises.
+    try:
+        with cluster.name_failures(spec):
+            with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
+                float(tf.function(lambda: kernel[0, 0] + bias[0])())
+    except cluster.TaskFailedError as e:
+        print("new function:", e.task, flush=True)
+    """, local.spec, timeout=300)
+    local.restart("ps", 1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    address = local.address("ps", 1)
+    assert lines[0] == "trained"
+    assert re.fullmatch(
+        rf"step: /job:ps/replica:0/task:1 {address} \| /job:ps/replica:0/task:1 at {address} "
+        rf"is unreachable \(Connection refused\); synchronous training cannot continue\. "
+        rf"Restart that task if it is down, then restart training from the last checkpoint "
+        rf"\(keras\.callbacks\.BackupAndRestore\)\.", lines[1]), lines[1]
+    assert lines[2:] == ["new function: /job:ps/replica:0/task:1"]
+
+
+def test_health_monitor_ends_a_client_blocked_by_a_frozen_ps(local):
+    """A frozen ps blocks the step forever in TF 2.21; the monitor ends the process instead."""
+    victim = local.procs[("ps", 1)].pid
+    proc = _client(_TRAIN + f"""
+    with cluster.HealthMonitor(spec, interval=0.5, failures=2, probe_timeout=1.0):
+        for i in range(10000):
+            if i == 3:
+                os.kill({victim}, signal.SIGSTOP)
+                print("frozen", flush=True)
+            step(x)
+    print("not reached", flush=True)
+    """, local.spec, timeout=300)
+    local.kill("ps", 1, signal.SIGCONT)
+    local.restart("ps", 1)
+    assert proc.stdout.splitlines() == ["trained", "frozen"], proc.stderr[-3000:]
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    address = local.address("ps", 1)
+    assert proc.stderr.splitlines()[-1] == (
+        f"dpkeras: /job:ps/replica:0/task:1 at {address} is unreachable (no answer within 1 s); "
+        f"synchronous training cannot continue, ending this process (exit code 75) instead of "
+        f"waiting forever. Restart that task if it is down, then restart training from the last "
+        f"checkpoint "
+        f"(keras.callbacks.BackupAndRestore).")
+
+
+def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
+    """Keras `fit`, variables on ps:1, compute on worker:0; ps:1 killed at batch 5."""
+    victim = local.procs[("ps", 1)].pid
+    proc = _client(f"""
+        import signal
+        import keras, numpy as np, tensorflow as tf
+        from dpkeras import cluster
+        spec = cluster.resolve_cluster(SPEC)
+        cluster.connect(spec, timeout=60)
+        with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse")
+
+        class Kill(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 5:
+                    os.kill({victim}, signal.SIGKILL)
+
+        x, y = np.ones((640, 8), "float32"), np.ones((640, 1), "float32")
+        try:
+            with cluster.name_failures(spec):
+                with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+                    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[Kill()])
+        except cluster.TaskFailedError as e:
+            print(e.task, type(e.__cause__).__name__)
+        """, local.spec)
+    local.restart("ps", 1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["/job:ps/replica:0/task:1", "UnavailableError"]
