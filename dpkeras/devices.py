@@ -8,7 +8,7 @@ import os
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals, config, placement
+from dpkeras import _tf_internals, cluster, config, placement
 from dpkeras.device_names import canonical_device, is_local, short_device
 
 __all__ = ["default_parameter_device", "default_compute_devices", "resolve_devices",
@@ -64,14 +64,33 @@ def _check_exists(device, role, available, given=None):
             f"initialises to get n CPU devices.)")
 
 
-def resolve_devices(compute_devices=None, parameter_device=None):
+def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=None):
     """Validates and fills in a strategy's devices; see `_resolve_devices`.
+
+    With a cluster (a `tf.train.ClusterSpec` from `dpkeras.cluster.resolve_cluster`), this
+    process connects to it first (once), and the defaults are the cluster's: every GPU of every
+    worker, else every worker's CPUs, compute; the CPU:0 of every ps task holds variables
+    (spread by `greedy_by_size`), else the first worker's. See
+    `dpkeras.cluster.default_cluster_devices`.
 
     A bad device that came from a `DPKERAS_*` environment variable is reported with that
     variable's setting, since the program itself does not name it.
     """
+    reason = None
+    if cluster_spec is not None:
+        cluster.connect(cluster_spec)
+        default_compute, default_parameters, reason = cluster.default_cluster_devices(
+            cluster_spec)
+        if parameter_device is None and config.env_device(config.PARAMETER_DEVICE_ENV) is None:
+            parameter_device = (default_parameters[0] if len(default_parameters) == 1 else
+                                default_parameters)
+        if compute_devices is None and config.env_device(config.COMPUTE_DEVICES_ENV) is None:
+            compute_devices = default_compute
+        else:
+            reason = None
     try:
-        return _resolve_devices(compute_devices, parameter_device)
+        resolved = _resolve_devices(compute_devices, parameter_device)
+        return resolved if reason is None else (*resolved[:3], reason)
     except ValueError as e:
         used = [name for name, given in ((config.COMPUTE_DEVICES_ENV, compute_devices),
                                          (config.PARAMETER_DEVICE_ENV, parameter_device))

@@ -43,12 +43,15 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     Args:
         container_strategy: the `ParameterDeviceStrategy`.
         compute_devices, parameter_device: see `ParameterDeviceStrategy`.
+        cluster_spec: a `tf.train.ClusterSpec` (see `dpkeras.cluster.resolve_cluster`) or None.
     """
 
-    def __init__(self, container_strategy, compute_devices=None, parameter_device=None):
+    def __init__(self, container_strategy, compute_devices=None, parameter_device=None,
+                 cluster_spec=None):
         super().__init__(container_strategy)
+        self._cluster_spec = cluster_spec
         compute, policy, home, reason = devices.resolve_devices(compute_devices,
-                                                                parameter_device)
+                                                                parameter_device, cluster_spec)
         self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
         compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute
@@ -89,6 +92,11 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     def placement_policy(self):
         """The callable that chose each variable's device (see `dpkeras.placement`)."""
         return self._creator.policy
+
+    @property
+    def cluster_spec(self):
+        """The `tf.train.ClusterSpec` this strategy runs on, or None on one machine."""
+        return self._cluster_spec
 
     @property
     def device_reason(self):

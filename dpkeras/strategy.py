@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from dpkeras.cluster import resolve_cluster
 from dpkeras.device_names import short_device
 from dpkeras.extended import ParameterDeviceExtended
 
@@ -42,15 +43,26 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             policy (see `dpkeras.placement`: any callable taking a `VariableSpec` and returning
             a device). Defaults to `$DPKERAS_PARAMETER_DEVICE` (one device, or
             comma-separated devices), else `"/cpu:0"`.
+        cluster: train on a TensorFlow cluster of `ps` and `worker` tasks (each a
+            `dpkeras serve`): a dict such as `{"ps": ["10.0.0.1:2222"], "worker":
+            ["10.0.0.2:2222", "10.0.0.3:2222"]}`, a `tf.train.ClusterSpec` or a
+            `tf.distribute.cluster_resolver.ClusterResolver`. This process is the client: it
+            connects to every task (once) and drives the steps. Devices then default to the
+            workers' GPUs (else their CPUs) for compute and the ps tasks' CPUs for variables,
+            and `/job:...` devices may be named. Defaults to `$TF_CONFIG` if it names a `ps`
+            or `worker` job, else no cluster. See docs/cluster.md.
 
     Raises:
-        ValueError: for an unparseable, absent or duplicated device, an empty list, or a
-            parameter_device of another type, before anything is created. A policy that fails
-            or returns a bad device raises ValueError when the variable is created, naming it.
+        TimeoutError: when a task of the cluster does not answer (it names the task).
+        ValueError: for an invalid cluster, an unparseable, absent or duplicated device, an
+            empty list, or a parameter_device of another type, before anything is created. A
+            policy that fails or returns a bad device raises ValueError when the variable is
+            created, naming it.
     """
 
-    def __init__(self, compute_devices=None, parameter_device=None):
-        super().__init__(ParameterDeviceExtended(self, compute_devices, parameter_device))
+    def __init__(self, compute_devices=None, parameter_device=None, cluster=None):
+        super().__init__(ParameterDeviceExtended(self, compute_devices, parameter_device,
+                                                 resolve_cluster(cluster)))
 
     @property
     def compute_devices(self):

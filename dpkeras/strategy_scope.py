@@ -6,15 +6,16 @@ import threading
 import tensorflow as tf
 
 from dpkeras import devices
+from dpkeras.cluster import resolve_cluster
 from dpkeras.strategy import ParameterDeviceStrategy
 
 __all__ = ["scope", "get_strategy"]
 
 _lock = threading.Lock()
-_strategies = {}  # (compute_devices, parameter_device) -> ParameterDeviceStrategy
+_strategies = {}  # (compute devices, parameter devices, cluster jobs) -> strategy
 
 
-def get_strategy(compute_devices=None, parameter_device=None):
+def get_strategy(compute_devices=None, parameter_device=None, cluster=None):
     """Returns the `ParameterDeviceStrategy` for these devices, creating it once.
 
     Equal arguments (after defaults, environment settings and device-name canonicalisation)
@@ -22,23 +23,26 @@ def get_strategy(compute_devices=None, parameter_device=None):
     trained together; a placement policy object is equal only to itself. Arguments are those
     of `ParameterDeviceStrategy`.
     """
-    compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device)
+    spec = resolve_cluster(cluster)
+    compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
+    jobs = None if spec is None else tuple(sorted((job, tuple(addresses))
+                                                  for job, addresses in spec.as_dict().items()))
     if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
         placed = tuple(getattr(policy, "devices", (home,)))
         parameter_device = placed[0] if len(placed) == 1 else list(placed)
-        key = (compute, placed)
+        key = (compute, placed, jobs)
     else:
-        key = (compute, parameter_device)  # a policy object: equal only to itself
+        key = (compute, parameter_device, jobs)  # a policy object: equal only to itself
     with _lock:
         strategy = _strategies.get(key)
         if strategy is None:
-            strategy = ParameterDeviceStrategy(list(compute), parameter_device)
+            strategy = ParameterDeviceStrategy(list(compute), parameter_device, spec)
             _strategies[key] = strategy
         return strategy
 
 
 @contextlib.contextmanager
-def scope(compute_devices=None, parameter_device=None):
+def scope(compute_devices=None, parameter_device=None, cluster=None):
     """Builds and trains Keras models with variables on a parameter device.
 
     Enters the scope of the `ParameterDeviceStrategy` for these devices (created once per
@@ -57,6 +61,8 @@ def scope(compute_devices=None, parameter_device=None):
     Args:
         compute_devices: list of str or None; see `ParameterDeviceStrategy`.
         parameter_device: str or None; see `ParameterDeviceStrategy`.
+        cluster: a dict of jobs, `tf.train.ClusterSpec`, cluster resolver or None; see
+            `ParameterDeviceStrategy` (with None, `$TF_CONFIG` may name a cluster).
 
     Yields:
         The `ParameterDeviceStrategy`.
@@ -65,7 +71,7 @@ def scope(compute_devices=None, parameter_device=None):
         ValueError: for bad devices (see `ParameterDeviceStrategy`), or when entered inside
             the scope of a different `tf.distribute` strategy.
     """
-    strategy = get_strategy(compute_devices, parameter_device)
+    strategy = get_strategy(compute_devices, parameter_device, cluster)
     if tf.distribute.has_strategy():
         current = tf.distribute.get_strategy()
         if current is not strategy:

@@ -222,13 +222,14 @@ def train_step_transfers(model, x, y=None, batch_size=None, sample_weight=None):
 
     Args:
         model: a compiled Keras model.
-        x, y, sample_weight: one global batch, as for `model.fit`.
-        batch_size: int; defaults to the length of `x`.
+        x, y, sample_weight: one global batch, as for `model.fit`; or `x` a batched
+            `tf.data.Dataset` (its first batch is the step's).
+        batch_size: int; defaults to the length of `x` (none for a dataset).
 
     Returns:
         The `TransferReport` of the step.
     """
-    if batch_size is None:
+    if batch_size is None and not isinstance(x, tf.data.Dataset):
         batch_size = len(tf.nest.flatten(x)[0])
     model.train_function = None
     try:

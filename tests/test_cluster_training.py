@@ -1,0 +1,165 @@
+"""Synchronous training on a real cluster: 2 ps + 2 workers (2 CPU devices each), 4 replicas.
+
+Every server is a real `dpkeras serve` process on a free loopback port (tests/local_cluster.py);
+each client runs in a fresh process (a process connects to one cluster for its lifetime), and
+trains one process's reference model on the same global batches for comparison.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from local_cluster import LocalCluster, server_env
+
+CLIENT_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def local():
+    with LocalCluster(ps=2, workers=2, cpus=2) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _no_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+def _client(code, spec):
+    """Runs `code` (with SPEC, json, np, keras, tf, dpkeras) in a fresh process; its stdout."""
+    prefix = textwrap.dedent(f"""
+        import json, os
+        import numpy as np
+        import dpkeras, keras, tensorflow as tf
+        SPEC = json.loads({json.dumps(json.dumps(spec))})
+        """)
+    try:
+        proc = subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)],
+                              capture_output=True, text=True, env=server_env(),
+                              timeout=CLIENT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the client hung: no exit within {CLIENT_TIMEOUT} s")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_cluster_trains_to_one_process_weights_history_and_evaluate(local, tmp_path):
+    path = str(tmp_path / "cluster.keras")
+    out = _client(f"""
+        def build():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([
+                keras.Input((4,), dtype="int32"), keras.layers.Embedding(200, 8),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)])
+            model.compile(optimizer=keras.optimizers.Adam(0.01),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"])
+            return model
+
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 200, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
+        reference = build()
+        expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        # Before connecting: TensorFlow resets its context when it connects to a cluster, and
+        # models made before then should not be used after it.
+        expected_evaluate = reference.evaluate(x, y, batch_size=16, verbose=0)
+        expected_weights = reference.get_weights()
+        with dpkeras.scope(cluster=SPEC) as strategy:
+            model = build()
+        history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        model.save({path!r})
+        devices = sorted({{v.value.device for v in model.variables + model.optimizer.variables}})
+        print(json.dumps({{
+            "replicas": list(strategy.extended.worker_devices),
+            "devices": devices,
+            "max_diff": max(float(np.abs(a - b).max())
+                            for a, b in zip(expected_weights, model.get_weights())),
+            "history": history.history, "expected": expected.history,
+            "evaluate": model.evaluate(x, y, batch_size=16, verbose=0),
+            "expected_evaluate": expected_evaluate,
+            "predictions": model.predict(x[:8], verbose=0).tolist(),
+        }}))
+        """, local.spec)
+    assert out["replicas"] == [f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
+                               for t in (0, 1) for i in (0, 1)]
+    # Every variable and slot on a ps task, and both ps tasks used.
+    assert {d.rsplit("/device:", 1)[0] for d in out["devices"]} == {
+        "/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"}
+    assert out["max_diff"] < 1e-5
+    for key, values in out["expected"].items():
+        assert out["history"][key] == pytest.approx(values, rel=1e-5)
+    assert out["evaluate"] == pytest.approx(out["expected_evaluate"], rel=1e-5)
+    # The file loads in plain Keras, with no cluster, and predicts the same.
+    plain = _client(f"""
+        model = keras.models.load_model({path!r})
+        rng = np.random.RandomState(0)
+        x = rng.randint(0, 200, (90, 4)).astype("int32")
+        print(json.dumps(model.predict(x[:8], verbose=0).tolist()))
+        """, local.spec)
+    np.testing.assert_allclose(plain, out["predictions"], rtol=1e-6)
+
+
+def test_batchnorm_dropout_and_a_metric_on_a_cluster(local):
+    out = _client("""
+        keras.utils.set_random_seed(2)
+        with dpkeras.scope(cluster=SPEC):
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16),
+                                      keras.layers.BatchNormalization(),
+                                      keras.layers.Dropout(0.3), keras.layers.Dense(2)])
+            model.compile(optimizer="adam", metrics=["accuracy"],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        rng = np.random.RandomState(1)
+        x, y = rng.rand(64, 6).astype("float32"), rng.randint(0, 2, 64)
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16),
+                                  keras.layers.BatchNormalization(),
+                                  keras.layers.Dropout(0.3), keras.layers.Dense(2)])
+        plain.compile(metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        plain.set_weights(model.get_weights())
+        print(json.dumps([model.evaluate(x, y, batch_size=16, verbose=0),
+                          plain.evaluate(x, y, batch_size=16, verbose=0)]))
+        """, local.spec)
+    assert out[0] == pytest.approx(out[1], rel=1e-5)
+
+
+def test_bytes_between_processes_do_not_grow_with_replicas_per_worker(local):
+    """Each worker pulls each variable once and sends one summed gradient per step, however
+    many replicas it runs; the client sends no batch (each worker reads its own input)."""
+    out = _client("""
+        def crossing(per_worker):
+            compute = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
+                       for t in (0, 1) for i in range(per_worker)]
+            with dpkeras.scope(compute, cluster=SPEC):
+                keras.utils.set_random_seed(1)
+                model = keras.Sequential([keras.Input((16,)),
+                                          keras.layers.Dense(64, activation="relu"),
+                                          keras.layers.Dense(4)])
+                model.compile(optimizer="adam", loss="mse")
+            data = tf.data.Dataset.from_tensor_slices(
+                (np.ones((64, 16), "float32"), np.ones((64, 4), "float32"))).batch(32)
+            report = dpkeras.train_step_transfers(model, data)
+            by_pair, from_client = {}, []
+            for t in report.transfers:
+                a, b = (d.rsplit("/", 1)[0] if d.startswith("/job:") else "client"
+                        for d in (t.source, t.destination))
+                if a != b:
+                    by_pair[f"{a} -> {b}"] = by_pair.get(f"{a} -> {b}", 0) + t.bytes
+                if a == "client" and b != "client":
+                    from_client.append(list(t.shape or ()))
+            return by_pair, from_client
+        print(json.dumps([crossing(1), crossing(2)]))
+        """, local.spec)
+    (one, client_one), (two, client_two) = out
+    kernel = 16 * 64 * 4
+    assert sum(b for pair, b in one.items() if pair.endswith("-> /job:worker/task:0")) >= kernel
+    # The client sends scalars only (a step counter), never a batch.
+    assert all(shape == [] for shape in client_one + client_two), (client_one, client_two)
+    for pair in set(one) | set(two):
+        if "client" in pair:
+            continue  # per-replica scalar logs to the client for Keras's callbacks
+        assert two.get(pair, 0) == pytest.approx(one.get(pair, 0), rel=0.05), (pair, one, two)
