@@ -25,6 +25,9 @@ Why each is needed:
 - `record_operation`: a cached replica-side read of a variable must be registered on the
   GradientTape as a read of that variable (`ResourceVariable._read_variable_op` does the same);
   there is no public way to add an edge to the tape.
+- `replicate` (tf.data's `distribute.replicate`): on a cluster each worker runs its own copy
+  of the input pipeline; a dataset made on the client must be serialised and rebuilt on each
+  worker's host, as TF's own distributed datasets do (`input_lib`); there is no public call.
 - `variable_accessed`: a replica that uses the copy of a variable its task already pulled makes
   no read of its own, so it must tell its (thread-local) GradientTape that it accessed the
   variable, exactly as `ResourceVariable._read_variable_op` does; there is no public call.
@@ -50,6 +53,7 @@ from tensorflow.python.distribute.distribute_lib import (
     UpdateContext,
     ValueContext,
 )
+from tensorflow.python.data.experimental.ops.distribute import replicate
 from tensorflow.python.distribute.distribute_utils import regroup
 from tensorflow.python.distribute.input_lib import InputWorkers
 from tensorflow.python.distribute.input_util import (

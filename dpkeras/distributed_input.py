@@ -71,12 +71,31 @@ class InputPlan:
                 f"on fewer examples than one batch).")
 
     def distribute_dataset(self, dataset, strategy, options):
-        """`strategy.experimental_distribute_dataset`."""
+        """`strategy.experimental_distribute_dataset`.
+
+        On one host, TensorFlow rebatches the global batch over the replicas. On several
+        (a cluster), each worker's host runs a copy of the pipeline and cuts its own replicas'
+        contiguous slices out of each global batch (see `_worker_slices`): TensorFlow's own
+        multi-worker rebatching interleaves the workers' slices (rows 0-1 and 4-5 to worker 0,
+        2-3 and 6-7 to worker 1), so `predict` would return rows out of order.
+        """
         self.check_options(options, "experimental_distribute_dataset")
         self.check_not_empty(dataset)
-        return _tf_internals.get_distributed_dataset(
-            dataset, self.input_workers(options), strategy,
-            num_replicas_in_sync=self.num_replicas, options=options)
+        if len(self.workers) == 1:
+            return _tf_internals.get_distributed_dataset(
+                dataset, self.input_workers(options), strategy,
+                num_replicas_in_sync=self.num_replicas, options=options)
+        hosts = [host for host, _ in self.workers]
+        copies = _tf_internals.replicate(dataset, hosts)
+        firsts = [0]
+        for _, devices in self.workers:
+            firsts.append(firsts[-1] + len(devices))
+
+        def dataset_fn(context):
+            i = context.input_pipeline_id
+            return _worker_slices(copies[hosts[i]], firsts[i], firsts[i + 1], self.num_replicas)
+
+        return self.distribute_datasets_from_function(dataset_fn, strategy, options)
 
     def distribute_datasets_from_function(self, dataset_fn, strategy, options):
         """`strategy.distribute_datasets_from_function`: one pipeline per input host, each
@@ -97,3 +116,27 @@ class InputPlan:
                 values.append(value_fn(_tf_internals.ValueContext(replica_id,
                                                                   self.num_replicas)))
         return _tf_internals.regroup(values, always_wrap=True)
+
+
+def _worker_slices(dataset, first, end, num_replicas):
+    """Per-replica batches of replicas `first`..`end - 1` from a dataset of global batches.
+
+    A global batch of b rows is split into `num_replicas` contiguous slices as TensorFlow's
+    rebatching splits it (sizes differ by at most one, larger first: 10 over 4 is 3, 3, 2, 2);
+    this yields, for each global batch, the slices of the given replicas, in order.
+    """
+    def slices(*element):
+        batch = element if len(element) > 1 else element[0]
+        rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+        per, extra = rows // num_replicas, rows % num_replicas
+
+        def start(replica):
+            return replica * per + tf.minimum(replica, extra)
+
+        def cut(replica):
+            lo, hi = start(replica), start(replica + 1)
+            return tf.nest.map_structure(lambda t: t[lo:hi], batch)
+
+        return tf.data.Dataset.range(first, end).map(cut)
+
+    return dataset.flat_map(slices)
