@@ -46,6 +46,7 @@ Why each is needed:
 """
 
 # ruff: noqa: F401
+from tensorflow.python.data.experimental.ops.distribute import replicate
 from tensorflow.python.distribute.distribute_lib import (
     InputContext,
     InputReplicationMode,
@@ -53,7 +54,6 @@ from tensorflow.python.distribute.distribute_lib import (
     UpdateContext,
     ValueContext,
 )
-from tensorflow.python.data.experimental.ops.distribute import replicate
 from tensorflow.python.distribute.distribute_utils import regroup
 from tensorflow.python.distribute.input_lib import InputWorkers
 from tensorflow.python.distribute.input_util import (
