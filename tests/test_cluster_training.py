@@ -163,3 +163,20 @@ def test_bytes_between_processes_do_not_grow_with_replicas_per_worker(local):
         if "client" in pair:
             continue  # per-replica scalar logs to the client for Keras's callbacks
         assert two.get(pair, 0) == pytest.approx(one.get(pair, 0), rel=0.05), (pair, one, two)
+
+
+def test_dpkeras_env_shows_the_cluster_from_tf_config(local):
+    """`dpkeras env` with TF_CONFIG naming the cluster (this process: no task) shows every task,
+    its devices, and where compute and variables would go."""
+    env = dict(server_env(), TF_CONFIG=json.dumps({"cluster": local.spec}))
+    proc = subprocess.run([sys.executable, "-m", "dpkeras", "env"], capture_output=True,
+                          text=True, env=env, timeout=CLIENT_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for job, addresses in local.spec.items():
+        for index, address in enumerate(addresses):
+            assert f"/job:{job}/replica:0/task:{index} at {address}: cpu:0, cpu:1" in proc.stdout
+    assert ("parameter device: greedy_by_size([/job:ps/task:0/cpu:0, /job:ps/task:1/cpu:0])"
+            in proc.stdout)
+    assert ("compute devices:  /job:worker/task:0/cpu:0, /job:worker/task:0/cpu:1, "
+            "/job:worker/task:1/cpu:0, /job:worker/task:1/cpu:1") in proc.stdout
+    assert "private networks only" in proc.stdout

@@ -30,11 +30,22 @@ def env(argv=None, out=None):
     parser.add_argument("--simulate_cpu_devices", type=int, default=None, metavar="N",
                         help="split the CPU into N logical devices first, as "
                              "dpkeras.simulate_cpu_devices(N) would (default: do not)")
+    parser.add_argument("--cluster", default=None, metavar="JSON_OR_FILE",
+                        help="also connect to this cluster (a JSON object or file, as for "
+                             "dpkeras serve; default: $TF_CONFIG's, if any) and show its "
+                             "tasks, their devices and where variables would go")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import dpkeras
-    from dpkeras import config, device_names, devices
+    from dpkeras import cluster, config, device_names, devices
+    from dpkeras.commands.serve import load_cluster
+
+    try:
+        spec = cluster.resolve_cluster(None if args.cluster is None else
+                                       load_cluster(args.cluster))
+    except ValueError as e:
+        parser.error(str(e))
 
     if args.simulate_cpu_devices is not None:
         try:
@@ -57,13 +68,27 @@ def env(argv=None, out=None):
     say("Physical devices:")
     for d in tf.config.list_physical_devices():
         say(f"  {d.name} ({d.device_type})")
+    if spec is not None:
+        say("Cluster (no authentication or encryption: private networks only):")
+        try:
+            cluster.connect(spec, timeout=30)
+        except (TimeoutError, RuntimeError) as e:
+            say(f"  not connected: {e}")
+            spec = None
+        else:
+            addresses = cluster.task_addresses(spec)
+            for task, names in cluster.task_devices(spec).items():
+                kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1]
+                                  for n in names)
+                say(f"  {task} at {addresses[task]}: {kinds}")
+        say()
     say("Logical devices:")
     for d in tf.config.list_logical_devices():
         say(f"  {device_names.short_device(d.name)}  ({d.name})")
     say()
     say("dpkeras.scope() with no arguments would use:")
     try:
-        resolved = devices.resolve_devices()
+        resolved = devices.resolve_devices(cluster_spec=spec)
     except ValueError as e:
         say(f"  nothing: {e}")
     else:

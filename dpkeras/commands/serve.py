@@ -23,17 +23,21 @@ import socket
 import sys
 import threading
 
-__all__ = ["serve"]
+__all__ = ["serve", "load_cluster"]
 
 _PREFIX = "dpkeras serve"
 
 
-class _UsageError(Exception):
+class _UsageError(ValueError):
     """A bad argument: reported as one line on stderr, exit status 2."""
 
 
-def _load_cluster(text):
-    """`--cluster`: a JSON object, or the path of a file holding one."""
+def load_cluster(text):
+    """`--cluster`: a JSON object, or the path of a file holding one (`dpkeras serve`, `env`).
+
+    Raises:
+        ValueError: naming the file or the text, when it cannot be read or parsed.
+    """
     if text.lstrip().startswith("{"):
         source = "--cluster"
         raw = text
@@ -66,7 +70,7 @@ def _task_from_args(args):
             if not isinstance(tf_config, dict):
                 raise _UsageError(f"TF_CONFIG must be a JSON object. Received: {raw[:200]!r}")
     task = tf_config.get("task") if isinstance(tf_config.get("task"), dict) else {}
-    cluster = _load_cluster(args.cluster) if args.cluster is not None else tf_config.get("cluster")
+    cluster = load_cluster(args.cluster) if args.cluster is not None else tf_config.get("cluster")
     job = args.job if args.job is not None else task.get("type")
     index = args.task if args.task is not None else task.get("index")
     if cluster is None:
