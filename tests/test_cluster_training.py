@@ -180,3 +180,51 @@ def test_dpkeras_env_shows_the_cluster_from_tf_config(local):
     assert ("compute devices:  /job:worker/task:0/cpu:0, /job:worker/task:0/cpu:1, "
             "/job:worker/task:1/cpu:0, /job:worker/task:1/cpu:1") in proc.stdout
     assert "private networks only" in proc.stdout
+
+
+_RESUMABLE_RUN = """
+    import signal, time
+    victim = {victim}
+    keras.utils.set_random_seed(4)
+    with dpkeras.scope(cluster=SPEC):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    rng = np.random.RandomState(3)
+    x, y = rng.rand(128, 8).astype("float32"), rng.rand(128, 1).astype("float32")
+
+    class Kill(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if victim and self.model.optimizer.iterations.numpy() == 10:
+                self.killed = time.time()
+                os.kill(victim, signal.SIGKILL)
+
+    kill = Kill()
+    backup = keras.callbacks.BackupAndRestore({backup!r})
+    try:
+        model.fit(x, y, batch_size=32, epochs=4, shuffle=False, verbose=0,
+                  callbacks=[backup, kill])
+        result = {{"weights": [w.tolist() for w in model.get_weights()]}}
+    except Exception as e:  # the killed task
+        result = {{"error": type(e).__name__, "message": str(e)[:2000],
+                   "seconds": time.time() - kill.killed}}
+    print(json.dumps(result))
+    """
+
+
+@pytest.mark.parametrize("job", ["ps", "worker"])
+def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp_path, job):
+    """The killed task's error names it within seconds; after restarting the task and the
+    script, BackupAndRestore resumes to the weights of an uninterrupted run."""
+    uninterrupted = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "a")),
+                            local.spec)
+    victim = local.procs[(job, 1)].pid
+    failed = _client(_RESUMABLE_RUN.format(victim=victim, backup=str(tmp_path / "b")),
+                     local.spec)
+    local.restart(job, 1)
+    assert failed.get("error") in ("UnavailableError", "TaskFailedError", "ValueError"), failed
+    assert f"/job:{job}/replica:0/task:1" in failed["message"]
+    assert failed["seconds"] < 60
+    resumed = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "b")), local.spec)
+    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
