@@ -38,6 +38,7 @@ import time
 import tensorflow as tf
 
 __all__ = ["CLUSTER_JOBS", "DEFAULT_CONNECT_TIMEOUT", "HealthMonitor", "TaskFailedError",
+           "load_cluster", "watch",
            "connect", "connected_cluster", "default_cluster_devices", "failed_tasks",
            "name_failures", "probe", "resolve_cluster", "task_addresses", "task_devices",
            "task_name"]
@@ -52,6 +53,7 @@ _TASK_IN_TEXT = re.compile(r"/job:(\w+)/replica:0/task:(\d+)")
 
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
+_monitor = None  # the HealthMonitor `watch` started, or None
 
 
 def task_name(job, index):
@@ -142,6 +144,37 @@ def _from_tf_config():
     return _validate(cluster, source)
 
 
+def load_cluster(text, what="the cluster"):
+    """A cluster dict from a JSON object, or from the path of a file holding one.
+
+    Args:
+        text: str, JSON text or a file path.
+        what: str, how error messages name the text (`dpkeras serve` says "--cluster").
+
+    Raises:
+        ValueError: naming the file or the text, when it cannot be read or parsed.
+    """
+    if text.lstrip().startswith("{"):
+        source, raw = what, text
+    else:
+        source = f"{what} file {text!r}"
+        try:
+            with open(text, encoding="utf-8") as f:
+                raw = f.read()
+        except OSError as e:
+            raise ValueError(f"cannot read {source}: {e.strerror}. Expected a JSON file path "
+                             f"or a JSON object such as '{{\"ps\": [\"host:2222\"], "
+                             f"\"worker\": [\"host:2223\"]}}'.") from None
+    try:
+        cluster = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{source} is not valid JSON ({e}). Received: {raw[:200]!r}") from None
+    if not isinstance(cluster, dict):
+        raise ValueError(f"{source} must hold a JSON object {{job: [addresses]}}. "
+                         f"Received: {raw[:200]!r}")
+    return cluster
+
+
 def resolve_cluster(cluster=None):
     """Returns the cluster to run on as a validated `tf.train.ClusterSpec`, or None.
 
@@ -157,7 +190,8 @@ def resolve_cluster(cluster=None):
     ```
 
     Args:
-        cluster: a dict `{job: ["host:port", ...]}`, a `tf.train.ClusterSpec`, a
+        cluster: a dict `{job: ["host:port", ...]}`, the same as JSON text or the path of a
+            JSON file, a `tf.train.ClusterSpec`, a
             `tf.distribute.cluster_resolver.ClusterResolver`, or None. Defaults to None: the
             cluster of the `TF_CONFIG` environment variable if it names a `ps` or `worker` job
             (this process must then be task type `chief` or have no task), else no cluster.
@@ -174,6 +208,9 @@ def resolve_cluster(cluster=None):
     if cluster is None:
         return _from_tf_config()
     source = "the cluster argument"
+    if isinstance(cluster, str):
+        source = f"the cluster argument {cluster[:100]!r}"
+        cluster = load_cluster(cluster)
     if isinstance(cluster, tf.distribute.cluster_resolver.ClusterResolver):
         source = f"the cluster resolver {type(cluster).__name__}"
         cluster = cluster.cluster_spec()
@@ -555,3 +592,16 @@ class HealthMonitor:
                     self._on_failure(name, address, reason)
                     return
             self._stop.wait(self._interval)
+
+
+def watch(cluster_spec):
+    """Starts, once per process, a `HealthMonitor` of `cluster_spec` with the default action.
+
+    A dpkeras strategy on a cluster calls it, so that a task that hangs ends the client with a
+    message naming it instead of blocking a step forever. Idempotent.
+    """
+    global _monitor
+    with _lock:
+        if _monitor is None:
+            _monitor = HealthMonitor(cluster_spec).start()
+        return _monitor

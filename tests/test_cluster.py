@@ -15,8 +15,8 @@ import threading
 
 import pytest
 import tensorflow as tf
-from local_cluster import LocalCluster, server_env
 
+from benchmarks.local_cluster import LocalCluster, server_env
 from dpkeras import cluster
 
 SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
@@ -488,3 +488,14 @@ def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
     local.restart("ps", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["/job:ps/replica:0/task:1", "UnavailableError"]
+
+
+def test_resolve_cluster_reads_json_text_and_files(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(SPEC))
+    assert cluster.resolve_cluster(str(path)).as_dict() == cluster.resolve_cluster(SPEC).as_dict()
+    assert cluster.resolve_cluster(json.dumps(SPEC)).as_dict() == SPEC
+    with pytest.raises(ValueError, match=r"cannot read the cluster file '.*missing.json': No such"):
+        cluster.resolve_cluster(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"the cluster is not valid JSON .*Received: '\{ps'"):
+        cluster.resolve_cluster("{ps")

@@ -1,8 +1,9 @@
 """Synchronous training on a real cluster: 2 ps + 2 workers (2 CPU devices each), 4 replicas.
 
-Every server is a real `dpkeras serve` process on a free loopback port (tests/local_cluster.py);
-each client runs in a fresh process (a process connects to one cluster for its lifetime), and
-trains one process's reference model on the same global batches for comparison.
+Every server is a real `dpkeras serve` process on a free loopback port
+(benchmarks/local_cluster.py); each client runs in a fresh process (a process connects to one
+cluster for its lifetime), and trains one process's reference model on the same global batches
+for comparison.
 """
 
 import json
@@ -12,7 +13,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from local_cluster import LocalCluster, server_env
+
+from benchmarks.local_cluster import LocalCluster, server_env
 
 CLIENT_TIMEOUT = 300
 

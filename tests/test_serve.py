@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 from conftest import run_python
-from local_cluster import LocalCluster, serve_command, server_env
 
+from benchmarks.local_cluster import LocalCluster, serve_command, server_env
 from dpkeras import cli
 from dpkeras.cluster import probe
 from dpkeras.commands.serve import serve

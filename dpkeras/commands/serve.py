@@ -23,6 +23,8 @@ import socket
 import sys
 import threading
 
+from dpkeras import cluster
+
 __all__ = ["serve", "load_cluster"]
 
 _PREFIX = "dpkeras serve"
@@ -38,22 +40,10 @@ def load_cluster(text):
     Raises:
         ValueError: naming the file or the text, when it cannot be read or parsed.
     """
-    if text.lstrip().startswith("{"):
-        source = "--cluster"
-        raw = text
-    else:
-        source = f"--cluster file {text!r}"
-        try:
-            with open(text, encoding="utf-8") as f:
-                raw = f.read()
-        except OSError as e:
-            raise _UsageError(f"cannot read {source}: {e.strerror}. Expected a JSON file path "
-                              f"or a JSON object such as '{{\"ps\": [\"host:2222\"], "
-                              f"\"worker\": [\"host:2223\"]}}'.") from None
     try:
-        return json.loads(raw)
+        return cluster.load_cluster(text, what="--cluster")
     except ValueError as e:
-        raise _UsageError(f"{source} is not valid JSON ({e}). Received: {raw[:200]!r}") from None
+        raise _UsageError(str(e)) from None
 
 
 def _task_from_args(args):

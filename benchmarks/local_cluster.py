@@ -1,4 +1,4 @@
-"""A cluster of real `dpkeras serve` processes on loopback, for tests.
+"""A cluster of real `dpkeras serve` processes on loopback, for the tests and the benchmark.
 
 ```python
 with LocalCluster(ps=2, workers=2, cpus=2) as cluster:
