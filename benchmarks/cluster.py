@@ -94,12 +94,16 @@ x, y = models.synthetic_data(model_name, batch * (steps + check), size)
 first = tf.nest.map_structure(lambda a: a[:batch], x), y[:batch]
 crossing = {{}}
 try:
+    if strategy is None:
+        raise StopIteration  # one device: nothing crosses between processes
     report = dpkeras.train_step_transfers(model, first[0], first[1], batch_size=batch)
     for t in report.transfers:
         a, b = (d.rsplit("/", 1)[0] if d.startswith("/job:") else "client"
                 for d in (t.source, t.destination))
         if a != b:
             crossing[f"{{a}} -> {{b}}"] = crossing.get(f"{{a}} -> {{b}}", 0) + t.bytes
+except StopIteration:
+    pass
 except Exception as e:  # counting is best effort; the timing still runs
     crossing = {{"error": f"{{type(e).__name__}}: {{str(e)[:200]}}"}}
 head = tf.nest.map_structure(lambda a: a[:batch * check], x)
