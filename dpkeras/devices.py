@@ -9,7 +9,7 @@ import os
 import tensorflow as tf
 
 from dpkeras import _tf_internals, cluster, config, placement
-from dpkeras.device_names import canonical_device, is_local, short_device
+from dpkeras.device_names import canonical_device, is_local, short_device, task_of
 
 __all__ = ["default_parameter_device", "default_compute_devices", "resolve_devices",
            "simulate_cpu_devices"]
@@ -52,16 +52,36 @@ def default_compute_devices(parameter_devices):
 
 def _check_exists(device, role, available, given=None):
     if device not in available and not is_local(device):
-        raise ValueError(
-            f"dpkeras runs on the devices of this process only; {given or device!r} names "
-            f"another job, replica or task, and this process is connected to no cluster that "
-            f"has it. Use a local device such as '/gpu:0'.")
+        _check_remote(device, role, available, given)
     if device not in available:
         raise ValueError(
             f"The {role} {short_device(device)} does not exist in this process. "
             f"Available devices: {', '.join(short_device(d) for d in available)}. "
             f"(On a CPU-only machine, call dpkeras.simulate_cpu_devices(n) before TensorFlow "
             f"initialises to get n CPU devices.)")
+
+
+def _check_remote(device, role, available, given):
+    """Raises ValueError for a device of another task that this process cannot use, naming
+    the task and what it has."""
+    spec = cluster.connected_cluster()
+    if spec is None:
+        raise ValueError(
+            f"dpkeras runs on the devices of this process only; {given or device!r} names "
+            f"another job, replica or task, and this process is connected to no cluster that "
+            f"has it. Use a local device such as '/gpu:0', or pass cluster=... to train on a "
+            f"cluster.")
+    task = task_of(device)
+    devices_of_task = [d for d in available if task_of(d) == task]
+    if not devices_of_task:
+        raise ValueError(
+            f"The {role} {given or device!r} names {task}, which is not a task of the cluster "
+            f"this process is connected to (jobs: {spec.as_dict()}).")
+    raise ValueError(
+        f"The {role} {given or device!r}: task {task} "
+        f"({cluster.task_addresses(spec).get(task, '?')}) has no device "
+        f"{device.rsplit('/device:', 1)[1]}. Its devices: "
+        f"{', '.join(d.rsplit('/device:', 1)[1] for d in devices_of_task)}.")
 
 
 def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=None):

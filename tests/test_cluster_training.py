@@ -230,3 +230,23 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp
     resumed = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "b")), local.spec)
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_devices_a_cluster_does_not_have_are_errors_naming_the_task(local):
+    out = _client("""
+        errors = []
+        for compute in (["/job:worker/replica:0/task:0/device:GPU:0"],
+                        ["/job:trainer/replica:0/task:0/device:CPU:0"]):
+            try:
+                dpkeras.get_strategy(compute, cluster=SPEC)
+            except ValueError as e:
+                errors.append(str(e))
+        print(json.dumps(errors))
+        """, local.spec)
+    worker0 = local.spec["worker"][0]
+    assert out[0] == (f"The compute device '/job:worker/replica:0/task:0/device:GPU:0': task "
+                      f"/job:worker/replica:0/task:0 ({worker0}) has no device GPU:0. Its "
+                      f"devices: CPU:0, CPU:1.")
+    assert out[1].startswith("The compute device '/job:trainer/replica:0/task:0/device:CPU:0' "
+                             "names /job:trainer/replica:0/task:0, which is not a task of the "
+                             "cluster")
