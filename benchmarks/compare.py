@@ -23,6 +23,9 @@ import time
 
 from absl import app, flags
 
+if __package__ in (None, ""):  # run as `python benchmarks/compare.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from benchmarks import chart, machine, results
 from benchmarks.models import MODELS
 from benchmarks.worker import RESULT_PREFIX, STRATEGIES, PairSpec, base_record

@@ -175,11 +175,18 @@ def variable_bytes_by_device(variables):
 
 
 def peak_memory_by_device(devices):
-    """`{short device: peak bytes}` for devices that report it (GPUs); CPUs report None."""
+    """`{short device: peak bytes}` of GPUs; None for a CPU or a GPU that cannot tell.
+
+    A CPU is never asked: TensorFlow's CPU allocator reports a peak of 0 on some machines and
+    raises on others, and neither is a measurement.
+    """
     import tensorflow as tf
 
     peaks = {}
     for d in devices:
+        if "gpu" not in d.lower():
+            peaks[d] = None
+            continue
         try:
             peaks[d] = int(tf.config.experimental.get_memory_info(d.upper().lstrip("/"))["peak"])
         except (ValueError, tf.errors.OpError, KeyError):
