@@ -94,8 +94,9 @@ x, y = models.synthetic_data(model_name, batch * (steps + check), size)
 first = tf.nest.map_structure(lambda a: a[:batch], x), y[:batch]
 crossing = {{}}
 try:
-    if strategy is None:
-        raise StopIteration  # one device: nothing crosses between processes
+    if strategy is None:  # nothing crosses between processes: train the same one step
+        model.fit(first[0], first[1], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        raise StopIteration
     report = dpkeras.train_step_transfers(model, first[0], first[1], batch_size=batch)
     for t in report.transfers:
         a, b = (d.rsplit("/", 1)[0] if d.startswith("/job:") else "client"
