@@ -10,7 +10,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from dpkeras import _tf_internals, checkpointing, devices, placement
+from dpkeras import _tf_internals, devices, keras_patches, placement
 from dpkeras.variables import ParameterVariable
 
 __all__ = ["ParameterDeviceStrategy", "ParameterDeviceExtended"]
@@ -75,6 +75,10 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         """Canonical name of the (first) device that holds variables."""
         return self.extended.parameter_devices[0]
 
+    def scope(self):
+        """`tf.distribute.Strategy.scope`, with dpkeras's Keras patches (dpkeras.keras_patches)."""
+        return keras_patches.installed_during(super().scope(), self.extended.variables)
+
     def __repr__(self):
         compute = ", ".join(devices.short_device(d) for d in self.compute_devices)
         return (f"ParameterDeviceStrategy(compute_devices=[{compute}], "
@@ -122,7 +126,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         # Reductions this strategy made, by graph and tensor name: (how, per-replica value);
         # see `_home_tensor`.
         self._reductions = weakref.WeakKeyDictionary()
-        checkpointing.install()  # crash-safe saving for models built under this strategy
         _log.info("dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
                   [devices.short_device(d) for d in compute], reason,
                   [devices.short_device(d) for d in self._parameter_devices], policy)
