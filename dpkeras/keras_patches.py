@@ -12,10 +12,13 @@ wrap it (`BackupAndRestore._save_model`), the table pins a hash of the original'
 tests/test_keras_patches.py fails when Keras changes it.
 
 Installed while it is needed, and only then. Keras 3.15's TF trainer enters
-`model.distribute_strategy.scope()` only around the symbolic build at the start of `fit`
-/ `evaluate` / `predict` (`TensorFlowTrainer._maybe_symbolic_build`); callbacks, `save` and
-`save_weights` run outside it, and users call `fit` and `save` outside `dpkeras.scope()`. So
-a scope alone cannot bound the patches' lifetime. They are installed while either holds:
+`model.distribute_strategy.scope()` during `fit` / `evaluate` / `predict` only inside its own
+machinery (the symbolic build, `TensorFlowTrainer._maybe_symbolic_build`; `strategy.run`;
+distributing the dataset). Callbacks run outside it (`tf.distribute.has_strategy()` is False
+in `on_train_batch_end` and `on_epoch_end`), `model.save` enters no scope, and users call
+`fit` and `save` outside `dpkeras.scope()`. So a scope alone cannot bound the patches'
+lifetime: `ModelCheckpoint` and `BackupAndRestore` save from callbacks. They are installed
+while either holds:
 
 - a `ParameterDeviceStrategy` scope is entered (`dpkeras.scope()` or `strategy.scope()`,
   counted across nesting and threads), or

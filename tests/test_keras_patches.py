@@ -199,3 +199,18 @@ def test_patches_do_not_import_the_strategy_module():
         imported = {alias.name for node in ast.walk(ast.parse(inspect.getsource(module)))
                     if isinstance(node, ast.ImportFrom) for alias in node.names}
         assert "strategy" not in imported and "ParameterDeviceStrategy" not in imported
+
+
+def test_callbacks_run_outside_the_scope_with_the_patches_installed():
+    """Why a scope alone cannot bound the patches' lifetime: Keras 3.15 runs callbacks (which
+    save: ModelCheckpoint, BackupAndRestore) outside the strategy scope, during a `fit`
+    called outside `dpkeras.scope()`; the model's variables keep the patches installed."""
+    with new_strategy().scope():
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse")
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+        (tf.distribute.has_strategy(), keras_patches.installed())))
+    x = tf.zeros((8, 3))
+    model.fit(x, tf.zeros((8, 2)), batch_size=4, epochs=2, verbose=0, callbacks=[record])
+    assert seen == [(False, True), (False, True)]
