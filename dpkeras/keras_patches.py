@@ -50,8 +50,8 @@ import keras
 
 from dpkeras import _keras_internals, resume
 
-__all__ = ["PATCHES", "Patch", "install", "installed", "installed_during", "keras_original",
-           "uninstall"]
+__all__ = ["PATCHES", "Patch", "check", "install", "installed", "installed_during",
+           "keras_original", "source_sha256", "uninstall"]
 
 SUPPORTED_KERAS = "3.15"
 
