@@ -197,3 +197,29 @@ def route_optimizer_apply(optimizer, apply):
     `self.apply(grads, trainable_variables)` (tests/test_optimizer_apply.py pins this).
     """
     optimizer.apply = apply
+
+# -- saving (used by dpkeras/keras_patches.py and dpkeras/resume.py) ------------------------
+
+def saving_module():
+    """Returns `keras.src.saving.saving_lib`, the module whose functions write every file.
+
+    `model.save` (`.keras`) and `model.save_weights` (`.weights.h5`), and so `ModelCheckpoint`
+    and `BackupAndRestore`, end in `saving_lib.save_model` / `save_weights_only`, looked up on
+    this module at each call. Keras offers no public hook to change how a file is written, so
+    dpkeras/keras_patches.py wraps these two functions (their signatures are checked at
+    install, tests/test_keras_patches.py).
+    """
+    from keras.src.saving import saving_lib
+
+    return saving_lib
+
+
+def is_remote_path(path):
+    """Whether Keras writes `path` through a remote file system (`gs://`, `s3://`, ...).
+
+    dpkeras renames only local files into place; `keras.src.utils.file_utils.is_remote_path`
+    is the test Keras itself uses to choose its writer, and no public API exposes it.
+    """
+    from keras.src.utils import file_utils
+
+    return bool(file_utils.is_remote_path(path))

@@ -16,7 +16,6 @@ import tensorflow as tf
 from dpkeras import (
     _keras_internals,
     _tf_internals,
-    checkpointing,
     cluster,
     devices,
     keras_steps,
@@ -67,7 +66,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
         if cluster_spec is not None:
             cluster.watch(cluster_spec)  # a hung task ends the client, naming it
-        checkpointing.install()  # crash-safe saving for models built under this strategy
         _log.info("dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
                   [short_device(d) for d in compute], reason,
                   [short_device(d) for d in self._parameter_devices], policy)

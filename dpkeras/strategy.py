@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from dpkeras import keras_patches
 from dpkeras.cluster import resolve_cluster
 from dpkeras.device_names import short_device
 from dpkeras.extended import ParameterDeviceExtended
@@ -73,6 +74,10 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
     def parameter_device(self):
         """Canonical name of the (first) device that holds variables."""
         return self.extended.parameter_devices[0]
+
+    def scope(self):
+        """`tf.distribute.Strategy.scope`, with dpkeras's Keras patches (dpkeras.keras_patches)."""
+        return keras_patches.installed_during(super().scope(), self.extended.variables)
 
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)

@@ -25,7 +25,7 @@ import tensorflow as tf
 from conftest import strategy_for
 from keras.src.saving import saving_lib
 
-from dpkeras import checkpointing
+from dpkeras import atomic_files, keras_patches, resume
 
 WORKER = Path(worker.__file__)
 
@@ -222,7 +222,7 @@ def test_model_checkpoint_killed_during_write(tmp_path):
     0's model. (Plain Keras truncates it first: test_a_failed_save_leaves_the_previous_file.)"""
     run_worker(tmp_path, "--save", "checkpoint", "--kill", "h5:1:3", killed=True)
     path = tmp_path / "model.keras"
-    half_written = [p.name for p in tmp_path.iterdir() if checkpointing._TMP_TAG in p.name]
+    half_written = [p.name for p in tmp_path.iterdir() if atomic_files.TMP_TAG in p.name]
     assert len(half_written) == 1  # the kill came in the middle of the write
     model = keras.saving.load_model(path)
     assert_same_state(reference(3, 1)[0], model.get_weights())
@@ -326,7 +326,7 @@ def test_models_not_built_under_dpkeras_are_saved_as_keras_saves_them(tmp_path, 
         model = worker.build_model()
     model.save(tmp_path / "dp.keras")
     assert [Path(target).name for _, target in renames] == ["dp.keras"]
-    assert saving_lib.save_model.__dpkeras_original__ is not None
+    assert keras_patches.installed()  # while a model built under dpkeras is alive
 
 
 def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
@@ -334,7 +334,7 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
         model = worker.build_model()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    stale = tmp_path / f".model{checkpointing._TMP_TAG}{dead}-0a1b2c3d.keras"
+    stale = tmp_path / f".model{atomic_files.TMP_TAG}{dead}-0a1b2c3d.keras"
     stale.write_bytes(b"half")
     model.save(tmp_path / "model.keras")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.keras"]
@@ -343,13 +343,13 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
 def test_seed_states_round_trip():
     with strategy_for(2).scope():
         model = worker.build_model()
-    states = checkpointing.seed_states(model)
+    states = resume.seed_states(model)
     assert [s["path"] for s in states] == ["seed_generator/seed_generator_state"]
     x, y = worker.make_data()
     model.fit(x, y, batch_size=worker.BATCH_SIZE, epochs=1, verbose=0)
-    assert checkpointing.seed_states(model)[0]["state"][1] == worker.STEPS_PER_EPOCH
-    checkpointing.restore_seed_states(model, states)
-    assert checkpointing.seed_states(model) == states
+    assert resume.seed_states(model)[0]["state"][1] == worker.STEPS_PER_EPOCH
+    resume.restore_seed_states(model, states)
+    assert resume.seed_states(model) == states
 
 
 @pytest.mark.parametrize("strategy", ["dpkeras", "none"])

@@ -3,15 +3,16 @@
 Keras 3.15 saves in place and restores only part of the training state. For a model built
 under a `ParameterDeviceStrategy`, dpkeras closes these gaps, while the user's program stays
 unchanged Keras (`model.save`, `ModelCheckpoint`, `BackupAndRestore`); every other model is
-saved exactly as Keras saves it.
+saved exactly as Keras saves it. This module holds what dpkeras does instead;
+dpkeras/keras_patches.py routes Keras's calls here.
 
 What Keras 3.15 does, and what dpkeras does instead:
 
 - `model.save` / `save_weights` (and so `ModelCheckpoint` and `BackupAndRestore`) open the
   target file for writing, truncating it, and write it in place: a process killed during the
-  write leaves a half-written file where the last good checkpoint was. dpkeras writes a
-  temporary file next to the target, flushes it to disk and renames it over the target, so
-  the file is at every moment either the old checkpoint or the new one.
+  write leaves a half-written file where the last good checkpoint was. dpkeras writes it
+  with `dpkeras.atomic_files`, so the file is at every moment either the old checkpoint or
+  the new one.
 - `BackupAndRestore` writes two files, the weights and `training_metadata.json` (the epoch),
   one after the other and in place. A kill between or during them leaves new weights with the
   old epoch (the restart silently trains an epoch twice), or an empty metadata file (the
@@ -40,156 +41,45 @@ and updates its `checkpoint` state file atomically (tests/test_reliability.py ch
 
 What still decides whether a resumed run equals an uninterrupted one: the order of the data
 (`shuffle=False`, or a dataset whose order depends only on the epoch), and randomness that is
-not a Keras `SeedGenerator` (stateful `tf.random` ops).
+not a Keras `SeedGenerator` (stateful `tf.random` ops). Remote paths (`gs://`, `hf://`),
+sharded weights and legacy `.h5` files are written as Keras writes them.
 
-How: `install()` (called when the first `ParameterDeviceStrategy` is created) wraps the Keras
-functions that do the above, each wrapper doing what Keras does for any model not built under
-dpkeras. They are Keras-private names, checked against the Keras version pinned in
-pyproject.toml by tests/test_reliability.py:
-`keras.src.saving.saving_lib.save_model` and `save_weights_only` (every `.keras` and
-`.weights.h5` write), `BackupAndRestore.on_train_begin`, `_save_model` and `on_train_end`, and
-`ModelCheckpoint._save_model`. Keras offers no public hook to change how a callback writes.
-A model is built under dpkeras when the strategy Keras's trainer captured at its construction
-(`model._distribute_strategy`) is a `ParameterDeviceStrategy`. Remote paths (`gs://`,
-`hf://`), sharded weights and legacy `.h5` files are written as Keras writes them.
+Each function here that stands in for a Keras function takes that function (`original`)
+first and calls it for every model not built under dpkeras.
 """
 
 import contextlib
-import functools
 import json
 import logging
 import math
 import os
-import threading
 
-import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.saving import saving_lib
-from keras.src.utils import file_utils
 
-from dpkeras import _keras_internals
+from dpkeras import _keras_internals, atomic_files
 from dpkeras.variables import ParameterVariable
 
-__all__ = ["install", "seed_states", "restore_seed_states"]
+__all__ = ["built_under_dpkeras", "restore_seed_states", "seed_states"]
 
 _log = logging.getLogger("dpkeras")
 
 _SUFFIXES = (".weights.h5", ".keras")
-_TMP_TAG = ".dpkeras-tmp-"
 _PENDING_PREFIX = ".pending-"
 _KEY = "dpkeras"
 
-_lock = threading.Lock()
-_installed = False
 
+def built_under_dpkeras(model):
+    """Whether `model` was built under a dpkeras strategy: any of its variables is ours.
 
-# -- which models ---------------------------------------------------------------------------
+    Args:
+        model: a Keras model (or layer).
 
-def _is_dpkeras_model(model):
-    """Whether `model` was built under a dpkeras strategy (its variables are ours)."""
-    from dpkeras.strategy import ParameterDeviceStrategy  # strategy.py imports this module
-
-    strategy = getattr(model, "_distribute_strategy", None)
-    return isinstance(strategy, ParameterDeviceStrategy)
-
-
-# -- atomic files ---------------------------------------------------------------------------
-
-def _fsync_file(path):
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _temporary_sibling(path, suffix):
-    head, tail = os.path.split(path)
-    token = f"{os.getpid()}-{os.urandom(4).hex()}"  # the pid first: see _remove_stale_...
-    return os.path.join(head, f".{tail[:-len(suffix)]}{_TMP_TAG}{token}{suffix}")
-
-
-def _remove_stale_temporaries(path, suffix):
-    """Removes temporary siblings of `path` left by processes that no longer run."""
-    head, tail = os.path.split(path)
-    prefix = f".{tail[:-len(suffix)]}{_TMP_TAG}"
-    try:
-        names = os.listdir(head or ".")
-    except OSError:
-        return
-    for name in names:
-        if not (name.startswith(prefix) and name.endswith(suffix)):
-            continue
-        pid = name[len(prefix):-len(suffix)].split("-")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(head, name))
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _local_suffix(filepath):
-    """The suffix Keras requires of `filepath` if dpkeras can write it atomically, else None."""
-    if not isinstance(filepath, (str, os.PathLike)):
-        return None
-    path = os.fspath(filepath)
-    if file_utils.is_remote_path(path) or path.startswith("hf://"):
-        return None
-    return next((s for s in _SUFFIXES if path.endswith(s)), None)
-
-
-def _write_atomically(write, path, suffix):
-    """Calls `write(temporary_path)`, then renames the temporary file over `path`."""
-    if not os.path.isdir(os.path.dirname(path) or "."):
-        return write(path)  # Keras's own error names the missing directory
-    _remove_stale_temporaries(path, suffix)
-    tmp = _temporary_sibling(path, suffix)
-    try:
-        result = write(tmp)
-        _fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    _fsync_dir(os.path.dirname(path))
-    return result
-
-
-def _write_json_atomically(path, content):
-    tmp = f"{path}{_TMP_TAG}{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(content))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _copy_atomically(source, target):
-    tmp = f"{target}{_TMP_TAG}{os.getpid()}"
-    file_utils.copy(source, tmp)
-    _fsync_file(tmp)
-    os.replace(tmp, target)
+    Returns:
+        True if a variable of `model` is a `dpkeras.ParameterVariable`.
+    """
+    return any(isinstance(_keras_internals.underlying_variable(v), ParameterVariable)
+               for v in getattr(model, "variables", ()))
 
 
 # -- random state ---------------------------------------------------------------------------
@@ -222,7 +112,12 @@ def seed_states(model):
 
 
 def restore_seed_states(model, states):
-    """Restores what `seed_states` returned; warns and restores nothing if the models differ."""
+    """Restores what `seed_states` returned; warns and restores nothing if the models differ.
+
+    Args:
+        model: a Keras model built under a dpkeras strategy.
+        states: list, what `seed_states` returned for a model of the same architecture.
+    """
     variables = _seed_variables(model)
     if len(states) != len(variables):
         _log.warning(
@@ -253,28 +148,46 @@ def _finite_loss(logs):
 
 # -- saving functions -----------------------------------------------------------------------
 
-def _atomic_save_model(original, model, filepath, *args, **kwargs):
+def _local_suffix(filepath):
+    """The suffix Keras requires of `filepath` if dpkeras can write it atomically, else None."""
+    if not isinstance(filepath, (str, os.PathLike)):
+        return None
+    path = os.fspath(filepath)
+    if _keras_internals.is_remote_path(path) or path.startswith("hf://"):
+        return None
+    return next((s for s in _SUFFIXES if path.endswith(s)), None)
+
+
+def _write(write_to, path, suffix):
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        return write_to(path)  # Keras's own error names the missing directory
+    return atomic_files.write(write_to, path, suffix)
+
+
+def save_model(original, model, filepath, *args, **kwargs):
+    """Keras's `saving_lib.save_model`, writing a dpkeras model's `.keras` file atomically."""
     suffix = _local_suffix(filepath)
-    if suffix != ".keras" or not _is_dpkeras_model(model) or not kwargs.get("zipped", True):
+    if suffix != ".keras" or not built_under_dpkeras(model) or not kwargs.get("zipped", True):
         return original(model, filepath, *args, **kwargs)
-    return _write_atomically(lambda tmp: original(model, tmp, *args, **kwargs),
-                             os.fspath(filepath), suffix)
+    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath),
+                  suffix)
 
 
-def _atomic_save_weights_only(original, model, filepath, *args, **kwargs):
+def save_weights_only(original, model, filepath, *args, **kwargs):
+    """Keras's `saving_lib.save_weights_only`, writing a dpkeras model's file atomically."""
     sharded = (args and args[0] is not None) or kwargs.get("max_shard_size") is not None
     suffix = _local_suffix(filepath)
-    if suffix != ".weights.h5" or sharded or not _is_dpkeras_model(model):
+    if suffix != ".weights.h5" or sharded or not built_under_dpkeras(model):
         return original(model, filepath, *args, **kwargs)
-    return _write_atomically(lambda tmp: original(model, tmp, *args, **kwargs),
-                             os.fspath(filepath), suffix)
+    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath),
+                  suffix)
 
 
 # -- BackupAndRestore -----------------------------------------------------------------------
 
 def _backup_applies(callback):
-    return (_is_dpkeras_model(callback.model) and
-            not file_utils.is_remote_path(callback.backup_dir))
+    return (built_under_dpkeras(callback.model) and
+            not _keras_internals.is_remote_path(callback.backup_dir))
 
 
 def _read_metadata(path):
@@ -301,15 +214,16 @@ def _recover_backup(callback):
         path = os.path.join(callback.backup_dir, name)
         if name == committed:
             os.replace(path, callback._weights_path)  # roll forward
-            _fsync_dir(callback.backup_dir)
+            atomic_files.fsync_dir(callback.backup_dir)
         elif (name.startswith(_PENDING_PREFIX) and name.endswith(".weights.h5")) or (
-                _TMP_TAG in name):
+                atomic_files.TMP_TAG in name):
             with contextlib.suppress(OSError):
                 os.remove(path)
     return metadata
 
 
-def _backup_on_train_begin(original, callback, logs=None):
+def backup_on_train_begin(original, callback, logs=None):
+    """`BackupAndRestore.on_train_begin`: rolls a committed backup forward, restores seeds."""
     if not _backup_applies(callback):
         return original(callback, logs)
     metadata = _recover_backup(callback)
@@ -332,7 +246,18 @@ def _backup_on_train_begin(original, callback, logs=None):
     return result
 
 
-def _backup_save_model(original, callback):
+def backup_save_model(original, callback, save_weights):
+    """Replaces `BackupAndRestore._save_model` for dpkeras models (Keras's for the others).
+
+    Does what Keras 3.15's `_save_model` does (create the directory, copy the previous backup
+    with `double_checkpoint`, write the weights and `training_metadata.json`), but commits
+    atomically and adds the seed states; tests/test_keras_patches.py pins Keras's source.
+
+    Args:
+        original: Keras's `BackupAndRestore._save_model`.
+        callback: the `BackupAndRestore` instance.
+        save_weights: Keras's unpatched `saving_lib.save_weights_only`.
+    """
     if not _backup_applies(callback):
         return original(callback)
     model = callback.model
@@ -340,7 +265,7 @@ def _backup_save_model(original, callback):
         _log.warning(
             "dpkeras: not backing up model %r to %s: its weights are NaN or Inf. The last "
             "backup with finite weights is kept.", model.name, callback.backup_dir)
-        return
+        return None
     os.makedirs(callback.backup_dir, exist_ok=True)
     epoch, batch, complete = callback._current_epoch, callback._last_batch_seen, True
     if callback.save_freq != "epoch":  # a save after batch `batch` of the running epoch
@@ -351,22 +276,24 @@ def _backup_save_model(original, callback):
     previous = _recover_backup(callback)
     generation = int((previous.get(_KEY) or {}).get("generation", 0)) + 1
     if callback.double_checkpoint and os.path.exists(callback._weights_path):
-        _copy_atomically(callback._weights_path, callback._prev_weights_path)
+        atomic_files.copy(callback._weights_path, callback._prev_weights_path)
         if os.path.exists(callback._training_metadata_path):
-            _copy_atomically(callback._training_metadata_path,
-                             callback._prev_training_metadata_path)
+            atomic_files.copy(callback._training_metadata_path,
+                              callback._prev_training_metadata_path)
     pending = os.path.join(callback.backup_dir, _pending_name(generation))
-    _ORIGINALS["save_weights_only"](model, pending)
-    _fsync_file(pending)
+    save_weights(model, pending)
+    atomic_files.fsync_file(pending)
     metadata = {"epoch": epoch, "batch": batch,
                 _KEY: {"generation": generation, "epoch_complete": complete,
                        "seeds": seed_states(model)}}
-    _write_json_atomically(callback._training_metadata_path, metadata)  # the commit
+    atomic_files.write_json(callback._training_metadata_path, metadata)  # the commit
     os.replace(pending, callback._weights_path)
-    _fsync_dir(callback.backup_dir)
+    atomic_files.fsync_dir(callback.backup_dir)
+    return None
 
 
-def _backup_on_train_end(original, callback, logs=None):
+def backup_on_train_end(original, callback, logs=None):
+    """`BackupAndRestore.on_train_end`: keeps the backup if the weights are NaN or Inf."""
     if _backup_applies(callback) and callback.delete_checkpoint and not _weights_finite(
             callback.model):
         _log.warning(
@@ -379,48 +306,12 @@ def _backup_on_train_end(original, callback, logs=None):
 
 # -- ModelCheckpoint ------------------------------------------------------------------------
 
-def _checkpoint_save_model(original, callback, epoch, batch, logs):
-    if _is_dpkeras_model(callback.model) and not _finite_loss(logs):
+def checkpoint_save_model(original, callback, epoch, batch, logs):
+    """`ModelCheckpoint._save_model`: does not save when the loss is NaN or Inf."""
+    if built_under_dpkeras(callback.model) and not _finite_loss(logs):
         _log.warning(
             "dpkeras: ModelCheckpoint is not saving model %r in epoch %d: the loss is %s. "
             "The last checkpoint is kept.", callback.model.name, epoch + 1,
             (logs or {}).get("loss"))
         return None
     return original(callback, epoch, batch, logs)
-
-
-# -- installation ---------------------------------------------------------------------------
-
-_ORIGINALS = {}
-
-
-def _wrap(owner, name, wrapper):
-    original = getattr(owner, name)
-    _ORIGINALS[name if owner is saving_lib else f"{owner.__name__}.{name}"] = original
-
-    @functools.wraps(original)
-    def wrapped(*args, **kwargs):
-        return wrapper(original, *args, **kwargs)
-
-    wrapped.__dpkeras_original__ = original
-    setattr(owner, name, wrapped)
-
-
-def install():
-    """Makes saving of models built under dpkeras crash-safe (see the module docstring).
-
-    Called when the first `ParameterDeviceStrategy` is created; calling it again does nothing.
-    Models not built under dpkeras are saved exactly as Keras saves them.
-    """
-    global _installed
-    with _lock:
-        if _installed:
-            return
-        _wrap(saving_lib, "save_model", _atomic_save_model)
-        _wrap(saving_lib, "save_weights_only", _atomic_save_weights_only)
-        backup = keras.callbacks.BackupAndRestore
-        _wrap(backup, "on_train_begin", _backup_on_train_begin)
-        _wrap(backup, "_save_model", _backup_save_model)
-        _wrap(backup, "on_train_end", _backup_on_train_end)
-        _wrap(keras.callbacks.ModelCheckpoint, "_save_model", _checkpoint_save_model)
-        _installed = True

@@ -1,0 +1,216 @@
+"""dpkeras/keras_patches.py: named, checked, installed by a scope, and reversible.
+
+Each test starts from `uninstall()` (Keras's own functions in place, nothing leased) and uses
+strategies made here, on devices no other test file uses, so no variable of another test keeps
+the patches installed.
+"""
+
+import ast
+import dataclasses
+import gc
+import inspect
+import threading
+
+import keras
+import pytest
+import tensorflow as tf
+
+import dpkeras
+from dpkeras import _keras_internals, keras_patches, resume
+
+COMPUTE = ["/cpu:2", "/cpu:3"]
+PARAMETERS = "/cpu:1"
+
+
+@pytest.fixture(autouse=True)
+def keras_as_shipped():
+    keras_patches.uninstall()
+    yield
+    keras_patches.uninstall()
+
+
+def current():
+    return {p.qualname: getattr(p.owner(), p.name) for p in keras_patches.PATCHES}
+
+
+def originals():
+    return {p.qualname: keras_patches.keras_original(p) for p in keras_patches.PATCHES}
+
+
+def assert_keras_as_shipped(expected):
+    assert not keras_patches.installed()
+    found = current()
+    for name, original in expected.items():
+        assert found[name] is original, name
+        assert not hasattr(found[name], "__dpkeras_original__"), name
+
+
+def assert_patched(expected):
+    assert keras_patches.installed()
+    found = current()
+    for name, original in expected.items():
+        assert found[name] is not original, name
+        assert found[name].__dpkeras_original__ is original, name
+
+
+def new_strategy():
+    return dpkeras.ParameterDeviceStrategy(COMPUTE, PARAMETERS)
+
+
+def small_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+def test_the_table_names_six_distinct_keras_functions():
+    names = [p.qualname for p in keras_patches.PATCHES]
+    assert len(names) == 6 == len(set(names))
+    assert len({id(o) for o in originals().values()}) == 6
+
+
+def test_creating_a_strategy_patches_nothing():
+    shipped = originals()
+    new_strategy()
+    dpkeras.get_strategy(COMPUTE, PARAMETERS)
+    assert_keras_as_shipped(shipped)
+
+
+@pytest.mark.parametrize("enter", ["strategy.scope", "dpkeras.scope"])
+def test_a_scope_installs_and_leaving_it_restores_the_originals(enter):
+    shipped = originals()
+    strategy = dpkeras.get_strategy(COMPUTE, PARAMETERS)
+    scope = strategy.scope() if enter == "strategy.scope" else dpkeras.scope(COMPUTE, PARAMETERS)
+    with scope as entered:
+        assert entered is strategy
+        assert tf.distribute.get_strategy() is strategy
+        assert_patched(shipped)
+    assert_keras_as_shipped(shipped)
+
+
+def test_nested_scopes_restore_when_the_last_one_is_left():
+    shipped = originals()
+    strategy = new_strategy()
+    with strategy.scope():
+        with strategy.scope():
+            assert_patched(shipped)
+        assert_patched(shipped)
+    assert_keras_as_shipped(shipped)
+
+
+def test_scopes_in_two_threads_restore_when_the_last_one_is_left():
+    shipped = originals()
+    strategy = new_strategy()
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_thread():
+        with strategy.scope():
+            entered.set()
+            leave.wait(60)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert entered.wait(60)
+    with strategy.scope():
+        assert_patched(shipped)
+    assert_patched(shipped)  # the other thread is still inside its scope
+    leave.set()
+    thread.join(60)
+    assert_keras_as_shipped(shipped)
+
+
+def test_explicit_uninstall_restores_and_the_next_scope_installs_again():
+    shipped = originals()
+    strategy = new_strategy()
+    with strategy.scope():
+        keras_patches.uninstall()
+        assert_keras_as_shipped(shipped)
+    assert_keras_as_shipped(shipped)
+    with strategy.scope():
+        assert_patched(shipped)
+    assert_keras_as_shipped(shipped)
+
+
+def test_a_model_built_under_dpkeras_keeps_the_patches_until_it_is_gone():
+    """`fit` and `save` run outside the scope (Keras's trainer does not enter it for them)."""
+    shipped = originals()
+    with new_strategy().scope():
+        model = small_model()
+    assert resume.built_under_dpkeras(model)
+    assert not resume.built_under_dpkeras(small_model())
+    assert_patched(shipped)
+    del model
+    gc.collect()
+    assert_keras_as_shipped(shipped)
+
+
+def test_every_patched_function_has_the_signature_dpkeras_expects():
+    for patch in keras_patches.PATCHES:
+        keras_patches.check(patch)  # raises, naming the function, if Keras changed it
+
+
+def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monkeypatch):
+    shipped = originals()
+    wrong = dataclasses.replace(keras_patches.PATCHES[1], signature="(model, filepath)")
+    message = (r"dpkeras cannot patch Keras 3\.\S+: saving_lib\.save_weights_only has signature "
+               r"\(model, filepath, max_shard_size=None, objects_to_skip=None\), expected "
+               r"\(model, filepath\) \(as in Keras 3\.15\)")
+    with pytest.raises(RuntimeError, match=message):
+        keras_patches.check(wrong)
+    table = list(keras_patches.PATCHES)
+    table[1] = wrong
+    monkeypatch.setattr(keras_patches, "PATCHES", tuple(table))
+    with pytest.raises(RuntimeError, match=message):
+        with new_strategy().scope():
+            pass
+    assert_keras_as_shipped(shipped)
+
+
+def test_a_missing_function_is_refused_by_name():
+    missing = dataclasses.replace(keras_patches.PATCHES[2], name="on_train_start",
+                                  qualname="BackupAndRestore.on_train_start")
+    with pytest.raises(RuntimeError, match=r"BackupAndRestore\.on_train_start does not exist "
+                                           r"\(expected a function with signature "
+                                           r"\(self, logs=None\)"):
+        keras_patches.check(missing)
+
+
+def test_the_keras_originals_dpkeras_reimplements_are_unchanged():
+    """dpkeras replaces what these Keras functions do for its models; if Keras changes one,
+    the change would be silently dropped for dpkeras models."""
+    pinned = [p for p in keras_patches.PATCHES if p.source_sha256 is not None]
+    assert [p.qualname for p in pinned] == ["BackupAndRestore._save_model"]
+    for patch in pinned:
+        found = keras_patches.source_sha256(keras_patches.keras_original(patch))
+        assert found == patch.source_sha256, (
+            f"Keras {keras.__version__} changed {patch.qualname} (source SHA-256 {found}, "
+            f"pinned {patch.source_sha256}). Read the new Keras source, make "
+            f"dpkeras.resume.backup_save_model do everything it now does, then update "
+            f"source_sha256 in dpkeras/keras_patches.py.")
+
+
+def test_the_saving_internals_are_where_dpkeras_expects_them():
+    saving_lib = _keras_internals.saving_module()
+    assert {"save_model", "save_weights_only"} <= set(vars(saving_lib))
+    assert _keras_internals.is_remote_path("gs://bucket/model.keras")
+    assert not _keras_internals.is_remote_path("/tmp/model.keras")
+
+
+def test_patches_do_not_import_the_strategy_module():
+    for module in (keras_patches, resume):
+        imported = {alias.name for node in ast.walk(ast.parse(inspect.getsource(module)))
+                    if isinstance(node, ast.ImportFrom) for alias in node.names}
+        assert "strategy" not in imported and "ParameterDeviceStrategy" not in imported
+
+
+def test_callbacks_run_outside_the_scope_with_the_patches_installed():
+    """Why a scope alone cannot bound the patches' lifetime: Keras 3.15 runs callbacks (which
+    save: ModelCheckpoint, BackupAndRestore) outside the strategy scope, during a `fit`
+    called outside `dpkeras.scope()`; the model's variables keep the patches installed."""
+    with new_strategy().scope():
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse")
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+        (tf.distribute.has_strategy(), keras_patches.installed())))
+    x = tf.zeros((8, 3))
+    model.fit(x, tf.zeros((8, 2)), batch_size=4, epochs=2, verbose=0, callbacks=[record])
+    assert seen == [(False, True), (False, True)]
