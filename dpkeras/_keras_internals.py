@@ -223,3 +223,23 @@ def is_remote_path(path):
     from keras.src.utils import file_utils
 
     return bool(file_utils.is_remote_path(path))
+
+
+def distributed_epoch_dataset(epoch_iterator):
+    """The distributed dataset a Keras `TFEpochIterator` iterates, or None.
+
+    Keras 3.15's TF trainer builds an unbuilt model by taking the first batch of the epoch's
+    iterator (`TensorFlowTrainer._maybe_symbolic_build`); a Python generator or a
+    `PyDataset` cannot give it back, so that batch is never trained or evaluated. dpkeras
+    builds from the dataset's element spec instead (`dpkeras.symbolic_build`), which only the
+    iterator's private `_distributed_dataset` exposes.
+    """
+    return getattr(epoch_iterator, "_distributed_dataset", None)
+
+
+def tensorflow_trainer():
+    """Keras's `TensorFlowTrainer` class, whose `fit`/`evaluate`/`predict` and
+    `_maybe_symbolic_build` dpkeras wraps (see `dpkeras.keras_patches`)."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return TensorFlowTrainer

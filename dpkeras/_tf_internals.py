@@ -28,6 +28,8 @@ Why each is needed:
 - `replicate` (tf.data's `distribute.replicate`): on a cluster each worker runs its own copy
   of the input pipeline; a dataset made on the client must be serialised and rebuilt on each
   worker's host, as TF's own distributed datasets do (`input_lib`); there is no public call.
+- `PerReplicaSpec`: a distributed dataset's element spec holds one spec per replica; building a
+  Keras model from the spec alone needs one replica's.
 - `variable_accessed`: a replica that uses the copy of a variable its task already pulled makes
   no read of its own, so it must tell its (thread-local) GradientTape that it accessed the
   variable, exactly as `ResourceVariable._read_variable_op` does; there is no public call.
@@ -61,7 +63,7 @@ from tensorflow.python.distribute.input_util import (
     get_distributed_datasets_from_function,
 )
 from tensorflow.python.distribute.mirrored_run import call_for_each_replica
-from tensorflow.python.distribute.values import Mirrored
+from tensorflow.python.distribute.values import Mirrored, PerReplicaSpec
 from tensorflow.python.eager import context as _context
 from tensorflow.python.eager.record import record_operation
 from tensorflow.python.framework import ops as _ops
@@ -106,3 +108,8 @@ def context_initialized():
 def no_colocation():
     """A context that clears enclosing colocation constraints (graph mode); see above."""
     return _ops.colocate_with(None, ignore_existing=True)
+
+
+def replica_spec(spec):
+    """One replica's spec of a distributed dataset's element spec component."""
+    return spec._component_specs[0] if isinstance(spec, PerReplicaSpec) else spec

@@ -1,9 +1,11 @@
 """The Keras functions dpkeras wraps, in one table: checked, installed on demand, reversible.
 
-dpkeras/resume.py makes saving crash-safe and resuming exact for models built under dpkeras.
-Keras offers no public hook to change how a file or a callback writes, so the Keras-private
-functions listed in `PATCHES` are replaced by wrappers that call `dpkeras.resume` for models
-built under dpkeras and the Keras original, unchanged, for every other model.
+dpkeras/resume.py makes saving crash-safe and resuming exact for models built under dpkeras;
+dpkeras/symbolic_build.py builds an unbuilt model from the data's spec instead of consuming its
+first batch; dpkeras/task_failures.py names the cluster task that failed a `fit`. Keras offers
+no public hook for any of these, so the Keras-private functions listed in `PATCHES` are
+replaced by wrappers that act for models of dpkeras and call the Keras original, unchanged,
+for every other model.
 
 Checked: `install()` compares each function's signature with the one it has in Keras 3.15
 (the version pinned in pyproject.toml) and raises, naming the function and both signatures,
@@ -48,7 +50,7 @@ from collections.abc import Callable
 
 import keras
 
-from dpkeras import _keras_internals, resume
+from dpkeras import _keras_internals, resume, symbolic_build, task_failures
 
 __all__ = ["PATCHES", "Patch", "check", "install", "installed", "installed_during",
            "keras_original", "source_sha256", "uninstall"]
@@ -92,6 +94,15 @@ def _model_checkpoint():
     return keras.callbacks.ModelCheckpoint
 
 
+_FIT = ("(self, x=None, y=None, batch_size=None, epochs=1, verbose='auto', callbacks=None, "
+        "validation_split=0.0, validation_data=None, shuffle=True, class_weight=None, "
+        "sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None, "
+        "validation_batch_size=None, validation_freq=1)")
+_EVALUATE = ("(self, x=None, y=None, batch_size=None, verbose='auto', sample_weight=None, "
+             "steps=None, callbacks=None, return_dict=False, **kwargs)")
+_PREDICT = "(self, x, batch_size=None, verbose='auto', steps=None, callbacks=None)"
+
+
 PATCHES = (
     Patch(_keras_internals.saving_module, "save_model", "saving_lib.save_model",
           "(model, filepath, weights_format='h5', zipped=True)", resume.save_model),
@@ -107,6 +118,17 @@ PATCHES = (
           "(self, logs=None)", resume.backup_on_train_end),
     Patch(_model_checkpoint, "_save_model", "ModelCheckpoint._save_model",
           "(self, epoch, batch, logs)", resume.checkpoint_save_model),
+    # Build an unbuilt model from the data's spec, not its first batch (dpkeras.symbolic_build).
+    Patch(_keras_internals.tensorflow_trainer, "_maybe_symbolic_build",
+          "TensorFlowTrainer._maybe_symbolic_build", "(self, iterator=None, data_batch=None)",
+          symbolic_build.maybe_symbolic_build),
+    # On a cluster, name the task that failed (dpkeras.task_failures).
+    Patch(_keras_internals.tensorflow_trainer, "fit", "TensorFlowTrainer.fit", _FIT,
+          task_failures.naming_failed_tasks),
+    Patch(_keras_internals.tensorflow_trainer, "evaluate", "TensorFlowTrainer.evaluate",
+          _EVALUATE, task_failures.naming_failed_tasks),
+    Patch(_keras_internals.tensorflow_trainer, "predict", "TensorFlowTrainer.predict",
+          _PREDICT, task_failures.naming_failed_tasks),
 )
 
 _lock = threading.RLock()

@@ -1,0 +1,24 @@
+"""`fit`, `evaluate` and `predict` on a cluster name the task that failed.
+
+When a ps or worker dies mid-step, TensorFlow raises an error whose text buries the task in a
+gRPC message (as `UnavailableError`, or as a `ValueError` from inside Keras's `fit`). For a
+model of a dpkeras strategy on a cluster, these Keras methods translate such an error into
+`dpkeras.cluster.TaskFailedError` (a `tf.errors.UnavailableError`), naming the task and its
+address, with TensorFlow's error as its cause. Every other error, and every other model, is
+left as it is.
+"""
+
+from dpkeras import cluster
+from dpkeras.extended import ParameterDeviceExtended
+
+__all__ = ["naming_failed_tasks"]
+
+
+def naming_failed_tasks(original, model, *args, **kwargs):
+    """Wraps a Keras `fit`/`evaluate`/`predict`; see the module docstring."""
+    extended = model.distribute_strategy.extended
+    spec = extended.cluster_spec if isinstance(extended, ParameterDeviceExtended) else None
+    if spec is None:
+        return original(model, *args, **kwargs)
+    with cluster.name_failures(spec):
+        return original(model, *args, **kwargs)
