@@ -77,6 +77,8 @@ FEATURES = {
     "validation": (_dense, {"validation_data": (X[:12], Y[:12])}, "dense"),
     "callbacks": (_dense, {"callbacks": "lr_schedule"}, "dense"),
 }
+FEATURES["uneven_batches"] = (_dense, {"batch_size": 10}, "dense")  # 10 over 3: 4/3/3
+FEATURES["generator"] = (_dense, {}, "generator")
 # mixed_float16 is compared at float16's precision, like tests/test_semantics.py.
 TOLERANCE = {"mixed_precision": (1e-3, 2e-4)}
 FEATURES["mixed_precision"] = (_dense, {}, "dense")
@@ -86,6 +88,11 @@ def _with(model, **compile_changes):
     model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"],
                   **compile_changes)
     return model
+
+
+def _batches():
+    for i in range(4):
+        yield X[i * 12:(i + 1) * 12], Y[i * 12:(i + 1) * 12]
 
 
 def _data(kind):
@@ -114,10 +121,15 @@ def run(feature, strategy=None):
         else:
             with strategy.scope():
                 model = build()
-        x, y = _data(kind)
-        history = model.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0,
-                            **fit_kwargs).history
-        evaluation = model.evaluate(x, y, batch_size=12, verbose=0)
+        batch_size = fit_kwargs.pop("batch_size", 12)
+        if kind == "generator":  # a Python generator cannot be rewound
+            history = model.fit(_batches(), steps_per_epoch=4, epochs=1, verbose=0).history
+            evaluation = model.evaluate(_batches(), verbose=0)
+        else:
+            x, y = _data(kind)
+            history = model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False,
+                                verbose=0, **fit_kwargs).history
+            evaluation = model.evaluate(x, y, batch_size=batch_size, verbose=0)
     finally:
         keras.config.set_dtype_policy("float32")
     return {"weights": [w.tolist() for w in model.get_weights()],
