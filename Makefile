@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint clean
+.PHONY: install test bench lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dpkeras tests benchmarks
+	$(VENV)/bin/ruff format --check dpkeras tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format dpkeras tests benchmarks
 
 clean:
 	rm -rf $(VENV) results build *.egg-info

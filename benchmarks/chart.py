@@ -3,8 +3,12 @@
 __all__ = ["comparison_chart", "scaling_chart"]
 
 STRATEGY_ORDER = ("one_device", "dpkeras", "mirrored", "central_storage")
-COLOURS = {"one_device": "#7f7f7f", "dpkeras": "#1f77b4", "mirrored": "#ff7f0e",
-           "central_storage": "#2ca02c"}
+COLOURS = {
+    "one_device": "#7f7f7f",
+    "dpkeras": "#1f77b4",
+    "mirrored": "#ff7f0e",
+    "central_storage": "#2ca02c",
+}
 MB = 1e6
 
 
@@ -32,11 +36,17 @@ def comparison_chart(records, path, subtitle=""):
     strategies = _ordered({r["strategy"] for r in records})
     panels = (
         ("steps/s relative to one_device", lambda r: r.get("ratio_to_one_device")),
-        ("tensors sent to each replica per step", lambda r: r.get(
-            "tensors_to_replicas_per_step")),
-        ("MB to each replica per step (sent + all-reduced)", lambda r: (
-            (r.get("bytes_to_replicas_per_step") or 0) +
-            (r.get("collective_bytes_per_replica_per_step") or 0)) / MB),
+        ("tensors sent to each replica per step", lambda r: r.get("tensors_to_replicas_per_step")),
+        (
+            "MB to each replica per step (sent + all-reduced)",
+            lambda r: (
+                (
+                    (r.get("bytes_to_replicas_per_step") or 0)
+                    + (r.get("collective_bytes_per_replica_per_step") or 0)
+                )
+                / MB
+            ),
+        ),
     )
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5))
     width = 0.8 / max(1, len(strategies))
@@ -51,13 +61,19 @@ def comparison_chart(records, path, subtitle=""):
                 x = i + (j - (len(strategies) - 1) / 2) * width
                 v = value(r) if r.get("status") == "ok" else None
                 if v is None:
-                    ax.bar(x, 0, width, color="none", edgecolor=COLOURS.get(s, "k"),
-                           hatch="//")
-                    ax.text(x, 0, "failed", rotation=90, ha="center", va="bottom", fontsize=7,
-                            color=COLOURS.get(s, "k"))
+                    ax.bar(x, 0, width, color="none", edgecolor=COLOURS.get(s, "k"), hatch="//")
+                    ax.text(
+                        x,
+                        0,
+                        "failed",
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        color=COLOURS.get(s, "k"),
+                    )
                 else:
-                    ax.bar(x, v, width, color=COLOURS.get(s),
-                           label=None if s in labelled else s)
+                    ax.bar(x, v, width, color=COLOURS.get(s), label=None if s in labelled else s)
                     labelled.add(s)
         if "relative" in title:
             ax.axhline(1.0, color="k", lw=0.8, ls="--")
@@ -85,21 +101,46 @@ def scaling_chart(records, path, subtitle=""):
     keys = sorted({(r["model"], r.get("size")) for r in records})
     fig, axes = plt.subplots(2, len(keys), figsize=(4.5 * len(keys), 7.5), squeeze=False)
     for col, (model, size) in enumerate(keys):
-        group = [r for r in records if r["model"] == model and r.get("size") == size
-                 and r["strategy"] != "one_device"]
+        group = [
+            r
+            for r in records
+            if r["model"] == model and r.get("size") == size and r["strategy"] != "one_device"
+        ]
         for s in _ordered({r["strategy"] for r in group}):
             rows = sorted((r for r in group if r["strategy"] == s), key=lambda r: r["replicas"])
             ok = [r for r in rows if r.get("status") == "ok"]
             xs = [r["replicas"] for r in ok]
-            axes[0][col].plot(xs, [r.get("ratio_to_one_device") or float("nan") for r in ok],
-                              "o-", color=COLOURS.get(s), label=s)
-            axes[1][col].plot(xs, [((r.get("bytes_to_replicas_per_step") or 0) + (
-                r.get("collective_bytes_per_replica_per_step") or 0)) / MB for r in ok],
-                "o-", color=COLOURS.get(s), label=s)
+            axes[0][col].plot(
+                xs,
+                [r.get("ratio_to_one_device") or float("nan") for r in ok],
+                "o-",
+                color=COLOURS.get(s),
+                label=s,
+            )
+            axes[1][col].plot(
+                xs,
+                [
+                    (
+                        (r.get("bytes_to_replicas_per_step") or 0)
+                        + (r.get("collective_bytes_per_replica_per_step") or 0)
+                    )
+                    / MB
+                    for r in ok
+                ],
+                "o-",
+                color=COLOURS.get(s),
+                label=s,
+            )
             failed = [r["replicas"] for r in rows if r.get("status") != "ok"]
             if failed:
-                axes[0][col].plot(failed, [0] * len(failed), "x", color=COLOURS.get(s),
-                                  markersize=9, label=f"{s} failed")
+                axes[0][col].plot(
+                    failed,
+                    [0] * len(failed),
+                    "x",
+                    color=COLOURS.get(s),
+                    markersize=9,
+                    label=f"{s} failed",
+                )
         axes[0][col].axhline(1.0, color="k", lw=0.8, ls="--")
         axes[0][col].set_title(f"{model}, size {size:g}: steps/s / one_device", fontsize=10)
         axes[1][col].set_title(f"{model}, size {size:g}: MB to each replica/step", fontsize=10)

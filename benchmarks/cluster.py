@@ -35,18 +35,22 @@ from benchmarks.models import MODELS
 FLAGS = flags.FLAGS
 
 flags.DEFINE_list("cluster", ["2", "2"], "PS,WORKERS: parameter servers and workers to start.")
-flags.DEFINE_integer("cpus", 2, "Logical CPU devices per server (a worker's replicas).",
-                     lower_bound=1)
+flags.DEFINE_integer(
+    "cpus", 2, "Logical CPU devices per server (a worker's replicas).", lower_bound=1
+)
 flags.DEFINE_list("models", ["recommender", "mlp"], f"Models, of: {', '.join(MODELS)}.")
-flags.DEFINE_list("strategies", ["one_process", "dpkeras", "central_storage"],
-                  "Strategies to run, of: one_process, dpkeras, central_storage.")
+flags.DEFINE_list(
+    "strategies",
+    ["one_process", "dpkeras", "central_storage"],
+    "Strategies to run, of: one_process, dpkeras, central_storage.",
+)
 flags.DEFINE_integer("steps", 20, "Timed steps per repeat.", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Timed repeats; steps/s is their median.", lower_bound=1)
-flags.DEFINE_integer("check_steps", 3, "Untimed steps first (tracing, loss check).",
-                     lower_bound=1)
+flags.DEFINE_integer("check_steps", 3, "Untimed steps first (tracing, loss check).", lower_bound=1)
 flags.DEFINE_float("size", 0.25, "Model size multiplier (see benchmarks/models.py).")
-flags.DEFINE_integer("pair_timeout", 600, "Seconds before a client is killed as failed.",
-                     lower_bound=1)
+flags.DEFINE_integer(
+    "pair_timeout", 600, "Seconds before a client is killed as failed.", lower_bound=1
+)
 flags.DEFINE_string("out", "results", "Directory for cluster.{jsonl,md}.")
 
 STRATEGIES = ("one_process", "dpkeras", "central_storage")
@@ -128,65 +132,98 @@ print(json.dumps({{"strategy": name, "model": model_name, "replicas": replicas,
 
 def run_client(spec, strategy, model, root):
     """Runs one strategy/model pair in a fresh client process; returns its record."""
-    code = _CLIENT.format(root=root, spec=json.dumps(spec), strategy=strategy, model=model,
-                          size=FLAGS.size, steps=FLAGS.steps, repeats=FLAGS.repeats,
-                          check=FLAGS.check_steps, cpus=FLAGS.cpus)
+    code = _CLIENT.format(
+        root=root,
+        spec=json.dumps(spec),
+        strategy=strategy,
+        model=model,
+        size=FLAGS.size,
+        steps=FLAGS.steps,
+        repeats=FLAGS.repeats,
+        check=FLAGS.check_steps,
+        cpus=FLAGS.cpus,
+    )
     try:
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                              capture_output=True, text=True, env=server_env(),
-                              timeout=FLAGS.pair_timeout)
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=server_env(),
+            timeout=FLAGS.pair_timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"strategy": strategy, "model": model, "error": "timed out"}
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        return {"strategy": strategy, "model": model,
-                "error": (lines[-1] if lines else f"exit {proc.returncode}")[:300]}
+        return {
+            "strategy": strategy,
+            "model": model,
+            "error": (lines[-1] if lines else f"exit {proc.returncode}")[:300],
+        }
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def markdown(records, ps, workers):
     """The table of BENCHMARKS.md's cluster section."""
-    lines = [f"Local cluster: {ps} ps + {workers} workers x {FLAGS.cpus} CPU devices, size "
-             f"{FLAGS.size:g}, {FLAGS.steps} steps x {FLAGS.repeats} repeats.", "",
-             "| model | strategy | replicas | steps/s | vs one process | client CPU s/step "
-             "| bytes/step between processes | loss |",
-             "|---|---|---|---|---|---|---|---|"]
-    base = {r["model"]: r for r in records if r.get("strategy") == "one_process"
-            and "error" not in r}
+    lines = [
+        f"Local cluster: {ps} ps + {workers} workers x {FLAGS.cpus} CPU devices, size "
+        f"{FLAGS.size:g}, {FLAGS.steps} steps x {FLAGS.repeats} repeats.",
+        "",
+        "| model | strategy | replicas | steps/s | vs one process | client CPU s/step "
+        "| bytes/step between processes | loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base = {
+        r["model"]: r for r in records if r.get("strategy") == "one_process" and "error" not in r
+    }
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['strategy']} | | failed: {r['error']} "
-                         f"| | | | |")
+            lines.append(f"| {r['model']} | {r['strategy']} | | failed: {r['error']} | | | | |")
             continue
         crossing = r["crossing_bytes_per_step"]
-        total = ("n/a (not countable)" if "error" in crossing else
-                 f"{sum(v for v in crossing.values()):,}")
-        ratio = (f"{r['steps_per_s'] / base[r['model']]['steps_per_s']:.2f}x"
-                 if r["model"] in base else "")
-        lines.append(f"| {r['model']} | {r['strategy']} | {r['replicas']} | "
-                     f"{r['steps_per_s']:.2f} | {ratio} | {r['client_cpu_s_per_step']:.4f} | "
-                     f"{total} | {r['loss']:.4f} |")
+        total = (
+            "n/a (not countable)"
+            if "error" in crossing
+            else f"{sum(v for v in crossing.values()):,}"
+        )
+        ratio = (
+            f"{r['steps_per_s'] / base[r['model']]['steps_per_s']:.2f}x"
+            if r["model"] in base
+            else ""
+        )
+        lines.append(
+            f"| {r['model']} | {r['strategy']} | {r['replicas']} | "
+            f"{r['steps_per_s']:.2f} | {ratio} | {r['client_cpu_s_per_step']:.4f} | "
+            f"{total} | {r['loss']:.4f} |"
+        )
     lines += ["", "Bytes per step by direction (from the partitioned step graph):", ""]
     for r in records:
         if "error" not in r and r["strategy"] != "one_process":
-            lines.append(f"- {r['model']} / {r['strategy']}: " + ", ".join(
-                f"{k}: {v:,}" if isinstance(v, int) else f"{k}: {v}"
-                for k, v in sorted(r["crossing_bytes_per_step"].items())))
+            lines.append(
+                f"- {r['model']} / {r['strategy']}: "
+                + ", ".join(
+                    f"{k}: {v:,}" if isinstance(v, int) else f"{k}: {v}"
+                    for k, v in sorted(r["crossing_bytes_per_step"].items())
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv):
     del argv
     if len(FLAGS.cluster) != 2 or not all(n.isdigit() for n in FLAGS.cluster):
-        raise app.UsageError(f"--cluster must be PS,WORKERS (two counts). "
-                             f"Received: {','.join(FLAGS.cluster)}")
+        raise app.UsageError(
+            f"--cluster must be PS,WORKERS (two counts). Received: {','.join(FLAGS.cluster)}"
+        )
     ps, workers = (int(n) for n in FLAGS.cluster)
     if workers < 1:
         raise app.UsageError("--cluster needs at least one worker.")
     unknown = sorted(set(FLAGS.strategies) - set(STRATEGIES))
     if unknown or sorted(set(FLAGS.models) - set(MODELS)):
-        raise app.UsageError(f"Unknown strategies or models: {unknown or FLAGS.models}. "
-                             f"Strategies: {', '.join(STRATEGIES)}; models: {', '.join(MODELS)}")
+        raise app.UsageError(
+            f"Unknown strategies or models: {unknown or FLAGS.models}. "
+            f"Strategies: {', '.join(STRATEGIES)}; models: {', '.join(MODELS)}"
+        )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.makedirs(FLAGS.out, exist_ok=True)
     records = []

@@ -32,54 +32,95 @@ from benchmarks.worker import RESULT_PREFIX, STRATEGIES, PairSpec, base_record
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_list("models", list(MODELS),
-                  f"Comma-separated models to run, of: {', '.join(MODELS)}. With --scaling "
-                  f"and no --models, only mlp.")
-flags.DEFINE_list("strategies", list(STRATEGIES),
-                  f"Comma-separated strategies to run, of: {', '.join(STRATEGIES)}. "
-                  f"one_device is the baseline of the ratios and of the loss check.")
-flags.DEFINE_integer("replicas", None,
-                     "Compute replicas (devices that each run a copy of the step). Default: "
-                     "every GPU found; on a CPU-only machine, 3 simulated logical CPU devices "
-                     "(plus /cpu:0 for parameters and input).", lower_bound=1)
-flags.DEFINE_integer("steps", None,
-                     "Timed training steps per repeat (one Keras epoch each). Default: per "
-                     "model, " + ", ".join(f"{m.name} {m.steps}" for m in MODELS.values())
-                     + ".", lower_bound=1)
-flags.DEFINE_integer("check_steps", 5,
-                     "Steps of the first, untimed fit, which traces the step, counts its "
-                     "transfers and gives the loss of the correctness check.", lower_bound=1)
-flags.DEFINE_integer("warmup_steps", 3,
-                     "Further untimed steps before timing starts.", lower_bound=0)
-flags.DEFINE_integer("repeats", 5,
-                     "Timed repeats per pair; steps/s is their median, spread their "
-                     "(max - min) / median.", lower_bound=1)
-flags.DEFINE_integer("batch_size", None,
-                     "Global batch size in examples, split evenly over the replicas (must be "
-                     "divisible by every replica count run). Default: per model, "
-                     + ", ".join(f"{m.name} {m.batch_size}" for m in MODELS.values()) + ".",
-                     lower_bound=1)
-flags.DEFINE_float("size", 1.0,
-                   "Model size multiplier (layer widths, table rows; 1.0 = the shapes in "
-                   "benchmarks/models.py).", lower_bound=0.0)
-flags.DEFINE_bool("scaling", False,
-                  "Sweep replica counts (--scaling_replicas) and model sizes (--scaling_sizes) "
-                  "instead of one run at --replicas and --size; writes scaling.* files.")
-flags.DEFINE_list("scaling_replicas", ["1", "2", "4", "8"],
-                  "With --scaling: comma-separated replica counts (on GPUs, those above the "
-                  "number of GPUs are skipped).")
-flags.DEFINE_list("scaling_sizes", ["0.5", "2"],
-                  "With --scaling: comma-separated model size multipliers.")
+flags.DEFINE_list(
+    "models",
+    list(MODELS),
+    f"Comma-separated models to run, of: {', '.join(MODELS)}. With --scaling "
+    f"and no --models, only mlp.",
+)
+flags.DEFINE_list(
+    "strategies",
+    list(STRATEGIES),
+    f"Comma-separated strategies to run, of: {', '.join(STRATEGIES)}. "
+    f"one_device is the baseline of the ratios and of the loss check.",
+)
+flags.DEFINE_integer(
+    "replicas",
+    None,
+    "Compute replicas (devices that each run a copy of the step). Default: "
+    "every GPU found; on a CPU-only machine, 3 simulated logical CPU devices "
+    "(plus /cpu:0 for parameters and input).",
+    lower_bound=1,
+)
+flags.DEFINE_integer(
+    "steps",
+    None,
+    "Timed training steps per repeat (one Keras epoch each). Default: per "
+    "model, " + ", ".join(f"{m.name} {m.steps}" for m in MODELS.values()) + ".",
+    lower_bound=1,
+)
+flags.DEFINE_integer(
+    "check_steps",
+    5,
+    "Steps of the first, untimed fit, which traces the step, counts its "
+    "transfers and gives the loss of the correctness check.",
+    lower_bound=1,
+)
+flags.DEFINE_integer(
+    "warmup_steps", 3, "Further untimed steps before timing starts.", lower_bound=0
+)
+flags.DEFINE_integer(
+    "repeats",
+    5,
+    "Timed repeats per pair; steps/s is their median, spread their (max - min) / median.",
+    lower_bound=1,
+)
+flags.DEFINE_integer(
+    "batch_size",
+    None,
+    "Global batch size in examples, split evenly over the replicas (must be "
+    "divisible by every replica count run). Default: per model, "
+    + ", ".join(f"{m.name} {m.batch_size}" for m in MODELS.values())
+    + ".",
+    lower_bound=1,
+)
+flags.DEFINE_float(
+    "size",
+    1.0,
+    "Model size multiplier (layer widths, table rows; 1.0 = the shapes in benchmarks/models.py).",
+    lower_bound=0.0,
+)
+flags.DEFINE_bool(
+    "scaling",
+    False,
+    "Sweep replica counts (--scaling_replicas) and model sizes (--scaling_sizes) "
+    "instead of one run at --replicas and --size; writes scaling.* files.",
+)
+flags.DEFINE_list(
+    "scaling_replicas",
+    ["1", "2", "4", "8"],
+    "With --scaling: comma-separated replica counts (on GPUs, those above the "
+    "number of GPUs are skipped).",
+)
+flags.DEFINE_list(
+    "scaling_sizes", ["0.5", "2"], "With --scaling: comma-separated model size multipliers."
+)
 flags.DEFINE_string("out", "results", "Directory for the result files (created if absent).")
-flags.DEFINE_integer("pair_timeout", 600,
-                     "Seconds after which a pair's process is killed and reported as failed.",
-                     lower_bound=1)
+flags.DEFINE_integer(
+    "pair_timeout",
+    600,
+    "Seconds after which a pair's process is killed and reported as failed.",
+    lower_bound=1,
+)
 flags.DEFINE_integer("seed", 1234, "Seed of the initial weights, the data and Dropout.")
-flags.DEFINE_string("parameter_device", "/cpu:0",
-                    "Where dpkeras and central_storage keep the variables. A comma-separated "
-                    "list spreads dpkeras's variables over those devices (greedy by bytes); "
-                    "central_storage takes the first. On simulated devices, an index beyond "
-                    "the replicas adds a device that only holds variables.")
+flags.DEFINE_string(
+    "parameter_device",
+    "/cpu:0",
+    "Where dpkeras and central_storage keep the variables. A comma-separated "
+    "list spreads dpkeras's variables over those devices (greedy by bytes); "
+    "central_storage takes the first. On simulated devices, an index beyond "
+    "the replicas adds a device that only holds variables.",
+)
 flags.DEFINE_bool("chart", True, "Draw the PNG chart (needs matplotlib).")
 
 DEFAULT_CPU_REPLICAS = 3
@@ -88,6 +129,7 @@ DEFAULT_CPU_REPLICAS = 3
 @dataclasses.dataclass
 class Config:
     """The run, as decided from the flags and the machine."""
+
     models: list
     strategies: list
     replica_counts: list
@@ -110,8 +152,10 @@ def _choices(values, valid, flag):
     values = [v.strip() for v in values if v.strip()]
     bad = [v for v in values if v not in valid]
     if bad or not values:
-        raise app.UsageError(f"--{flag} must be a comma-separated list of {', '.join(valid)}. "
-                             f"Received: --{flag}={','.join(values)}")
+        raise app.UsageError(
+            f"--{flag} must be a comma-separated list of {', '.join(valid)}. "
+            f"Received: --{flag}={','.join(values)}"
+        )
     return list(dict.fromkeys(values))
 
 
@@ -119,11 +163,14 @@ def _numbers(values, kind, flag):
     try:
         numbers = [kind(v) for v in values]
     except ValueError:
-        raise app.UsageError(f"--{flag} must be a comma-separated list of {kind.__name__}s. "
-                             f"Received: --{flag}={','.join(values)}") from None
+        raise app.UsageError(
+            f"--{flag} must be a comma-separated list of {kind.__name__}s. "
+            f"Received: --{flag}={','.join(values)}"
+        ) from None
     if not numbers or any(n <= 0 for n in numbers):
-        raise app.UsageError(f"--{flag} must list positive numbers. "
-                             f"Received: --{flag}={','.join(values)}")
+        raise app.UsageError(
+            f"--{flag} must list positive numbers. Received: --{flag}={','.join(values)}"
+        )
     return numbers
 
 
@@ -134,8 +181,9 @@ def config_from_flags(f, gpus):
         models = ["mlp"]
     strategies = _choices(f.strategies, list(STRATEGIES), "strategies")
     if gpus and f.replicas is not None and f.replicas > len(gpus):
-        raise app.UsageError(f"--replicas={f.replicas} but only {len(gpus)} GPU(s) were found: "
-                             f"{', '.join(gpus)}.")
+        raise app.UsageError(
+            f"--replicas={f.replicas} but only {len(gpus)} GPU(s) were found: {', '.join(gpus)}."
+        )
     replicas = f.replicas or (len(gpus) if gpus else DEFAULT_CPU_REPLICAS)
     if f.scaling:
         counts = sorted(set(_numbers(f.scaling_replicas, int, "scaling_replicas")))
@@ -144,13 +192,24 @@ def config_from_flags(f, gpus):
         sizes = _numbers(f.scaling_sizes, float, "scaling_sizes")
     else:
         counts, sizes = [replicas], [f.size]
-    config = Config(models=models, strategies=strategies, replica_counts=counts, sizes=sizes,
-                    steps=f.steps, check_steps=f.check_steps,
-                    warmup_steps=f.warmup_steps, repeats=f.repeats,
-                    batch_size=f.batch_size, scaling=f.scaling, out=f.out,
-                    pair_timeout=f.pair_timeout, seed=f.seed,
-                    parameter_device=f.parameter_device,
-                    devices="gpu" if gpus else "simulated", chart=f.chart)
+    config = Config(
+        models=models,
+        strategies=strategies,
+        replica_counts=counts,
+        sizes=sizes,
+        steps=f.steps,
+        check_steps=f.check_steps,
+        warmup_steps=f.warmup_steps,
+        repeats=f.repeats,
+        batch_size=f.batch_size,
+        scaling=f.scaling,
+        out=f.out,
+        pair_timeout=f.pair_timeout,
+        seed=f.seed,
+        parameter_device=f.parameter_device,
+        devices="gpu" if gpus else "simulated",
+        chart=f.chart,
+    )
     _check_batches(config)
     return config
 
@@ -166,7 +225,8 @@ def _check_batches(config):
         raise app.UsageError(
             f"Keras fit needs the global batch to split evenly over the replicas; "
             f"{'; '.join(bad)}. Pass --batch_size with a multiple of "
-            f"{', '.join(map(str, config.replica_counts))}.")
+            f"{', '.join(map(str, config.replica_counts))}."
+        )
 
 
 def plan(config):
@@ -175,12 +235,18 @@ def plan(config):
     pairs = []
     for size in config.sizes:
         for m in config.models:
-            common = dict(model=m, size=size, batch_size=config.batch_size or MODELS[m].batch_size,
-                          steps=config.steps or MODELS[m].steps,
-                          check_steps=config.check_steps, warmup_steps=config.warmup_steps,
-                          repeats=config.repeats,
-                          seed=config.seed, devices=config.devices,
-                          parameter_device=config.parameter_device)
+            common = dict(
+                model=m,
+                size=size,
+                batch_size=config.batch_size or MODELS[m].batch_size,
+                steps=config.steps or MODELS[m].steps,
+                check_steps=config.check_steps,
+                warmup_steps=config.warmup_steps,
+                repeats=config.repeats,
+                seed=config.seed,
+                devices=config.devices,
+                parameter_device=config.parameter_device,
+            )
             if "one_device" in config.strategies:
                 base = 1 if config.scaling else config.replica_counts[0]
                 pairs.append(PairSpec(strategy="one_device", replicas=base, **common))
@@ -214,15 +280,16 @@ def parse_worker_output(spec, returncode, stdout, stderr):
     for line in reversed((stdout or "").splitlines()):
         if line.startswith(RESULT_PREFIX):
             try:
-                return json.loads(line[len(RESULT_PREFIX):])
+                return json.loads(line[len(RESULT_PREFIX) :])
             except json.JSONDecodeError as e:
                 record = base_record(spec)
                 record.update(error=f"Unreadable result line: {e}", phase="report")
                 return record
     record = base_record(spec)
     last = _last_line(stderr) or "no output"
-    record.update(error=f"worker exited with code {returncode} without a result: {last}",
-                  phase="process")
+    record.update(
+        error=f"worker exited with code {returncode} without a result: {last}", phase="process"
+    )
     return record
 
 
@@ -238,21 +305,29 @@ def run_pair(spec, timeout, log_path=None, command=None):
     command = command or worker_command(spec)
     start = time.perf_counter()
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env=_worker_env(), cwd=machine.repo_root())
+        proc = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_worker_env(),
+            cwd=machine.repo_root(),
+        )
         record = parse_worker_output(spec, proc.returncode, proc.stdout, proc.stderr)
         stdout, stderr = proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as e:
         record = base_record(spec)
-        record.update(error=f"TimeoutError: the pair did not finish within {timeout} s",
-                      phase="process")
+        record.update(
+            error=f"TimeoutError: the pair did not finish within {timeout} s", phase="process"
+        )
         stdout, stderr = _text(e.stdout), _text(e.stderr)
     record["process_seconds"] = time.perf_counter() - start
     if log_path:
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, "w") as f:
-            f.write(f"$ {' '.join(command)}\n\n--- stdout ---\n{stdout}\n--- stderr ---\n"
-                    f"{stderr}\n")
+            f.write(
+                f"$ {' '.join(command)}\n\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}\n"
+            )
     return record
 
 
@@ -264,20 +339,26 @@ def _text(data):
 
 def progress_line(index, total, spec):
     n = spec.effective_replicas
-    return (f"[{index:>2}/{total}] {spec.model:<11} size {spec.size:<4g} "
-            f"{spec.strategy:<15} {n} replica{'s' if n != 1 else ' '}  ")
+    return (
+        f"[{index:>2}/{total}] {spec.model:<11} size {spec.size:<4g} "
+        f"{spec.strategy:<15} {n} replica{'s' if n != 1 else ' '}  "
+    )
 
 
 def progress_result(record):
     seconds = record.get("process_seconds", 0.0)
     if record["status"] != "ok":
-        return (f"FAILED in {record.get('phase') or 'run'}: "
-                f"{results.short_error(record.get('error'), 90)}  [{seconds:.0f} s]")
-    return (f"ok  {record['steps_per_sec']:7.2f} steps/s "
-            f"(spread {100 * record['steps_per_sec_spread']:.0f}%)  "
-            f"{record['tensors_to_replicas_per_step']:.4g} tensors, "
-            f"{record['bytes_to_replicas_per_step'] / 1e6:.2f} MB to each replica/step  "
-            f"loss {record['final_loss']:.5f}  [{seconds:.0f} s]")
+        return (
+            f"FAILED in {record.get('phase') or 'run'}: "
+            f"{results.short_error(record.get('error'), 90)}  [{seconds:.0f} s]"
+        )
+    return (
+        f"ok  {record['steps_per_sec']:7.2f} steps/s "
+        f"(spread {100 * record['steps_per_sec_spread']:.0f}%)  "
+        f"{record['tensors_to_replicas_per_step']:.4g} tensors, "
+        f"{record['bytes_to_replicas_per_step'] / 1e6:.2f} MB to each replica/step  "
+        f"loss {record['final_loss']:.5f}  [{seconds:.0f} s]"
+    )
 
 
 def run_all(config, pairs, log_dir, echo=print):
@@ -285,8 +366,9 @@ def run_all(config, pairs, log_dir, echo=print):
     records = []
     for i, spec in enumerate(pairs, 1):
         echo(progress_line(i, len(pairs), spec), end="", flush=True)
-        log = os.path.join(log_dir, f"{spec.model}-{spec.size:g}-{spec.strategy}-"
-                                    f"{spec.effective_replicas}.log")
+        log = os.path.join(
+            log_dir, f"{spec.model}-{spec.size:g}-{spec.strategy}-{spec.effective_replicas}.log"
+        )
         record = run_pair(spec, config.pair_timeout, log)
         echo(progress_result(record), flush=True)
         records.append(record)
@@ -302,21 +384,30 @@ def command_line(argv):
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}. All options are "
-                             f"--flags; see --helpfull.")
+        raise app.UsageError(
+            f"Unexpected arguments: {' '.join(argv[1:])}. All options are --flags; see --helpfull."
+        )
     started = time.perf_counter()
     gpus = machine.find_gpus()
     config = config_from_flags(FLAGS, gpus)
     replicas = max(config.replica_counts)
-    info = machine.describe(gpus, replicas, config.parameter_device,
-                            config.replica_counts if config.scaling else None)
+    info = machine.describe(
+        gpus, replicas, config.parameter_device, config.replica_counts if config.scaling else None
+    )
     machine_lines = machine.lines(info)
     pairs = plan(config)
     print("\n".join(machine_lines))
-    print(f"Running {len(pairs)} pairs ({', '.join(config.models)} x "
-          f"{', '.join(config.strategies)}"
-          + (f"; replicas {config.replica_counts}, sizes {config.sizes}" if config.scaling
-             else f"; {replicas} replicas") + "), one process each.\n", flush=True)
+    print(
+        f"Running {len(pairs)} pairs ({', '.join(config.models)} x "
+        f"{', '.join(config.strategies)}"
+        + (
+            f"; replicas {config.replica_counts}, sizes {config.sizes}"
+            if config.scaling
+            else f"; {replicas} replicas"
+        )
+        + "), one process each.\n",
+        flush=True,
+    )
 
     os.makedirs(config.out, exist_ok=True)
     records = run_all(config, pairs, os.path.join(config.out, "logs"))
@@ -343,35 +434,45 @@ def report(records, config, info):
     elapsed = info.get("elapsed_seconds", 0.0)
     targets = [] if config.scaling else results.check_targets(records)
     extra = results.scaling_tables(records) if config.scaling else []
-    extra += ["Loss check tolerances (relative, on the loss over the first "
-              f"{config.check_steps} steps):", ""] + [
-        f"- {m}: {MODELS[m].loss_tolerance:g}, {MODELS[m].tolerance_reason}"
-        for m in config.models]
+    extra += [
+        f"Loss check tolerances (relative, on the loss over the first {config.check_steps} steps):",
+        "",
+    ] + [
+        f"- {m}: {MODELS[m].loss_tolerance:g}, {MODELS[m].tolerance_reason}" for m in config.models
+    ]
     title = "dpkeras scaling run" if config.scaling else "dpkeras benchmark"
-    run_line = (f"Command: {info.get('command')}  ({elapsed / 60:.1f} min, "
-                f"{len(records)} pairs)")
+    run_line = f"Command: {info.get('command')}  ({elapsed / 60:.1f} min, {len(records)} pairs)"
     print("\n" + results.format_table(records))
     if targets:
         print("\nTargets (dpkeras on the MLP):")
         print("\n".join(results.format_targets(targets)))
     if config.scaling:
         print("\n" + "\n".join(results.scaling_tables(records)))
-    paths = list(results.write_results(records, config.out, stem, title,
-                                       machine.lines(info) + [run_line], targets, extra))
+    paths = list(
+        results.write_results(
+            records, config.out, stem, title, machine.lines(info) + [run_line], targets, extra
+        )
+    )
     with open(os.path.join(config.out, "machine.json"), "w") as f:
         json.dump(info, f, indent=2)
     paths.append(os.path.join(config.out, "machine.json"))
     if config.chart:
-        counts = (f"{config.replica_counts[0]}-{replicas}" if len(config.replica_counts) > 1
-                  else str(replicas))
+        counts = (
+            f"{config.replica_counts[0]}-{replicas}"
+            if len(config.replica_counts) > 1
+            else str(replicas)
+        )
         subtitle = f"{info['devices']} devices, {counts} replicas"
         try:
             draw = chart.scaling_chart if config.scaling else chart.comparison_chart
             paths.append(draw(records, os.path.join(config.out, f"{stem}.png"), subtitle))
         except ImportError as e:
             print(f"No chart: {e} (pip install matplotlib, or dpkeras[bench]).")
-    note = ("Simulated devices: these numbers measure overhead, not speed-up. "
-            if info["devices"] == "simulated" else "")
+    note = (
+        "Simulated devices: these numbers measure overhead, not speed-up. "
+        if info["devices"] == "simulated"
+        else ""
+    )
     print(f"\n{note}Finished in {elapsed / 60:.1f} min. Files:")
     for p in paths + [os.path.join(config.out, "logs", "")]:
         print(f"  {os.path.abspath(p)}")

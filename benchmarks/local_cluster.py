@@ -38,8 +38,18 @@ def free_port():
 
 def serve_command(spec, job, task, cpus=None):
     """The argv of `python -m dpkeras serve` for one task."""
-    argv = [sys.executable, "-m", "dpkeras", "serve", "--cluster", json.dumps(spec),
-            "--job", job, "--task", str(task)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dpkeras",
+        "serve",
+        "--cluster",
+        json.dumps(spec),
+        "--job",
+        job,
+        "--task",
+        str(task),
+    ]
     if cpus is not None:
         argv += ["--cpus", str(cpus)]
     return argv
@@ -48,8 +58,9 @@ def serve_command(spec, job, task, cpus=None):
 def server_env():
     """The environment of a server subprocess: this checkout importable, TF quiet."""
     path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                PYTHONPATH=REPO + (os.pathsep + path if path else ""))
+    return dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + (os.pathsep + path if path else "")
+    )
 
 
 def wait_for_line(proc, expected, timeout):
@@ -70,8 +81,10 @@ def wait_for_line(proc, expected, timeout):
 
     threading.Thread(target=read, daemon=True).start()
     if not done.wait(timeout) or not lines or lines[-1] != expected:
-        raise RuntimeError(f"no {expected!r} line within {timeout:g} s (exit status "
-                           f"{proc.poll()}); stdout so far: {lines}")
+        raise RuntimeError(
+            f"no {expected!r} line within {timeout:g} s (exit status "
+            f"{proc.poll()}); stdout so far: {lines}"
+        )
     return lines
 
 
@@ -111,9 +124,14 @@ class LocalCluster:
     def _start(self, job, task):
         # stderr goes to a file: an unread pipe would block a chatty server once full.
         log = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(serve_command(self.spec, job, task, self.cpus),
-                                stdout=subprocess.PIPE, stderr=log, text=True, env=server_env(),
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        proc = subprocess.Popen(
+            serve_command(self.spec, job, task, self.cpus),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=server_env(),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
         self.procs[(job, task)] = proc
         self._logs.append(log)
         self.stderr_files[(job, task)] = log
@@ -167,8 +185,9 @@ class LocalCluster:
                 break
             except OSError:
                 time.sleep(0.2)
-        self.startup_lines[(job, task)] = wait_for_line(self._start(job, task), "ready",
-                                                        READY_TIMEOUT)
+        self.startup_lines[(job, task)] = wait_for_line(
+            self._start(job, task), "ready", READY_TIMEOUT
+        )
 
     def stop(self):
         """Stops every task (SIGCONT, then SIGKILL) and reaps it."""

@@ -52,11 +52,20 @@ def _version(package):
 
 def _git_state(root):
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "dpkeras",
-                                "benchmarks"], capture_output=True, text=True, timeout=10,
-                               check=True).stdout
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--", "dpkeras", "benchmarks"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return head.strip() + (", with uncommitted changes" if dirty.strip() else "")
@@ -92,20 +101,26 @@ def describe(gpus, replicas, parameter_device, replica_counts=None):
     }
     if gpus:
         info["devices"] = "gpu"
-        info["layout"] = (f"{len(gpus)} GPU(s) found; compute replicas on /gpu:0../gpu:"
-                          f"{replicas - 1}; dpkeras and central_storage keep variables on "
-                          f"{parameter_device}; one_device runs on /gpu:0.")
+        info["layout"] = (
+            f"{len(gpus)} GPU(s) found; compute replicas on /gpu:0../gpu:"
+            f"{replicas - 1}; dpkeras and central_storage keep variables on "
+            f"{parameter_device}; one_device runs on /gpu:0."
+        )
     else:
         info["devices"] = "simulated"
         counts = sorted(set(replica_counts or [replicas]))
-        split = (f"{replicas + 1} logical devices" if len(counts) == 1 else
-                 f"replicas + 1 logical devices ({counts[0] + 1} to {counts[-1] + 1})")
+        split = (
+            f"{replicas + 1} logical devices"
+            if len(counts) == 1
+            else f"replicas + 1 logical devices ({counts[0] + 1} to {counts[-1] + 1})"
+        )
         info["layout"] = (
             f"No GPU found: SIMULATED devices. Each pair's process splits the CPU into "
             f"{split}: compute replicas on /cpu:1../cpu:{replicas}, "
             f"variables (dpkeras, central_storage) and input on {parameter_device}; "
             f"one_device runs on /cpu:1. The logical devices share the {usable} physical "
-            f"core(s), so the numbers measure each strategy's overhead, not a speed-up.")
+            f"core(s), so the numbers measure each strategy's overhead, not a speed-up."
+        )
     return info
 
 
@@ -122,6 +137,8 @@ def lines(info):
         f"Devices: {info['layout']}",
     ]
     if load:
-        out.append(f"Load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-                   f"(other processes compete for the same cores)")
+        out.append(
+            f"Load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+            f"(other processes compete for the same cores)"
+        )
     return out

@@ -37,6 +37,7 @@ class ModelSpec:
         loss_tolerance: float, how far (relative) a correct strategy's loss over the first
             steps may be from one device's, and (`tolerance_reason`) why.
     """
+
     name: str
     description: str
     loss: str
@@ -56,21 +57,51 @@ def _optimizer(name, **config):
 
 
 MODELS = {
-    "mlp": ModelSpec("mlp", "MLP 784-512-512-10", "sparse_categorical_crossentropy",
-                     "accuracy", _optimizer("SGD", learning_rate=0.01, momentum=0.9), 240, 30,
-                     1e-4, _EXACT),
-    "resnet": ModelSpec("resnet", "ResNet-style CNN, 32x32x3, BatchNormalization",
-                        "sparse_categorical_crossentropy", "accuracy",
-                        _optimizer("SGD", learning_rate=0.02, momentum=0.9), 120, 10, 2e-3,
-                        "BatchNormalization normalises each replica's share of the batch"),
-    "recommender": ModelSpec("recommender", "recommender, 100k x 32 item table, sparse updates",
-                             "binary_crossentropy", "binary_accuracy",
-                             _optimizer("Adagrad", learning_rate=0.05), 960, 20, 1e-4, _EXACT),
-    "transformer": ModelSpec("transformer", "2-layer Transformer encoder, 64 tokens, Dropout",
-                             "sparse_categorical_crossentropy", "accuracy",
-                             _optimizer("Adam", learning_rate=1e-3), 48, 10, 0.1,
-                             "Dropout masks come from each strategy's own random streams "
-                             "(MirroredStrategy repeats one mask on every replica)"),
+    "mlp": ModelSpec(
+        "mlp",
+        "MLP 784-512-512-10",
+        "sparse_categorical_crossentropy",
+        "accuracy",
+        _optimizer("SGD", learning_rate=0.01, momentum=0.9),
+        240,
+        30,
+        1e-4,
+        _EXACT,
+    ),
+    "resnet": ModelSpec(
+        "resnet",
+        "ResNet-style CNN, 32x32x3, BatchNormalization",
+        "sparse_categorical_crossentropy",
+        "accuracy",
+        _optimizer("SGD", learning_rate=0.02, momentum=0.9),
+        120,
+        10,
+        2e-3,
+        "BatchNormalization normalises each replica's share of the batch",
+    ),
+    "recommender": ModelSpec(
+        "recommender",
+        "recommender, 100k x 32 item table, sparse updates",
+        "binary_crossentropy",
+        "binary_accuracy",
+        _optimizer("Adagrad", learning_rate=0.05),
+        960,
+        20,
+        1e-4,
+        _EXACT,
+    ),
+    "transformer": ModelSpec(
+        "transformer",
+        "2-layer Transformer encoder, 64 tokens, Dropout",
+        "sparse_categorical_crossentropy",
+        "accuracy",
+        _optimizer("Adam", learning_rate=1e-3),
+        48,
+        10,
+        0.1,
+        "Dropout masks come from each strategy's own random streams "
+        "(MirroredStrategy repeats one mask on every replica)",
+    ),
 }
 
 
@@ -141,17 +172,18 @@ _POSITION_EMBEDDING = []
 def _position_embedding_class(keras):
     """A layer adding a learned position vector to each token (defined once, lazily)."""
     if not _POSITION_EMBEDDING:
+
         class PositionEmbedding(keras.layers.Layer):
             def build(self, input_shape):
-                self.table = self.add_weight(shape=tuple(input_shape[1:]),
-                                             initializer="random_normal", name="table")
+                self.table = self.add_weight(
+                    shape=tuple(input_shape[1:]), initializer="random_normal", name="table"
+                )
 
             def call(self, x):
                 return x + self.table
 
         _POSITION_EMBEDDING.append(PositionEmbedding)
     return _POSITION_EMBEDDING[0]
-
 
 
 def _transformer(keras, size):
@@ -173,8 +205,12 @@ def _transformer(keras, size):
     return keras.Model(tokens, outputs, name="transformer")
 
 
-_BUILDERS = {"mlp": _mlp, "resnet": _resnet, "recommender": _recommender,
-             "transformer": _transformer}
+_BUILDERS = {
+    "mlp": _mlp,
+    "resnet": _resnet,
+    "recommender": _recommender,
+    "transformer": _transformer,
+}
 
 
 def build(name, size=1.0):

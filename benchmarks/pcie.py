@@ -22,12 +22,16 @@ __all__ = ["parameter_device_bytes", "allreduce_bytes", "table"]
 flags.DEFINE_float("params", 25.6e6, "Number of (dense, trained) parameters.")
 flags.DEFINE_list("gpus", ["2", "4", "8"], "Comma-separated GPU counts.")
 flags.DEFINE_integer("bytes_per_param", 4, "Bytes per parameter and per gradient (fp32: 4).")
-flags.DEFINE_float("pcie_gbps", 12.0,
-                   "Effective PCIe bandwidth per direction per x16 link, GB/s (3.0: ~12, "
-                   "4.0: ~25, 5.0: ~50).")
-flags.DEFINE_float("nvlink_gbps", 150.0,
-                   "Effective NVLink bandwidth per direction per GPU, GB/s (V100: ~150, A100: "
-                   "~300, H100: ~450).")
+flags.DEFINE_float(
+    "pcie_gbps",
+    12.0,
+    "Effective PCIe bandwidth per direction per x16 link, GB/s (3.0: ~12, 4.0: ~25, 5.0: ~50).",
+)
+flags.DEFINE_float(
+    "nvlink_gbps",
+    150.0,
+    "Effective NVLink bandwidth per direction per GPU, GB/s (V100: ~150, A100: ~300, H100: ~450).",
+)
 
 
 def parameter_device_bytes(params, gpus, bytes_per_param=4):
@@ -67,7 +71,8 @@ def table(params, gpus_list, bytes_per_param=4, pcie_gbps=12.0, nvlink_gbps=150.
             f"| {n} | {_mb(per_gpu)} | {_mb(host)} | "
             f"{1e3 * per_gpu / (pcie_gbps * gb):.1f} | {1e3 * host / (pcie_gbps * gb):.1f} | "
             f"{_mb(ring)} | {1e3 * ring / (pcie_gbps * gb):.1f} | "
-            f"{1e3 * ring / (nvlink_gbps * gb):.2f} |")
+            f"{1e3 * ring / (nvlink_gbps * gb):.2f} |"
+        )
     return lines
 
 

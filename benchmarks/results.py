@@ -9,13 +9,30 @@ import json
 import math
 import os
 
-__all__ = ["REQUIRED_FIELDS", "derive", "check_targets", "format_table", "markdown_report",
-           "write_results", "short_error"]
+__all__ = [
+    "REQUIRED_FIELDS",
+    "derive",
+    "check_targets",
+    "format_table",
+    "markdown_report",
+    "write_results",
+    "short_error",
+]
 
 # Every JSON line has at least these keys (None where a failed pair has no value).
-REQUIRED_FIELDS = ("strategy", "model", "replicas", "status", "error", "steps_per_sec",
-                   "examples_per_sec", "tensors_to_replicas_per_step",
-                   "bytes_to_replicas_per_step", "final_loss", "loss_vs_one_device")
+REQUIRED_FIELDS = (
+    "strategy",
+    "model",
+    "replicas",
+    "status",
+    "error",
+    "steps_per_sec",
+    "examples_per_sec",
+    "tensors_to_replicas_per_step",
+    "bytes_to_replicas_per_step",
+    "final_loss",
+    "loss_vs_one_device",
+)
 
 MB = 1e6
 
@@ -37,8 +54,15 @@ def _ratio(value, reference):
 
 
 def _find(records, strategy, model, size, replicas=None):
-    found = [r for r in records if _ok(r) and r["strategy"] == strategy and r["model"] == model
-             and r.get("size") == size and (replicas is None or r["replicas"] == replicas)]
+    found = [
+        r
+        for r in records
+        if _ok(r)
+        and r["strategy"] == strategy
+        and r["model"] == model
+        and r.get("size") == size
+        and (replicas is None or r["replicas"] == replicas)
+    ]
     return found[0] if len(found) == 1 else None
 
 
@@ -66,31 +90,39 @@ def derive(records, tolerances=None):
     out = []
     for record in records:
         r = dict(record)
-        for key in ("ratio_to_one_device", "ratio_to_mirrored", "loss_vs_one_device",
-                    "eval_loss_vs_one_device", "check_loss_vs_one_device", "loss_check"):
+        for key in (
+            "ratio_to_one_device",
+            "ratio_to_mirrored",
+            "loss_vs_one_device",
+            "eval_loss_vs_one_device",
+            "check_loss_vs_one_device",
+            "loss_check",
+        ):
             r.setdefault(key, None)
         if _ok(r):
             model, size = r["model"], r.get("size")
             one = _find(records, "one_device", model, size)
-            mirrored = (_find(records, "mirrored", model, size, r["replicas"])
-                        if r["strategy"] != "one_device" else
-                        _find(records, "mirrored", model, size))
+            mirrored = (
+                _find(records, "mirrored", model, size, r["replicas"])
+                if r["strategy"] != "one_device"
+                else _find(records, "mirrored", model, size)
+            )
             if one is not None:
                 r["ratio_to_one_device"] = _ratio(r.get("steps_per_sec"), one["steps_per_sec"])
                 r["loss_vs_one_device"] = _relative(r.get("final_loss"), one.get("final_loss"))
-                r["eval_loss_vs_one_device"] = _relative(r.get("eval_loss"),
-                                                         one.get("eval_loss"))
-                r["check_loss_vs_one_device"] = _relative(r.get("check_loss"),
-                                                          one.get("check_loss"))
+                r["eval_loss_vs_one_device"] = _relative(r.get("eval_loss"), one.get("eval_loss"))
+                r["check_loss_vs_one_device"] = _relative(
+                    r.get("check_loss"), one.get("check_loss")
+                )
             if mirrored is not None:
-                r["ratio_to_mirrored"] = _ratio(r.get("steps_per_sec"),
-                                                mirrored["steps_per_sec"])
+                r["ratio_to_mirrored"] = _ratio(r.get("steps_per_sec"), mirrored["steps_per_sec"])
             if r["strategy"] == "one_device":
                 r["loss_check"] = "reference"
             elif r["check_loss_vs_one_device"] is not None:
                 tolerance = tolerances.get(model, 1e-4)
-                r["loss_check"] = ("ok" if abs(r["check_loss_vs_one_device"]) <= tolerance
-                                   else "DIFFERS")
+                r["loss_check"] = (
+                    "ok" if abs(r["check_loss_vs_one_device"]) <= tolerance else "DIFFERS"
+                )
         out.append(r)
     return out
 
@@ -108,39 +140,63 @@ def check_targets(records, model="mlp"):
         n = r["replicas"]
 
         def add(target, value, limit, met, detail, n=n):
-            results.append({"target": target, "replicas": n, "value": value, "limit": limit,
-                            "met": met, "detail": detail})
+            results.append(
+                {
+                    "target": target,
+                    "replicas": n,
+                    "value": value,
+                    "limit": limit,
+                    "met": met,
+                    "detail": detail,
+                }
+            )
 
         if not _ok(r):
             add("dpkeras runs", None, None, False, f"dpkeras failed: {r.get('error')}")
             continue
         size = r.get("size")
-        for name, strategy, limit in (("steps/s >= central_storage's", "central_storage", 1.0),
-                                      ("steps/s >= 1.3x mirrored's", "mirrored", 1.3),
-                                      ("steps/s within 10% of one_device's", "one_device", 0.9)):
-            other = _find(records, strategy, model, size,
-                          None if strategy == "one_device" else n)
+        for name, strategy, limit in (
+            ("steps/s >= central_storage's", "central_storage", 1.0),
+            ("steps/s >= 1.3x mirrored's", "mirrored", 1.3),
+            ("steps/s within 10% of one_device's", "one_device", 0.9),
+        ):
+            other = _find(records, strategy, model, size, None if strategy == "one_device" else n)
             if other is None:
                 add(name, None, limit, None, f"no successful {strategy} pair to compare with")
                 continue
             ratio = r["steps_per_sec"] / other["steps_per_sec"]
-            add(name, ratio, limit, ratio >= limit,
+            add(
+                name,
+                ratio,
+                limit,
+                ratio >= limit,
                 f"{r['steps_per_sec']:.2f} vs {other['steps_per_sec']:.2f} steps/s "
-                f"= {ratio:.3f}x (needs >= {limit:.2f}x)")
+                f"= {ratio:.3f}x (needs >= {limit:.2f}x)",
+            )
         split = r.get("tensors_to_each_replica")
         variables = r.get("model_variables")
         if split and variables is not None:
             device, (_, arrays, _, unknown) = max(split.items(), key=lambda kv: kv[1][1])
-            add("tensors to each replica <= one per model variable", arrays, variables,
+            add(
+                "tensors to each replica <= one per model variable",
+                arrays,
+                variables,
                 arrays <= variables,
                 f"at most {arrays} array tensors to a replica per step ({device}) for "
                 f"{variables} model variables"
-                + (f"; plus {unknown} of unknown shape (control edges, no data)" if unknown
-                   else ""))
+                + (
+                    f"; plus {unknown} of unknown shape (control edges, no data)" if unknown else ""
+                ),
+            )
             device, (_, _, scalars, _) = max(split.items(), key=lambda kv: kv[1][2])
-            add("metrics add no tensors to replicas", scalars, 0, scalars == 0,
+            add(
+                "metrics add no tensors to replicas",
+                scalars,
+                0,
+                scalars == 0,
                 f"{scalars} scalar tensors to {device} per step (metric state and counters; "
-                f"the model has {r.get('metric_variables')} metric variables)")
+                f"the model has {r.get('metric_variables')} metric variables)",
+            )
     return results
 
 
@@ -152,8 +208,8 @@ def short_error(error, limit=100):
     for stop in (". ", ".`", "\n"):
         i = text.find(stop)
         if 0 < i:
-            text = text[:i + 1]
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+            text = text[: i + 1]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fmt(value, spec, missing="-"):
@@ -173,12 +229,24 @@ def _variables(by_device):
 
 
 COLUMNS = (
-    ("model", "model"), ("size", "size"), ("strategy", "strategy"), ("repl", "replicas"),
-    ("status", "status"), ("steps/s", "steps/s"), ("spread", "spread"), ("ex/s", "examples/s"),
-    ("x1dev", "x one_device"), ("xmirr", "x mirrored"), ("cpu s/step", "CPU s/step"),
-    ("->repl t", "tensors to each replica/step"), ("->repl MB", "MB to each replica/step"),
-    ("<-repl t", "tensors back/step"), ("allred", "all-reduce ops, MB/replica/step"),
-    ("vars MB", "variable MB by device"), ("loss", "final loss"), ("dloss", "vs one_device"),
+    ("model", "model"),
+    ("size", "size"),
+    ("strategy", "strategy"),
+    ("repl", "replicas"),
+    ("status", "status"),
+    ("steps/s", "steps/s"),
+    ("spread", "spread"),
+    ("ex/s", "examples/s"),
+    ("x1dev", "x one_device"),
+    ("xmirr", "x mirrored"),
+    ("cpu s/step", "CPU s/step"),
+    ("->repl t", "tensors to each replica/step"),
+    ("->repl MB", "MB to each replica/step"),
+    ("<-repl t", "tensors back/step"),
+    ("allred", "all-reduce ops, MB/replica/step"),
+    ("vars MB", "variable MB by device"),
+    ("loss", "final loss"),
+    ("dloss", "vs one_device"),
     ("check", "loss check (first steps vs one_device)"),
 )
 
@@ -188,26 +256,39 @@ def _row(r):
     status = "ok" if ok else f"FAILED ({r.get('phase') or 'run'})"
     allreduce = "-"
     if ok and r.get("collectives_per_replica_per_step"):
-        allreduce = (f"{r['collectives_per_replica_per_step']:g}, "
-                     f"{r['collective_bytes_per_replica_per_step'] / MB:.2f}")
+        allreduce = (
+            f"{r['collectives_per_replica_per_step']:g}, "
+            f"{r['collective_bytes_per_replica_per_step'] / MB:.2f}"
+        )
     return [
-        r["model"], _fmt(r.get("size"), "g"), r["strategy"], str(r["replicas"]), status,
+        r["model"],
+        _fmt(r.get("size"), "g"),
+        r["strategy"],
+        str(r["replicas"]),
+        status,
         _fmt(r.get("steps_per_sec"), ".2f"),
-        _fmt(None if r.get("steps_per_sec_spread") is None else
-             100 * r["steps_per_sec_spread"], ".0f") + ("%" if ok else ""),
+        _fmt(
+            None if r.get("steps_per_sec_spread") is None else 100 * r["steps_per_sec_spread"],
+            ".0f",
+        )
+        + ("%" if ok else ""),
         _fmt(r.get("examples_per_sec"), ".0f"),
-        _fmt(r.get("ratio_to_one_device"), ".2f"), _fmt(r.get("ratio_to_mirrored"), ".2f"),
+        _fmt(r.get("ratio_to_one_device"), ".2f"),
+        _fmt(r.get("ratio_to_mirrored"), ".2f"),
         _fmt(r.get("cpu_seconds_per_step"), ".3f"),
         _fmt(r.get("tensors_to_replicas_per_step"), ".4g"),
-        _fmt(None if r.get("bytes_to_replicas_per_step") is None else
-             r["bytes_to_replicas_per_step"] / MB, ".3f"),
+        _fmt(
+            None
+            if r.get("bytes_to_replicas_per_step") is None
+            else r["bytes_to_replicas_per_step"] / MB,
+            ".3f",
+        ),
         _fmt(r.get("tensors_from_replicas_per_step"), ".4g"),
         allreduce,
         _variables(r.get("variable_bytes_by_device")) if ok else "-",
         _fmt(r.get("final_loss"), ".5f"),
-        _fmt(None if r.get("loss_vs_one_device") is None else
-             100 * r["loss_vs_one_device"], "+.3f") + ("%" if r.get("loss_vs_one_device")
-                                                         is not None else ""),
+        _fmt(None if r.get("loss_vs_one_device") is None else 100 * r["loss_vs_one_device"], "+.3f")
+        + ("%" if r.get("loss_vs_one_device") is not None else ""),
         _check(r),
     ]
 
@@ -232,8 +313,10 @@ def format_table(records):
         lines.append("")
         lines.append("Failed pairs (the error's first line):")
         for r in failures:
-            lines.append(f"  {r['model']} / {r['strategy']} / {r['replicas']} replicas, in "
-                         f"{r.get('phase') or 'run'}: {short_error(r.get('error'), 200)}")
+            lines.append(
+                f"  {r['model']} / {r['strategy']} / {r['replicas']} replicas, in "
+                f"{r.get('phase') or 'run'}: {short_error(r.get('error'), 200)}"
+            )
     return "\n".join(lines)
 
 
@@ -279,17 +362,21 @@ def markdown_report(records, title, machine_lines, targets=None, extra=None):
     lines += legend() + [""]
     failures = [r for r in records if not _ok(r)]
     if failures:
-        lines.append("Failed pairs (the error's first sentence; the JSON lines have its whole "
-                     "first line):")
+        lines.append(
+            "Failed pairs (the error's first sentence; the JSON lines have its whole first line):"
+        )
         lines.append("")
         for r in failures:
             error = short_error(r.get("error"), 240).replace("`", "'")
-            lines.append(f"- {r['model']} / {r['strategy']} / {r['replicas']} replicas, in "
-                         f"{r.get('phase') or 'run'}: {error}")
+            lines.append(
+                f"- {r['model']} / {r['strategy']} / {r['replicas']} replicas, in "
+                f"{r.get('phase') or 'run'}: {error}"
+            )
         lines.append("")
     if targets:
-        lines += ["Targets (dpkeras on the MLP):", "", "```"] + format_targets(targets) + [
-            "```", ""]
+        lines += (
+            ["Targets (dpkeras on the MLP):", "", "```"] + format_targets(targets) + ["```", ""]
+        )
     if extra:
         lines += list(extra) + [""]
     return "\n".join(lines)
@@ -329,18 +416,29 @@ def scaling_tables(records):
     for model, size in keys:
         group = [r for r in records if r["model"] == model and r.get("size") == size]
         replicas = sorted({r["replicas"] for r in group if r["strategy"] != "one_device"})
-        strategies = [s for s in ("dpkeras", "mirrored", "central_storage")
-                      if any(r["strategy"] == s for r in group)]
+        strategies = [
+            s
+            for s in ("dpkeras", "mirrored", "central_storage")
+            if any(r["strategy"] == s for r in group)
+        ]
         one = _find(group, "one_device", model, size)
-        base = (f"one_device: {one['steps_per_sec']:.2f} steps/s" if one else
-                "one_device: not run or failed")
+        base = (
+            f"one_device: {one['steps_per_sec']:.2f} steps/s"
+            if one
+            else "one_device: not run or failed"
+        )
         for title, cell in (
-                (f"steps/s relative to one_device ({base})", _scaling_ratio_cell),
-                ("MB to each replica per step (sent + all-reduced)", _scaling_bytes_cell)):
-            lines += [f"**{model}, size {size:g}: {title}**", "",
-                      "| strategy | " + " | ".join(
-                          f"{n} replica{'s' if n != 1 else ''}" for n in replicas) + " |",
-                      "|---|" + "---|" * len(replicas)]
+            (f"steps/s relative to one_device ({base})", _scaling_ratio_cell),
+            ("MB to each replica per step (sent + all-reduced)", _scaling_bytes_cell),
+        ):
+            lines += [
+                f"**{model}, size {size:g}: {title}**",
+                "",
+                "| strategy | "
+                + " | ".join(f"{n} replica{'s' if n != 1 else ''}" for n in replicas)
+                + " |",
+                "|---|" + "---|" * len(replicas),
+            ]
             for s in strategies:
                 cells = []
                 for n in replicas:

@@ -32,8 +32,12 @@ flags.DEFINE_integer("steps", 5000, "Training steps in all.")
 flags.DEFINE_integer("every", 250, "Steps per window: one record (and one Keras epoch) each.")
 flags.DEFINE_integer("replicas", 3, "Compute replicas (dpkeras).")
 flags.DEFINE_integer("batch_size", 96, "Global batch size.")
-flags.DEFINE_enum("strategy", "dpkeras", ["dpkeras", "none"],
-                  "dpkeras, or none: plain Keras on one device, the baseline.")
+flags.DEFINE_enum(
+    "strategy",
+    "dpkeras",
+    ["dpkeras", "none"],
+    "dpkeras, or none: plain Keras on one device, the baseline.",
+)
 flags.DEFINE_string("out", "results/soak.jsonl", "JSON lines written here (directory created).")
 flags.DEFINE_integer("seed", 1234, "Seed of the weights, the data and Dropout.")
 
@@ -65,11 +69,21 @@ def slope_per_1000_steps(points):
 
 def build_model(keras):
     layers = keras.layers
-    model = keras.Sequential([
-        keras.Input((784,)), layers.Dense(256, activation="relu"), layers.BatchNormalization(),
-        layers.Dropout(0.2), layers.Dense(256, activation="relu"), layers.Dense(10)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((784,)),
+            layers.Dense(256, activation="relu"),
+            layers.BatchNormalization(),
+            layers.Dropout(0.2),
+            layers.Dense(256, activation="relu"),
+            layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -93,16 +107,20 @@ def summarize(records):
 
 
 def format_table(records):
-    header = (f"{'window':>6} {'step':>7} {'RSS MiB':>8} {'dRSS':>6} {'ms/step':>8} "
-              f"{'median':>7} {'p95':>7} {'wall':>7} {'objects':>8} {'vars':>5}")
+    header = (
+        f"{'window':>6} {'step':>7} {'RSS MiB':>8} {'dRSS':>6} {'ms/step':>8} "
+        f"{'median':>7} {'p95':>7} {'wall':>7} {'objects':>8} {'vars':>5}"
+    )
     lines = [header, "-" * len(header)]
     previous = None
     for r in records:
         delta = "" if previous is None else f"{r['rss_mib'] - previous:+.1f}"
-        lines.append(f"{r['window']:>6} {r['step']:>7} {r['rss_mib']:>8.1f} {delta:>6} "
-                     f"{r['step_ms_mean']:>8.2f} {r['step_ms_median']:>7.2f} "
-                     f"{r['step_ms_p95']:>7.2f} {r['wall_ms_per_step']:>7.2f} "
-                     f"{r['python_objects']:>8} {r['variables']:>5}")
+        lines.append(
+            f"{r['window']:>6} {r['step']:>7} {r['rss_mib']:>8.1f} {delta:>6} "
+            f"{r['step_ms_mean']:>8.2f} {r['step_ms_median']:>7.2f} "
+            f"{r['step_ms_p95']:>7.2f} {r['wall_ms_per_step']:>7.2f} "
+            f"{r['python_objects']:>8} {r['variables']:>5}"
+        )
         previous = r["rss_mib"]
     return "\n".join(lines)
 
@@ -110,11 +128,15 @@ def format_table(records):
 def main(argv):
     del argv
     if FLAGS.steps < FLAGS.every or FLAGS.every < 2:
-        raise app.UsageError(f"--steps must be at least --every (at least 2). Received: "
-                             f"--steps={FLAGS.steps} --every={FLAGS.every}")
+        raise app.UsageError(
+            f"--steps must be at least --every (at least 2). Received: "
+            f"--steps={FLAGS.steps} --every={FLAGS.every}"
+        )
     if FLAGS.batch_size % FLAGS.replicas:
-        raise app.UsageError(f"--batch_size must be divisible by --replicas. Received: "
-                             f"--batch_size={FLAGS.batch_size} --replicas={FLAGS.replicas}")
+        raise app.UsageError(
+            f"--batch_size must be divisible by --replicas. Received: "
+            f"--batch_size={FLAGS.batch_size} --replicas={FLAGS.replicas}"
+        )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from benchmarks import machine
 
@@ -131,12 +153,19 @@ def main(argv):
     rng = np.random.RandomState(FLAGS.seed)
     x = rng.rand(FLAGS.batch_size * 16, 784).astype("float32")
     y = (x[:, :10].argmax(axis=1)).astype("int32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-        FLAGS.batch_size, drop_remainder=True).prefetch(2)
+    data = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .batch(FLAGS.batch_size, drop_remainder=True)
+        .prefetch(2)
+    )
 
     if FLAGS.strategy == "dpkeras":
-        compute = ([f"/gpu:{i}" for i in range(FLAGS.replicas)] if gpus else
-                   [f"/cpu:{i + 1}" for i in range(FLAGS.replicas)])
+        compute = (
+            [f"/gpu:{i}" for i in range(FLAGS.replicas)]
+            if gpus
+            else [f"/cpu:{i + 1}" for i in range(FLAGS.replicas)]
+        )
         strategy = dpkeras.get_strategy(compute, "/cpu:0")
         with strategy.scope():
             model = build_model(keras)
@@ -169,12 +198,20 @@ def main(argv):
             measured = time.perf_counter()
             gc.collect()
             ms = [1000 * t for t in window_times]
-            records.append({
-                "window": epoch, "step": (epoch + 1) * FLAGS.every, "rss_mib": resident_mib(),
-                "step_ms_mean": statistics.fmean(ms), "step_ms_median": statistics.median(ms),
-                "step_ms_p95": percentile(ms, 0.95), "wall_ms_per_step": 1000 * wall / len(ms),
-                "python_objects": len(gc.get_objects()), "variables": count_variables(),
-                "loss": float(logs["loss"])})
+            records.append(
+                {
+                    "window": epoch,
+                    "step": (epoch + 1) * FLAGS.every,
+                    "rss_mib": resident_mib(),
+                    "step_ms_mean": statistics.fmean(ms),
+                    "step_ms_median": statistics.median(ms),
+                    "step_ms_p95": percentile(ms, 0.95),
+                    "wall_ms_per_step": 1000 * wall / len(ms),
+                    "python_objects": len(gc.get_objects()),
+                    "variables": count_variables(),
+                    "loss": float(logs["loss"]),
+                }
+            )
             records[-1]["record_seconds"] = time.perf_counter() - measured
             records[-1]["seconds_since_previous_window"] = self.gap
             window_times.clear()
@@ -182,14 +219,25 @@ def main(argv):
             print(format_table(records).splitlines()[-1], flush=True)
 
     info = machine.describe(gpus, FLAGS.replicas, "/cpu:0")
-    info.update(strategy=FLAGS.strategy, steps=FLAGS.steps, every=FLAGS.every,
-                replicas=FLAGS.replicas if FLAGS.strategy == "dpkeras" else 1,
-                batch_size=FLAGS.batch_size, rss_before_training_mib=resident_mib(),
-                command=" ".join(["python -m benchmarks.soak"] + sys.argv[1:]))
+    info.update(
+        strategy=FLAGS.strategy,
+        steps=FLAGS.steps,
+        every=FLAGS.every,
+        replicas=FLAGS.replicas if FLAGS.strategy == "dpkeras" else 1,
+        batch_size=FLAGS.batch_size,
+        rss_before_training_mib=resident_mib(),
+        command=" ".join(["python -m benchmarks.soak"] + sys.argv[1:]),
+    )
     print(format_table([]).splitlines()[0], flush=True)
     started = time.time()
-    model.fit(data, steps_per_epoch=FLAGS.every, epochs=FLAGS.steps // FLAGS.every, verbose=0,
-              shuffle=False, callbacks=[Recorder()])
+    model.fit(
+        data,
+        steps_per_epoch=FLAGS.every,
+        epochs=FLAGS.steps // FLAGS.every,
+        verbose=0,
+        shuffle=False,
+        callbacks=[Recorder()],
+    )
     info["wall_seconds"] = time.time() - started
     summary = summarize(records)
     os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
@@ -200,16 +248,18 @@ def main(argv):
     print()
     print(format_table(records))
     print()
-    print(f"{FLAGS.strategy}, {info['replicas']} replica(s), {FLAGS.steps} steps of "
-          f"{FLAGS.batch_size} in {info['wall_seconds']:.0f} s. RSS: "
-          f"{summary['rss_first_mib']:.1f} MiB after the first window, "
-          f"{summary['rss_last_mib']:.1f} MiB at the end (slope after the first window: "
-          f"{summary['rss_slope_mib_per_1000_steps']:+.2f} MiB per 1000 steps). Median step: "
-          f"{summary['step_ms_median_first_steady']:.2f} ms -> "
-          f"{summary['step_ms_median_last']:.2f} ms (slope "
-          f"{summary['step_ms_slope_per_1000_steps']:+.3f} ms per 1000 steps). Variables "
-          f"{'constant' if summary['variables_constant'] else 'CHANGED'}. Written to "
-          f"{FLAGS.out}.")
+    print(
+        f"{FLAGS.strategy}, {info['replicas']} replica(s), {FLAGS.steps} steps of "
+        f"{FLAGS.batch_size} in {info['wall_seconds']:.0f} s. RSS: "
+        f"{summary['rss_first_mib']:.1f} MiB after the first window, "
+        f"{summary['rss_last_mib']:.1f} MiB at the end (slope after the first window: "
+        f"{summary['rss_slope_mib_per_1000_steps']:+.2f} MiB per 1000 steps). Median step: "
+        f"{summary['step_ms_median_first_steady']:.2f} ms -> "
+        f"{summary['step_ms_median_last']:.2f} ms (slope "
+        f"{summary['step_ms_slope_per_1000_steps']:+.3f} ms per 1000 steps). Variables "
+        f"{'constant' if summary['variables_constant'] else 'CHANGED'}. Written to "
+        f"{FLAGS.out}."
+    )
 
 
 def run():

@@ -51,6 +51,7 @@ class PairSpec:
         parameter_device: str, where dpkeras and central_storage keep variables.
         data_examples: int, distinct synthetic examples (at least 2 batches), cycled.
     """
+
     strategy: str
     model: str
     replicas: int = 3
@@ -101,9 +102,15 @@ def first_line(error):
 def base_record(spec):
     """The fields every result has, before anything ran."""
     return {
-        "strategy": spec.strategy, "model": spec.model, "size": spec.size,
-        "replicas": spec.effective_replicas, "batch_size": spec.batch_size,
-        "devices": spec.devices, "status": "failed", "error": None, "phase": None,
+        "strategy": spec.strategy,
+        "model": spec.model,
+        "size": spec.size,
+        "replicas": spec.effective_replicas,
+        "batch_size": spec.batch_size,
+        "devices": spec.devices,
+        "status": "failed",
+        "error": None,
+        "phase": None,
     }
 
 
@@ -130,16 +137,19 @@ def make_strategy(spec):
     if spec.strategy == "dpkeras":
         # Several devices: variables spread over them by dpkeras.placement.greedy_by_size.
         return dpkeras.ParameterDeviceStrategy(
-            compute, parameter_devices if len(parameter_devices) > 1 else parameter_devices[0])
+            compute, parameter_devices if len(parameter_devices) > 1 else parameter_devices[0]
+        )
     if spec.strategy == "mirrored":
         return tf.distribute.MirroredStrategy(compute)
     if spec.strategy == "central_storage":  # takes one device: the first
         return tf.distribute.experimental.CentralStorageStrategy(
-            compute, parameter_device=parameter_devices[0])
+            compute, parameter_device=parameter_devices[0]
+        )
     if spec.strategy == "one_device":
         return tf.distribute.OneDeviceStrategy(compute[0])
-    raise ValueError(f"Unknown strategy {spec.strategy!r}. Valid strategies: "
-                     f"{', '.join(STRATEGIES)}")
+    raise ValueError(
+        f"Unknown strategy {spec.strategy!r}. Valid strategies: {', '.join(STRATEGIES)}"
+    )
 
 
 def _components(variable):
@@ -281,22 +291,25 @@ def _run(spec, progress):
     from benchmarks import models
 
     if spec.strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {spec.strategy!r}. Valid strategies: "
-                         f"{', '.join(STRATEGIES)}")
+        raise ValueError(
+            f"Unknown strategy {spec.strategy!r}. Valid strategies: {', '.join(STRATEGIES)}"
+        )
     if spec.model not in models.MODELS:
-        raise ValueError(f"Unknown model {spec.model!r}. Valid models: "
-                         f"{', '.join(models.MODELS)}")
+        raise ValueError(f"Unknown model {spec.model!r}. Valid models: {', '.join(models.MODELS)}")
     if spec.batch_size % spec.effective_replicas:
         raise ValueError(
             f"The global batch size {spec.batch_size} does not split evenly over "
             f"{spec.effective_replicas} replicas; Keras fit needs a multiple. "
-            f"Received: batch_size={spec.batch_size}, replicas={spec.effective_replicas}")
+            f"Received: batch_size={spec.batch_size}, replicas={spec.effective_replicas}"
+        )
 
     import dpkeras
 
     if spec.devices == "simulated":
-        highest = max([spec.replicas] + [int(d.rsplit(":", 1)[1]) for d in
-                                         parameter_device_list(spec.parameter_device)])
+        highest = max(
+            [spec.replicas]
+            + [int(d.rsplit(":", 1)[1]) for d in parameter_device_list(spec.parameter_device)]
+        )
         dpkeras.simulate_cpu_devices(highest + 1)
     import keras
     import numpy as np
@@ -306,9 +319,12 @@ def _run(spec, progress):
 
     tf.get_logger().setLevel("ERROR")
     replica_devices = compute_devices(spec)
-    out = {"compute_devices": replica_devices,
-           "parameter_device": (spec.parameter_device
-                                if spec.strategy in ("dpkeras", "central_storage") else None)}
+    out = {
+        "compute_devices": replica_devices,
+        "parameter_device": (
+            spec.parameter_device if spec.strategy in ("dpkeras", "central_storage") else None
+        ),
+    }
 
     progress.phase = "build"
     t = time.perf_counter()
@@ -317,19 +333,25 @@ def _run(spec, progress):
     description = models.MODELS[spec.model]
     with strategy.scope():
         model = models.build(spec.model, spec.size)
-        model.compile(optimizer=keras.optimizers.get(copy.deepcopy(description.optimizer)),
-                      loss=description.loss,
-                      metrics=[description.metric])
+        model.compile(
+            optimizer=keras.optimizers.get(copy.deepcopy(description.optimizer)),
+            loss=description.loss,
+            metrics=[description.metric],
+        )
     cross = getattr(strategy.extended, "_cross_device_ops", None)
     out["cross_device_ops"] = type(cross).__name__ if cross is not None else None
     out["parameters"] = int(model.count_params())
     out["build_seconds"] = time.perf_counter() - t
 
     batches = max(2, -(-spec.data_examples // spec.batch_size))
-    x, y = models.synthetic_data(spec.model, spec.batch_size * batches, spec.size,
-                                 seed=spec.seed)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        spec.batch_size, drop_remainder=True).cache().repeat().prefetch(2)
+    x, y = models.synthetic_data(spec.model, spec.batch_size * batches, spec.size, seed=spec.seed)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(spec.batch_size, drop_remainder=True)
+        .cache()
+        .repeat()
+        .prefetch(2)
+    )
     fit = dict(shuffle=False, verbose=0)
 
     progress.phase = "first steps"
@@ -350,25 +372,31 @@ def _run(spec, progress):
 
     progress.phase = "timed steps"
     timer = _epoch_timer(keras)
-    history = model.fit(dataset, epochs=spec.repeats, steps_per_epoch=spec.steps,
-                        callbacks=[timer], **fit)
+    history = model.fit(
+        dataset, epochs=spec.repeats, steps_per_epoch=spec.steps, callbacks=[timer], **fit
+    )
     out.update(timing_fields(timer.seconds, spec.steps, spec.batch_size))
     out["cpu_seconds_per_step"] = _median(timer.cpu_seconds) / spec.steps
     out["final_loss"] = float(history.history["loss"][-1])
 
     progress.phase = "measure"
     t = time.perf_counter()
-    first_x = tf.nest.map_structure(lambda a: a[:spec.batch_size], x)
+    first_x = tf.nest.map_structure(lambda a: a[: spec.batch_size], x)
     loss_fn = keras.losses.get(description.loss)
-    out["eval_loss"] = float(np.mean(keras.ops.convert_to_numpy(
-        loss_fn(y[:spec.batch_size], model(first_x, training=False)))))
+    out["eval_loss"] = float(
+        np.mean(
+            keras.ops.convert_to_numpy(
+                loss_fn(y[: spec.batch_size], model(first_x, training=False))
+            )
+        )
+    )
     out["model_variables"] = len(model.variables)
     out["trainable_variables"] = len(model.trainable_variables)
     out["metric_variables"] = len(model.metrics_variables)
     out["optimizer_variables"] = len(model.optimizer.variables)
     out["variable_bytes_by_device"] = variable_bytes_by_device(
-        list(model.variables) + list(model.optimizer.variables) +
-        list(model.metrics_variables))
+        list(model.variables) + list(model.optimizer.variables) + list(model.metrics_variables)
+    )
     devices_used = sorted(set(replica_devices) | set(out["variable_bytes_by_device"]))
     out["peak_memory_bytes_by_device"] = peak_memory_by_device(devices_used)
     out["measure_seconds"] = time.perf_counter() - t
@@ -397,8 +425,10 @@ def _epoch_timer(keras):
 
 def main(argv):
     if len(argv) != 2:
-        print(f"usage: python -m benchmarks.worker '<PairSpec as JSON>' (got {argv[1:]!r})",
-              file=sys.stderr)
+        print(
+            f"usage: python -m benchmarks.worker '<PairSpec as JSON>' (got {argv[1:]!r})",
+            file=sys.stderr,
+        )
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:

@@ -126,22 +126,6 @@ def replace_tracked_variable(layer, old, new):
     return True
 
 
-def untrack_variable(layer, variable):
-    """Removes `variable` from `layer.weights` but leaves the attribute that holds it.
-
-    Used for local variables, which must never be saved: `.keras` files store exactly the
-    variables a layer tracks. `Layer._untrack_variable` is the method Keras itself uses when a
-    variable attribute is deleted.
-    """
-    tracker = getattr(layer, "_tracker", None)
-    if tracker is None:
-        return False
-    if not any(value is variable for value in tracked_variables(layer)):
-        return False
-    layer._untrack_variable(variable)
-    return True
-
-
 def predict_step_model(fn):
     """Returns the model whose `predict` step `fn` is, or None.
 
@@ -198,7 +182,9 @@ def route_optimizer_apply(optimizer, apply):
     """
     optimizer.apply = apply
 
+
 # -- saving (used by dpkeras/keras_patches.py and dpkeras/resume.py) ------------------------
+
 
 def saving_module():
     """Returns `keras.src.saving.saving_lib`, the module whose functions write every file.

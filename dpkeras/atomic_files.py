@@ -51,9 +51,10 @@ def fsync_dir(path):
 def _split(path, suffix):
     head, tail = os.path.split(os.fspath(path))
     if suffix and not tail.endswith(suffix):
-        raise ValueError(f"The file name must end with the suffix {suffix!r}. Received: "
-                         f"path={os.fspath(path)!r}")
-    return head, tail[:len(tail) - len(suffix)]
+        raise ValueError(
+            f"The file name must end with the suffix {suffix!r}. Received: path={os.fspath(path)!r}"
+        )
+    return head, tail[: len(tail) - len(suffix)]
 
 
 def temporary_sibling(path, suffix=""):
@@ -93,7 +94,7 @@ def remove_stale_temporaries(path, suffix=""):
     for name in names:
         if not (name.startswith(prefix) and name.endswith(suffix)):
             continue
-        pid = name[len(prefix):len(name) - len(suffix)].split("-")[0]
+        pid = name[len(prefix) : len(name) - len(suffix)].split("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(head, name))

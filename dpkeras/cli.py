@@ -40,8 +40,12 @@ def main(argv=None):
         return 0 if argv else 2
     command = _COMMANDS.get(argv[0])
     if command is None:
-        print(f"dpkeras: unknown command {argv[0]!r}; valid commands: "
-              f"{', '.join(_COMMANDS)}.\n\n{_USAGE}", end="", file=sys.stderr)
+        print(
+            f"dpkeras: unknown command {argv[0]!r}; valid commands: "
+            f"{', '.join(_COMMANDS)}.\n\n{_USAGE}",
+            end="",
+            file=sys.stderr,
+        )
         return 2
     return command(argv[1:])
 

@@ -37,11 +37,24 @@ import time
 
 import tensorflow as tf
 
-__all__ = ["CLUSTER_JOBS", "DEFAULT_CONNECT_TIMEOUT", "HealthMonitor", "TaskFailedError",
-           "load_cluster", "watch",
-           "connect", "connected_cluster", "default_cluster_devices", "failed_tasks",
-           "name_failures", "probe", "resolve_cluster", "task_addresses", "task_devices",
-           "task_name"]
+__all__ = [
+    "CLUSTER_JOBS",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "HealthMonitor",
+    "TaskFailedError",
+    "load_cluster",
+    "watch",
+    "connect",
+    "connected_cluster",
+    "default_cluster_devices",
+    "failed_tasks",
+    "name_failures",
+    "probe",
+    "resolve_cluster",
+    "task_addresses",
+    "task_devices",
+    "task_name",
+]
 
 TF_CONFIG_ENV = "TF_CONFIG"
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
@@ -68,12 +81,14 @@ def _normalize_job(job, tasks, source):
         if indices != list(range(len(indices))):
             raise ValueError(
                 f"The tasks of job {job!r} must be numbered 0..n-1 without gaps. "
-                f"Received task indices {indices} from {source}.")
+                f"Received task indices {indices} from {source}."
+            )
         tasks = [tasks[i] for i in indices]
     if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)):
         raise ValueError(
             f"Job {job!r} must be a list of 'host:port' addresses. "
-            f"Received: {tasks!r} (of type {type(tasks).__name__}) from {source}.")
+            f"Received: {tasks!r} (of type {type(tasks).__name__}) from {source}."
+        )
     if not tasks:
         raise ValueError(f"Job {job!r} has no task. Received: {job}=[] from {source}.")
     for address in tasks:
@@ -81,7 +96,8 @@ def _normalize_job(job, tasks, source):
         if match is None or not 0 < int(match.group(2)) < 65536:
             raise ValueError(
                 f"Every task of job {job!r} must be a 'host:port' address such as "
-                f"'10.0.0.2:2222'. Received: {address!r} from {source}.")
+                f"'10.0.0.2:2222'. Received: {address!r} from {source}."
+            )
     return list(tasks)
 
 
@@ -91,22 +107,27 @@ def _validate(cluster, source):
         raise ValueError(
             f"A cluster must map job names to addresses, such as "
             f"{{'ps': ['10.0.0.1:2222'], 'worker': ['10.0.0.2:2222', '10.0.0.3:2222']}}. "
-            f"Received: {cluster!r} from {source}.")
+            f"Received: {cluster!r} from {source}."
+        )
     unknown = [job for job in cluster if job not in CLUSTER_JOBS]
     if unknown:
         raise ValueError(
             f"Unknown job(s) {unknown} in the cluster from {source}; valid jobs: "
-            f"{', '.join(CLUSTER_JOBS)}. Received jobs: {list(cluster)}.")
+            f"{', '.join(CLUSTER_JOBS)}. Received jobs: {list(cluster)}."
+        )
     if "worker" not in cluster:
         raise ValueError(
             f"A cluster must have a 'worker' job: workers run the replicas. Received jobs "
-            f"{list(cluster)} from {source}.")
-    jobs = {job: _normalize_job(job, cluster[job], source) for job in CLUSTER_JOBS
-            if job in cluster}
+            f"{list(cluster)} from {source}."
+        )
+    jobs = {
+        job: _normalize_job(job, cluster[job], source) for job in CLUSTER_JOBS if job in cluster
+    }
     if len(jobs.get("chief", [])) > 1:
         raise ValueError(
             f"The 'chief' job is this process (the client): it has one task. Received "
-            f"chief={jobs['chief']} from {source}.")
+            f"chief={jobs['chief']} from {source}."
+        )
     seen = {}
     for job, addresses in jobs.items():
         for index, address in enumerate(addresses):
@@ -114,7 +135,8 @@ def _validate(cluster, source):
             if address in seen:
                 raise ValueError(
                     f"Two tasks share the address {address}: {seen[address]} and {name} "
-                    f"(from {source}). Every task needs its own port.")
+                    f"(from {source}). Every task needs its own port."
+                )
             seen[address] = name
     return tf.train.ClusterSpec(jobs)
 
@@ -140,7 +162,8 @@ def _from_tf_config():
             f"{TF_CONFIG_ENV} says this process is task {task_type!r} "
             f"(index {task.get('index')!r}), but a process that builds a model under dpkeras "
             f"is the client, task type 'chief' or no task. Start ps and worker tasks with "
-            f"`dpkeras serve`, which reads {TF_CONFIG_ENV}. Received: {source}.")
+            f"`dpkeras serve`, which reads {TF_CONFIG_ENV}. Received: {source}."
+        )
     return _validate(cluster, source)
 
 
@@ -162,16 +185,19 @@ def load_cluster(text, what="the cluster"):
             with open(text, encoding="utf-8") as f:
                 raw = f.read()
         except OSError as e:
-            raise ValueError(f"cannot read {source}: {e.strerror}. Expected a JSON file path "
-                             f"or a JSON object such as '{{\"ps\": [\"host:2222\"], "
-                             f"\"worker\": [\"host:2223\"]}}'.") from None
+            raise ValueError(
+                f"cannot read {source}: {e.strerror}. Expected a JSON file path "
+                f'or a JSON object such as \'{{"ps": ["host:2222"], '
+                f'"worker": ["host:2223"]}}\'.'
+            ) from None
     try:
         cluster = json.loads(raw)
     except ValueError as e:
         raise ValueError(f"{source} is not valid JSON ({e}). Received: {raw[:200]!r}") from None
     if not isinstance(cluster, dict):
-        raise ValueError(f"{source} must hold a JSON object {{job: [addresses]}}. "
-                         f"Received: {raw[:200]!r}")
+        raise ValueError(
+            f"{source} must hold a JSON object {{job: [addresses]}}. Received: {raw[:200]!r}"
+        )
     return cluster
 
 
@@ -222,21 +248,27 @@ def resolve_cluster(cluster=None):
         raise ValueError(
             f"A cluster must be a dict {{job: ['host:port', ...]}}, a tf.train.ClusterSpec or "
             f"a tf.distribute.cluster_resolver.ClusterResolver. Received: {cluster!r} "
-            f"(of type {type(cluster).__name__}).")
+            f"(of type {type(cluster).__name__})."
+        )
     return _validate(cluster, source)
 
 
 def task_addresses(cluster_spec):
     """`{task name: "host:port"}` for every task of the cluster, in job order (ps, worker)."""
-    return {task_name(job, i): address
-            for job in cluster_spec.jobs
-            for i, address in enumerate(cluster_spec.job_tasks(job))}
+    return {
+        task_name(job, i): address
+        for job in cluster_spec.jobs
+        for i, address in enumerate(cluster_spec.job_tasks(job))
+    }
 
 
 def _remote_tasks(cluster_spec):
     """The tasks this process connects to (every task but the chief, which it is)."""
-    return {name: address for name, address in task_addresses(cluster_spec).items()
-            if not name.startswith("/job:chief/")}
+    return {
+        name: address
+        for name, address in task_addresses(cluster_spec).items()
+        if not name.startswith("/job:chief/")
+    }
 
 
 # An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
@@ -291,7 +323,8 @@ def _wait_for(tasks, timeout):
                 f"{name} at {pending[name]} did not answer within {timeout:g} s "
                 f"({why[name]}){others}. Start it with `dpkeras serve --cluster ... "
                 f"--job {name.split('/')[1][4:]} --task {name.rsplit(':', 1)[1]}`, or check "
-                f"the address and the firewall.")
+                f"the address and the firewall."
+            )
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
@@ -332,7 +365,8 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
                 f"This process is already connected to the cluster {_connected.as_dict()}; a "
                 f"process connects to one cluster for its lifetime (TensorFlow invalidates "
                 f"remote variables on a change). Received: {cluster_spec.as_dict()}. Use a "
-                f"new process for another cluster.")
+                f"new process for another cluster."
+            )
         _wait_for(_remote_tasks(cluster_spec), timeout)
         # Without this, a function first run on a task after it died blocks forever on TF 2.21
         # (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s). TF's
@@ -351,8 +385,9 @@ def task_devices(cluster_spec):
     with its full name, such as `/job:ps/replica:0/task:0/device:CPU:0`.
     """
     names = [d.name for d in tf.config.list_logical_devices()]
-    return {task: [n for n in names if n.startswith(task + "/")]
-            for task in _remote_tasks(cluster_spec)}
+    return {
+        task: [n for n in names if n.startswith(task + "/")] for task in _remote_tasks(cluster_spec)
+    }
 
 
 def _device_kind(name):
@@ -382,7 +417,8 @@ def default_cluster_devices(cluster_spec):
         raise RuntimeError(
             f"No device of {', '.join(empty)} is known to this process; connect to the cluster "
             f"first (dpkeras.cluster.connect). Known devices: "
-            f"{[d.name for d in tf.config.list_logical_devices()]}.")
+            f"{[d.name for d in tf.config.list_logical_devices()]}."
+        )
     workers = [t for t in devices if t.startswith("/job:worker/")]
     ps = [t for t in devices if t.startswith("/job:ps/")]
     if ps:
@@ -393,14 +429,27 @@ def default_cluster_devices(cluster_spec):
         where = f"no ps job: the CPU:0 of the first worker, {workers[0]}"
     gpus = [d for t in workers for d in devices[t] if _device_kind(d) == "GPU"]
     if gpus:
-        return gpus, parameter, (f"compute on all {len(gpus)} GPU(s) of the {len(workers)} "
-                                 f"worker(s); variables on {where}")
-    cpus = [d for t in workers for d in devices[t]
-            if _device_kind(d) == "CPU" and d not in parameter]
+        return (
+            gpus,
+            parameter,
+            (
+                f"compute on all {len(gpus)} GPU(s) of the {len(workers)} "
+                f"worker(s); variables on {where}"
+            ),
+        )
+    cpus = [
+        d for t in workers for d in devices[t] if _device_kind(d) == "CPU" and d not in parameter
+    ]
     if not cpus:  # a single worker with a single CPU and no ps: it does both
         cpus = list(parameter)
-    return cpus, parameter, (f"no GPU on the workers: compute on {len(cpus)} CPU device(s) of "
-                             f"the {len(workers)} worker(s); variables on {where}")
+    return (
+        cpus,
+        parameter,
+        (
+            f"no GPU on the workers: compute on {len(cpus)} CPU device(s) of "
+            f"the {len(workers)} worker(s); variables on {where}"
+        ),
+    )
 
 
 _RESTARTED = "it was restarted and lost this client's state"
@@ -425,10 +474,12 @@ class TaskFailedError(tf.errors.UnavailableError):
         self.address = address
         state = "failed" if reason in _NAMED_REASONS else "is unreachable"
         super().__init__(
-            None, None,
+            None,
+            None,
             f"{task} at {address} {state} ({reason}); synchronous training cannot continue. "
             f"Restart that task if it is down, then restart training from the last checkpoint "
-            f"(keras.callbacks.BackupAndRestore).")
+            f"(keras.callbacks.BackupAndRestore).",
+        )
 
 
 def failed_tasks(cluster_spec, error=None, timeout=1.0):
@@ -505,11 +556,14 @@ class _NameFailures:
 
 
 def _exit_process(task, address, reason):
-    print(f"dpkeras: {task} at {address} is unreachable ({reason}); synchronous training cannot "
-          f"continue, ending this process (exit code 75) instead of waiting forever. Restart "
-          f"that task if it is down, then restart training from the last checkpoint "
-          f"(keras.callbacks.BackupAndRestore).",
-          file=sys.stderr, flush=True)
+    print(
+        f"dpkeras: {task} at {address} is unreachable ({reason}); synchronous training cannot "
+        f"continue, ending this process (exit code 75) instead of waiting forever. Restart "
+        f"that task if it is down, then restart training from the last checkpoint "
+        f"(keras.callbacks.BackupAndRestore).",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(75)
 
 
@@ -543,14 +597,14 @@ class HealthMonitor:
         failure: `(task, address, reason)` of the first dead task seen, or None.
     """
 
-    def __init__(self, cluster_spec, interval=2.0, failures=3, on_failure=None,
-                 probe_timeout=2.0):
+    def __init__(self, cluster_spec, interval=2.0, failures=3, on_failure=None, probe_timeout=2.0):
         if not isinstance(failures, int) or failures < 1:
             raise ValueError(f"failures must be an int >= 1. Received: {failures!r}")
         for label, value in (("interval", interval), ("probe_timeout", probe_timeout)):
             if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{label} must be a positive number of seconds. "
-                                 f"Received: {value!r}")
+                raise ValueError(
+                    f"{label} must be a positive number of seconds. Received: {value!r}"
+                )
         self._tasks = _remote_tasks(cluster_spec)
         self._interval = interval
         self._failures = failures
@@ -563,8 +617,9 @@ class HealthMonitor:
     def start(self):
         """Starts probing (a daemon thread); returns self."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dpkeras-health-monitor",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="dpkeras-health-monitor", daemon=True
+            )
             self._thread.start()
         return self
 

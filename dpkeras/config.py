@@ -6,8 +6,13 @@ default. `dpkeras env` prints what is in force.
 
 import os
 
-__all__ = ["COMPUTE_DEVICES_ENV", "PARAMETER_DEVICE_ENV", "env_settings", "env_device_list",
-           "env_device"]
+__all__ = [
+    "COMPUTE_DEVICES_ENV",
+    "PARAMETER_DEVICE_ENV",
+    "env_settings",
+    "env_device_list",
+    "env_device",
+]
 
 COMPUTE_DEVICES_ENV = "DPKERAS_COMPUTE_DEVICES"
 PARAMETER_DEVICE_ENV = "DPKERAS_PARAMETER_DEVICE"
@@ -34,7 +39,8 @@ def env_device_list(name):
     if not all(devices):
         raise ValueError(
             f"{name} must be a comma-separated list of devices such as '/gpu:0,/gpu:1'. "
-            f"Received: {name}={raw!r}")
+            f"Received: {name}={raw!r}"
+        )
     return devices
 
 

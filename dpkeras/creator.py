@@ -19,17 +19,21 @@ from dpkeras.variables import ParameterVariable
 
 __all__ = ["VariableCreator", "VALID_AGGREGATIONS"]
 
-VALID_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.SUM,
-                      tf.VariableAggregation.MEAN, tf.VariableAggregation.ONLY_FIRST_REPLICA)
+VALID_AGGREGATIONS = (
+    tf.VariableAggregation.NONE,
+    tf.VariableAggregation.SUM,
+    tf.VariableAggregation.MEAN,
+    tf.VariableAggregation.ONLY_FIRST_REPLICA,
+)
 
 
 def _check_aggregation_dtype(name, aggregation, dtype):
-    if aggregation == tf.VariableAggregation.MEAN and not (dtype.is_floating or
-                                                           dtype.is_complex):
+    if aggregation == tf.VariableAggregation.MEAN and not (dtype.is_floating or dtype.is_complex):
         raise ValueError(
             f"Variable {name!r} has dtype {dtype.name} and aggregation=MEAN; the mean of "
             f"integers across replicas is not an integer. Use aggregation SUM, "
-            f"ONLY_FIRST_REPLICA or NONE, or a floating dtype.")
+            f"ONLY_FIRST_REPLICA or NONE, or a floating dtype."
+        )
 
 
 class VariableCreator:
@@ -62,18 +66,22 @@ class VariableCreator:
         except Exception as e:  # a user policy may raise anything; say which variable
             raise ValueError(
                 f"The placement policy {self.policy!r} failed for variable {spec.path!r} "
-                f"({spec.kind}, shape {spec.shape}): {type(e).__name__}: {e}") from e
+                f"({spec.kind}, shape {spec.shape}): {type(e).__name__}: {e}"
+            ) from e
         try:
             device = canonical_device(device)
         except ValueError as e:
-            raise ValueError(f"The placement policy {self.policy!r} returned an invalid device "
-                             f"for variable {spec.path!r}: {e}") from None
+            raise ValueError(
+                f"The placement policy {self.policy!r} returned an invalid device "
+                f"for variable {spec.path!r}: {e}"
+            ) from None
         if device not in self._available:
             raise ValueError(
                 f"The placement policy {self.policy!r} placed variable {spec.path!r} on "
                 f"{short_device(device)}, which does not exist in this process. "
                 f"Available devices: "
-                f"{', '.join(sorted(short_device(d) for d in self._available))}.")
+                f"{', '.join(sorted(short_device(d) for d in self._available))}."
+            )
         return device
 
     def __call__(self, next_creator, **kwargs):
@@ -84,12 +92,14 @@ class VariableCreator:
         if aggregation not in VALID_AGGREGATIONS:
             raise ValueError(
                 f"Variable {name!r}: aggregation must be one of "
-                f"{[a.name for a in VALID_AGGREGATIONS]}. Received: aggregation={aggregation!r}")
+                f"{[a.name for a in VALID_AGGREGATIONS]}. Received: aggregation={aggregation!r}"
+            )
         dtype = kwargs.get("dtype")
         initial_value = kwargs.get("initial_value")
         if dtype is None and initial_value is not None and not callable(initial_value):
-            dtype = getattr(initial_value, "dtype", None) or tf.convert_to_tensor(
-                initial_value).dtype
+            dtype = (
+                getattr(initial_value, "dtype", None) or tf.convert_to_tensor(initial_value).dtype
+            )
         if dtype is not None:
             _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
         spec = placement.describe_variable(kwargs)
@@ -102,7 +112,8 @@ class VariableCreator:
         if not _tf_internals.is_resource_variable(variable):
             raise TypeError(
                 f"dpkeras places resource variables only; the variable creators below "
-                f"dpkeras.scope() returned {type(variable).__name__} for {name!r}.")
+                f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
+            )
         if dtype is None:
             _check_aggregation_dtype(name, aggregation, variable.dtype)
         if spec.shape is None:

@@ -7,8 +7,15 @@ reports, error messages). This module imports nothing from dpkeras: every other 
 
 import tensorflow as tf
 
-__all__ = ["LOCAL_JOB", "canonical_device", "short_device", "task_of", "is_local",
-           "host_of", "pull_device"]
+__all__ = [
+    "LOCAL_JOB",
+    "canonical_device",
+    "short_device",
+    "task_of",
+    "is_local",
+    "host_of",
+    "pull_device",
+]
 
 LOCAL_JOB = "localhost"
 
@@ -32,12 +39,14 @@ def canonical_device(device):
     if not isinstance(device, str):
         raise ValueError(
             f"A device must be a string such as '/gpu:0' or '/cpu:0'. "
-            f"Received: {device!r} (of type {type(device).__name__})")
+            f"Received: {device!r} (of type {type(device).__name__})"
+        )
     text = device.strip()
     if ":" not in text:
         raise ValueError(
             f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
-            f"Received: {device!r}")
+            f"Received: {device!r}"
+        )
     if not text.startswith("/"):
         text = "/device:" + text
     try:
@@ -45,14 +54,18 @@ def canonical_device(device):
     except (ValueError, TypeError) as e:
         raise ValueError(
             f"Cannot parse device {device!r}: {e}. Expected a device such as '/gpu:0', "
-            f"'/cpu:0' or '/job:localhost/replica:0/task:0/device:GPU:0'.") from None
+            f"'/cpu:0' or '/job:localhost/replica:0/task:0/device:GPU:0'."
+        ) from None
     if spec.device_type is None or spec.device_index is None:
         raise ValueError(
             f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
-            f"Received: {device!r}")
+            f"Received: {device!r}"
+        )
     job = spec.job or LOCAL_JOB
-    return (f"/job:{job}/replica:{spec.replica or 0}/task:{spec.task or 0}"
-            f"/device:{spec.device_type.upper()}:{spec.device_index}")
+    return (
+        f"/job:{job}/replica:{spec.replica or 0}/task:{spec.task or 0}"
+        f"/device:{spec.device_type.upper()}:{spec.device_index}"
+    )
 
 
 def is_local(device):

@@ -11,8 +11,12 @@ import tensorflow as tf
 from dpkeras import _tf_internals, cluster, config, placement
 from dpkeras.device_names import canonical_device, is_local, short_device, task_of
 
-__all__ = ["default_parameter_device", "default_compute_devices", "resolve_devices",
-           "simulate_cpu_devices"]
+__all__ = [
+    "default_parameter_device",
+    "default_compute_devices",
+    "resolve_devices",
+    "simulate_cpu_devices",
+]
 
 
 def _available():
@@ -45,8 +49,9 @@ def default_compute_devices(parameter_devices):
     others = [d for d in cpus if d not in parameter_devices]
     if others:
         held = ", ".join(short_device(d) for d in parameter_devices)
-        return others, (f"no GPU; {len(others)} logical CPU device(s) other than the parameter "
-                        f"device(s) {held}")
+        return others, (
+            f"no GPU; {len(others)} logical CPU device(s) other than the parameter device(s) {held}"
+        )
     return cpus[:1], "no GPU and a single CPU device: one replica on it"
 
 
@@ -58,7 +63,8 @@ def _check_exists(device, role, available, given=None):
             f"The {role} {short_device(device)} does not exist in this process. "
             f"Available devices: {', '.join(short_device(d) for d in available)}. "
             f"(On a CPU-only machine, call dpkeras.simulate_cpu_devices(n) before TensorFlow "
-            f"initialises to get n CPU devices.)")
+            f"initialises to get n CPU devices.)"
+        )
 
 
 def _check_remote(device, role, available, given):
@@ -70,18 +76,21 @@ def _check_remote(device, role, available, given):
             f"dpkeras runs on the devices of this process only; {given or device!r} names "
             f"another job, replica or task, and this process is connected to no cluster that "
             f"has it. Use a local device such as '/gpu:0', or pass cluster=... to train on a "
-            f"cluster.")
+            f"cluster."
+        )
     task = task_of(device)
     devices_of_task = [d for d in available if task_of(d) == task]
     if not devices_of_task:
         raise ValueError(
             f"The {role} {given or device!r} names {task}, which is not a task of the cluster "
-            f"this process is connected to (jobs: {spec.as_dict()}).")
+            f"this process is connected to (jobs: {spec.as_dict()})."
+        )
     raise ValueError(
         f"The {role} {given or device!r}: task {task} "
         f"({cluster.task_addresses(spec).get(task, '?')}) has no device "
         f"{device.rsplit('/device:', 1)[1]}. Its devices: "
-        f"{', '.join(d.rsplit('/device:', 1)[1] for d in devices_of_task)}.")
+        f"{', '.join(d.rsplit('/device:', 1)[1] for d in devices_of_task)}."
+    )
 
 
 def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=None):
@@ -99,11 +108,11 @@ def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=No
     reason = None
     if cluster_spec is not None:
         cluster.connect(cluster_spec)
-        default_compute, default_parameters, reason = cluster.default_cluster_devices(
-            cluster_spec)
+        default_compute, default_parameters, reason = cluster.default_cluster_devices(cluster_spec)
         if parameter_device is None and config.env_device(config.PARAMETER_DEVICE_ENV) is None:
-            parameter_device = (default_parameters[0] if len(default_parameters) == 1 else
-                                default_parameters)
+            parameter_device = (
+                default_parameters[0] if len(default_parameters) == 1 else default_parameters
+            )
         if compute_devices is None and config.env_device(config.COMPUTE_DEVICES_ENV) is None:
             compute_devices = default_compute
         else:
@@ -112,14 +121,20 @@ def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=No
         resolved = _resolve_devices(compute_devices, parameter_device)
         return resolved if reason is None else (*resolved[:3], reason)
     except ValueError as e:
-        used = [name for name, given in ((config.COMPUTE_DEVICES_ENV, compute_devices),
-                                         (config.PARAMETER_DEVICE_ENV, parameter_device))
-                if given is None and config.env_device(name) is not None]
+        used = [
+            name
+            for name, given in (
+                (config.COMPUTE_DEVICES_ENV, compute_devices),
+                (config.PARAMETER_DEVICE_ENV, parameter_device),
+            )
+            if given is None and config.env_device(name) is not None
+        ]
         if not used or any(name in str(e) for name in used):
             raise
         settings = ", ".join(f"{name}={os.environ[name]!r}" for name in used)
-        raise ValueError(f"{e} (Devices not passed as arguments come from the environment: "
-                         f"{settings}.)") from None
+        raise ValueError(
+            f"{e} (Devices not passed as arguments come from the environment: {settings}.)"
+        ) from None
 
 
 def _resolve_devices(compute_devices=None, parameter_device=None):
@@ -161,7 +176,8 @@ def _resolve_devices(compute_devices=None, parameter_device=None):
     if isinstance(compute_devices, str):
         raise ValueError(
             f"compute_devices must be a list of device strings, not one string. "
-            f"Received: compute_devices={compute_devices!r}; did you mean [{compute_devices!r}]?")
+            f"Received: compute_devices={compute_devices!r}; did you mean [{compute_devices!r}]?"
+        )
     available = _available()
     for device in policy_devices or (home,):
         _check_exists(device, "parameter device", available)
@@ -174,7 +190,8 @@ def _resolve_devices(compute_devices=None, parameter_device=None):
         raise ValueError(
             "compute_devices must name at least one device. Received: compute_devices=[]. "
             "Pass None to use every GPU (or, without GPUs, every CPU device but the parameter "
-            "device).")
+            "device)."
+        )
     canonical = [canonical_device(d) for d in compute_devices]
     seen = {}
     for given, name in zip(compute_devices, canonical):
@@ -182,15 +199,18 @@ def _resolve_devices(compute_devices=None, parameter_device=None):
             raise ValueError(
                 f"compute_devices lists {short_device(name)} twice ({seen[name]!r} and "
                 f"{given!r}); each compute device runs one replica. "
-                f"Received: compute_devices={compute_devices!r}")
+                f"Received: compute_devices={compute_devices!r}"
+            )
         seen[name] = given
     for given, name in zip(compute_devices, canonical):
         _check_exists(name, "compute device", available, given)
     reason = f"from the {source}"
     shared = [d for d in policy_devices if d in canonical]
     if shared:
-        reason += (f"; parameter device(s) {', '.join(short_device(d) for d in shared)} also "
-                   f"compute (like tf_cnn_benchmarks' --local_parameter_device)")
+        reason += (
+            f"; parameter device(s) {', '.join(short_device(d) for d in shared)} also "
+            f"compute (like tf_cnn_benchmarks' --local_parameter_device)"
+        )
     return tuple(canonical), policy, home, reason
 
 
@@ -221,7 +241,8 @@ def simulate_cpu_devices(n):
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(
             f"simulate_cpu_devices(n) needs a positive integer number of CPU devices. "
-            f"Received: n={n!r}")
+            f"Received: n={n!r}"
+        )
     cpu = tf.config.list_physical_devices("CPU")[0]
     if _tf_internals.context_initialized():
         current = tf.config.list_logical_devices("CPU")
@@ -231,6 +252,8 @@ def simulate_cpu_devices(n):
             f"simulate_cpu_devices({n}) must be called before TensorFlow initialises its "
             f"devices; this process already runs with {len(current)} logical CPU device(s). "
             f"Call it first thing in the program, before any TensorFlow op or model is "
-            f"created (in tests: one process per device configuration).")
+            f"created (in tests: one process per device configuration)."
+        )
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+    )

@@ -45,19 +45,21 @@ class InputPlan:
     def input_workers(self, options=None):
         """TF's `InputWorkers`: where each pipeline runs and which devices it feeds."""
         fetch = options is None or options.experimental_fetch_to_device
-        return _tf_internals.InputWorkers([
-            (host, devices if fetch else (host,) * len(devices))
-            for host, devices in self.workers])
+        return _tf_internals.InputWorkers(
+            [(host, devices if fetch else (host,) * len(devices)) for host, devices in self.workers]
+        )
 
     @staticmethod
     def check_options(options, api):
         """Raises NotImplementedError for per-replica input pipelines."""
-        if options is not None and (options.experimental_replication_mode ==
-                                    _tf_internals.InputReplicationMode.PER_REPLICA):
+        if options is not None and (
+            options.experimental_replication_mode == _tf_internals.InputReplicationMode.PER_REPLICA
+        ):
             raise NotImplementedError(
                 f"{api} under dpkeras supports InputReplicationMode.PER_WORKER (the default): "
                 f"one input pipeline rebatched over the replicas. Received: "
-                f"experimental_replication_mode=PER_REPLICA.")
+                f"experimental_replication_mode=PER_REPLICA."
+            )
 
     @staticmethod
     def check_not_empty(dataset):
@@ -68,7 +70,8 @@ class InputPlan:
                 f"Keras's fit, evaluate and predict would stop with a bare StopIteration. "
                 f"Received: {dataset!r}. Give it at least one batch (check for empty arrays, a "
                 f"filter or take that removes everything, or batch(..., drop_remainder=True) "
-                f"on fewer examples than one batch).")
+                f"on fewer examples than one batch)."
+            )
 
     def distribute_dataset(self, dataset, strategy, options):
         """`strategy.experimental_distribute_dataset`.
@@ -83,8 +86,12 @@ class InputPlan:
         self.check_not_empty(dataset)
         if len(self.workers) == 1:
             return _tf_internals.get_distributed_dataset(
-                dataset, self.input_workers(options), strategy,
-                num_replicas_in_sync=self.num_replicas, options=options)
+                dataset,
+                self.input_workers(options),
+                strategy,
+                num_replicas_in_sync=self.num_replicas,
+                options=options,
+            )
         hosts = [host for host, _ in self.workers]
         copies = _tf_internals.replicate(dataset, hosts)
         firsts = [0]
@@ -101,20 +108,24 @@ class InputPlan:
         """`strategy.distribute_datasets_from_function`: one pipeline per input host, each
         called with its `InputContext`."""
         self.check_options(options, "distribute_datasets_from_function")
-        contexts = [_tf_internals.InputContext(num_input_pipelines=len(self.workers),
-                                               input_pipeline_id=i,
-                                               num_replicas_in_sync=self.num_replicas)
-                    for i in range(len(self.workers))]
+        contexts = [
+            _tf_internals.InputContext(
+                num_input_pipelines=len(self.workers),
+                input_pipeline_id=i,
+                num_replicas_in_sync=self.num_replicas,
+            )
+            for i in range(len(self.workers))
+        ]
         return _tf_internals.get_distributed_datasets_from_function(
-            dataset_fn, self.input_workers(options), contexts, strategy, options=options)
+            dataset_fn, self.input_workers(options), contexts, strategy, options=options
+        )
 
     def distribute_values_from_function(self, value_fn):
         """`strategy.experimental_distribute_values_from_function`."""
         values = []
         for replica_id, device in enumerate(self.compute_devices):
             with tf.device(device):
-                values.append(value_fn(_tf_internals.ValueContext(replica_id,
-                                                                  self.num_replicas)))
+                values.append(value_fn(_tf_internals.ValueContext(replica_id, self.num_replicas)))
         return _tf_internals.regroup(values, always_wrap=True)
 
 
@@ -125,6 +136,7 @@ def _worker_slices(dataset, first, end, num_replicas):
     rebatching splits it (sizes differ by at most one, larger first: 10 over 4 is 3, 3, 2, 2);
     this yields, for each global batch, the slices of the given replicas, in order.
     """
+
     def slices(*element):
         batch = element if len(element) > 1 else element[0]
         rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]

@@ -46,12 +46,14 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         cluster_spec: a `tf.train.ClusterSpec` (see `dpkeras.cluster.resolve_cluster`) or None.
     """
 
-    def __init__(self, container_strategy, compute_devices=None, parameter_device=None,
-                 cluster_spec=None):
+    def __init__(
+        self, container_strategy, compute_devices=None, parameter_device=None, cluster_spec=None
+    ):
         super().__init__(container_strategy)
         self._cluster_spec = cluster_spec
-        compute, policy, home, reason = devices.resolve_devices(compute_devices,
-                                                                parameter_device, cluster_spec)
+        compute, policy, home, reason = devices.resolve_devices(
+            compute_devices, parameter_device, cluster_spec
+        )
         self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
         compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute
@@ -59,16 +61,20 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         self._parameter_devices = tuple(getattr(policy, "devices", ())) or (home,)
         self._device_reason = reason
         available = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
-        self._creator = VariableCreator(policy, available,
-                                        lambda variable, spec: ParameterVariable(self, variable,
-                                                                                 spec))
+        self._creator = VariableCreator(
+            policy, available, lambda variable, spec: ParameterVariable(self, variable, spec)
+        )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
         if cluster_spec is not None:
             cluster.watch(cluster_spec)  # a hung task ends the client, naming it
-        _log.info("dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
-                  [short_device(d) for d in compute], reason,
-                  [short_device(d) for d in self._parameter_devices], policy)
+        _log.info(
+            "dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
+            [short_device(d) for d in compute],
+            reason,
+            [short_device(d) for d in self._parameter_devices],
+            policy,
+        )
 
     # -- devices ------------------------------------------------------------------------------
 
@@ -154,7 +160,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         if not isinstance(colocate_with_variable, ParameterVariable):
             raise ValueError(
                 f"colocate_vars_with() needs a variable created under this strategy's scope. "
-                f"Received: {colocate_with_variable!r}")
+                f"Received: {colocate_with_variable!r}"
+            )
 
     # -- running replicas ---------------------------------------------------------------------
 
@@ -164,18 +171,22 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
             keras_steps.check_model_variables(model, self)
         n = self._num_replicas_in_sync
         state = replica_step.StepState(
-            gradient_weights=(keras_steps.gradient_weights(args, self._local_results, n,
-                                                           self._parameter_device)
-                              if step == "train_step" else None),
-            inputs=keras_steps.replica_inputs(args, kwargs, self._local_results, n))
+            gradient_weights=(
+                keras_steps.gradient_weights(args, self._local_results, n, self._parameter_device)
+                if step == "train_step"
+                else None
+            ),
+            inputs=keras_steps.replica_inputs(args, kwargs, self._local_results, n),
+        )
         serial = self._eager_steps if tf.executing_eagerly() else contextlib.nullcontext()
         with serial, replica_step.running(self, state):
-            result = _tf_internals.call_for_each_replica(self._container_strategy(), fn, args,
-                                                         kwargs)
+            result = _tf_internals.call_for_each_replica(
+                self._container_strategy(), fn, args, kwargs
+            )
         if keras_steps.is_check_finite(fn):
-            result = keras_steps.all_replicas_finite(result, self._local_results,
-                                                     self._parameter_device,
-                                                     _tf_internals.Mirrored)
+            result = keras_steps.all_replicas_finite(
+                result, self._local_results, self._parameter_device, _tf_internals.Mirrored
+            )
         return result
 
     def _use_merge_call(self):
@@ -219,7 +230,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"A value that is not per-replica cannot be reduced with SUM over "
                 f"{self._num_replicas_in_sync} replicas (it is unclear whether it stands for "
                 f"one replica or all). Received: {value!r}. Return it from strategy.run to "
-                f"get a per-replica value, or reduce with MEAN.")
+                f"get a per-replica value, or reduce with MEAN."
+            )
         self._check_same_shapes(value)
         return self._ledger.aggregate(reduce_op, value, self._reduction_device(destinations))
 
@@ -231,7 +243,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"Cannot reduce per-replica values of different shapes "
                 f"{[tuple(s) for s in known]} element-wise. With uneven per-replica batches, "
                 f"reduce along the batch axis (strategy.reduce(op, value, axis=0)) or use a "
-                f"global batch size divisible by {self._num_replicas_in_sync}.")
+                f"global batch size divisible by {self._num_replicas_in_sync}."
+            )
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         """`ReplicaContext.all_reduce`'s merge: as MirroredStrategy, a value that is not
@@ -242,9 +255,11 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         for value, destinations in value_destination_pairs:
             if isinstance(value, tf.distribute.DistributedValues):
                 self._check_same_shapes(value)
-            results.append(self._ledger.aggregate(reduce_op, value,
-                                                  self._reduction_device(destinations),
-                                                  from_every_replica=False))
+            results.append(
+                self._ledger.aggregate(
+                    reduce_op, value, self._reduction_device(destinations), from_every_replica=False
+                )
+            )
         return results
 
     def _gather_to_implementation(self, value, destinations, axis, options):
@@ -257,9 +272,14 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     def _broadcast_to(self, tensor, destinations):
         if isinstance(tensor, (float, int)):
             return tensor
-        targets = ([destinations] if isinstance(destinations, str) else
-                   [getattr(v, "device", self._parameter_device) for v in
-                    getattr(destinations, "values", [destinations])])
+        targets = (
+            [destinations]
+            if isinstance(destinations, str)
+            else [
+                getattr(v, "device", self._parameter_device)
+                for v in getattr(destinations, "values", [destinations])
+            ]
+        )
         copies = []
         for d in targets:
             with tf.device(d):
@@ -274,7 +294,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"Variable {getattr(var, 'name', var)!r} was not created under this "
                 f"strategy's scope, so dpkeras cannot update it on the parameter device. "
                 f"Create the model (and compile it) inside `with dpkeras.scope():`. "
-                f"Received a {type(var).__name__}.")
+                f"Received a {type(var).__name__}."
+            )
         select = self._ledger.select_single_value
         with tf.device(var.device), _tf_internals.UpdateContext(var.device):
             result = fn(var, *select(args, var.device), **select(kwargs, var.device))
@@ -299,8 +320,9 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         return self._input.distribute_dataset(dataset, self._container_strategy(), options)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
-        return self._input.distribute_datasets_from_function(dataset_fn,
-                                                             self._container_strategy(), options)
+        return self._input.distribute_datasets_from_function(
+            dataset_fn, self._container_strategy(), options
+        )
 
     def _experimental_distribute_values_from_function(self, value_fn):
         return self._input.distribute_values_from_function(value_fn)

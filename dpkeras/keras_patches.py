@@ -52,15 +52,25 @@ import keras
 
 from dpkeras import _keras_internals, resume, symbolic_build, task_failures
 
-__all__ = ["PATCHES", "Patch", "check", "install", "installed", "installed_during",
-           "keras_original", "source_sha256", "uninstall"]
+__all__ = [
+    "PATCHES",
+    "Patch",
+    "check",
+    "install",
+    "installed",
+    "installed_during",
+    "keras_original",
+    "source_sha256",
+    "uninstall",
+]
 
 SUPPORTED_KERAS = "3.15"
 
 
 def _backup_save_model(original, callback):
-    return resume.backup_save_model(original, callback,
-                                    keras_original(_by_name("saving_lib.save_weights_only")))
+    return resume.backup_save_model(
+        original, callback, keras_original(_by_name("saving_lib.save_weights_only"))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,41 +104,93 @@ def _model_checkpoint():
     return keras.callbacks.ModelCheckpoint
 
 
-_FIT = ("(self, x=None, y=None, batch_size=None, epochs=1, verbose='auto', callbacks=None, "
-        "validation_split=0.0, validation_data=None, shuffle=True, class_weight=None, "
-        "sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None, "
-        "validation_batch_size=None, validation_freq=1)")
-_EVALUATE = ("(self, x=None, y=None, batch_size=None, verbose='auto', sample_weight=None, "
-             "steps=None, callbacks=None, return_dict=False, **kwargs)")
+_FIT = (
+    "(self, x=None, y=None, batch_size=None, epochs=1, verbose='auto', callbacks=None, "
+    "validation_split=0.0, validation_data=None, shuffle=True, class_weight=None, "
+    "sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None, "
+    "validation_batch_size=None, validation_freq=1)"
+)
+_EVALUATE = (
+    "(self, x=None, y=None, batch_size=None, verbose='auto', sample_weight=None, "
+    "steps=None, callbacks=None, return_dict=False, **kwargs)"
+)
 _PREDICT = "(self, x, batch_size=None, verbose='auto', steps=None, callbacks=None)"
 
 
 PATCHES = (
-    Patch(_keras_internals.saving_module, "save_model", "saving_lib.save_model",
-          "(model, filepath, weights_format='h5', zipped=True)", resume.save_model),
-    Patch(_keras_internals.saving_module, "save_weights_only", "saving_lib.save_weights_only",
-          "(model, filepath, max_shard_size=None, objects_to_skip=None)",
-          resume.save_weights_only),
-    Patch(_backup_and_restore, "on_train_begin", "BackupAndRestore.on_train_begin",
-          "(self, logs=None)", resume.backup_on_train_begin),
-    Patch(_backup_and_restore, "_save_model", "BackupAndRestore._save_model", "(self)",
-          _backup_save_model,
-          source_sha256="5eb7b53ca13ad33d97bdb44f3208f772d2fe030f5d3b3f3fcced5322821f32b7"),
-    Patch(_backup_and_restore, "on_train_end", "BackupAndRestore.on_train_end",
-          "(self, logs=None)", resume.backup_on_train_end),
-    Patch(_model_checkpoint, "_save_model", "ModelCheckpoint._save_model",
-          "(self, epoch, batch, logs)", resume.checkpoint_save_model),
+    Patch(
+        _keras_internals.saving_module,
+        "save_model",
+        "saving_lib.save_model",
+        "(model, filepath, weights_format='h5', zipped=True)",
+        resume.save_model,
+    ),
+    Patch(
+        _keras_internals.saving_module,
+        "save_weights_only",
+        "saving_lib.save_weights_only",
+        "(model, filepath, max_shard_size=None, objects_to_skip=None)",
+        resume.save_weights_only,
+    ),
+    Patch(
+        _backup_and_restore,
+        "on_train_begin",
+        "BackupAndRestore.on_train_begin",
+        "(self, logs=None)",
+        resume.backup_on_train_begin,
+    ),
+    Patch(
+        _backup_and_restore,
+        "_save_model",
+        "BackupAndRestore._save_model",
+        "(self)",
+        _backup_save_model,
+        source_sha256="5eb7b53ca13ad33d97bdb44f3208f772d2fe030f5d3b3f3fcced5322821f32b7",
+    ),
+    Patch(
+        _backup_and_restore,
+        "on_train_end",
+        "BackupAndRestore.on_train_end",
+        "(self, logs=None)",
+        resume.backup_on_train_end,
+    ),
+    Patch(
+        _model_checkpoint,
+        "_save_model",
+        "ModelCheckpoint._save_model",
+        "(self, epoch, batch, logs)",
+        resume.checkpoint_save_model,
+    ),
     # Build an unbuilt model from the data's spec, not its first batch (dpkeras.symbolic_build).
-    Patch(_keras_internals.tensorflow_trainer, "_maybe_symbolic_build",
-          "TensorFlowTrainer._maybe_symbolic_build", "(self, iterator=None, data_batch=None)",
-          symbolic_build.maybe_symbolic_build),
+    Patch(
+        _keras_internals.tensorflow_trainer,
+        "_maybe_symbolic_build",
+        "TensorFlowTrainer._maybe_symbolic_build",
+        "(self, iterator=None, data_batch=None)",
+        symbolic_build.maybe_symbolic_build,
+    ),
     # On a cluster, name the task that failed (dpkeras.task_failures).
-    Patch(_keras_internals.tensorflow_trainer, "fit", "TensorFlowTrainer.fit", _FIT,
-          task_failures.naming_failed_tasks),
-    Patch(_keras_internals.tensorflow_trainer, "evaluate", "TensorFlowTrainer.evaluate",
-          _EVALUATE, task_failures.naming_failed_tasks),
-    Patch(_keras_internals.tensorflow_trainer, "predict", "TensorFlowTrainer.predict",
-          _PREDICT, task_failures.naming_failed_tasks),
+    Patch(
+        _keras_internals.tensorflow_trainer,
+        "fit",
+        "TensorFlowTrainer.fit",
+        _FIT,
+        task_failures.naming_failed_tasks,
+    ),
+    Patch(
+        _keras_internals.tensorflow_trainer,
+        "evaluate",
+        "TensorFlowTrainer.evaluate",
+        _EVALUATE,
+        task_failures.naming_failed_tasks,
+    ),
+    Patch(
+        _keras_internals.tensorflow_trainer,
+        "predict",
+        "TensorFlowTrainer.predict",
+        _PREDICT,
+        task_failures.naming_failed_tasks,
+    ),
 )
 
 _lock = threading.RLock()
@@ -161,13 +223,15 @@ def check(patch):
         raise RuntimeError(
             f"dpkeras cannot patch Keras {keras.__version__}: {patch.qualname} does not exist "
             f"(expected a function with signature {patch.signature}, as in Keras "
-            f"{SUPPORTED_KERAS}). Use the Keras version pinned in dpkeras's pyproject.toml.")
+            f"{SUPPORTED_KERAS}). Use the Keras version pinned in dpkeras's pyproject.toml."
+        )
     found = str(inspect.signature(original))
     if found != patch.signature:
         raise RuntimeError(
             f"dpkeras cannot patch Keras {keras.__version__}: {patch.qualname} has signature "
             f"{found}, expected {patch.signature} (as in Keras {SUPPORTED_KERAS}). Use the "
-            f"Keras version pinned in dpkeras's pyproject.toml.")
+            f"Keras version pinned in dpkeras's pyproject.toml."
+        )
 
 
 def source_sha256(function):

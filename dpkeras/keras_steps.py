@@ -21,8 +21,14 @@ import tensorflow as tf
 from dpkeras import _keras_internals
 from dpkeras.variables import ParameterVariable
 
-__all__ = ["step_model", "check_model_variables", "gradient_weights", "replica_inputs",
-           "is_check_finite", "all_replicas_finite"]
+__all__ = [
+    "step_model",
+    "check_model_variables",
+    "gradient_weights",
+    "replica_inputs",
+    "is_check_finite",
+    "all_replicas_finite",
+]
 
 _STEPS = ("train_step", "test_step", "predict_step")
 
@@ -53,7 +59,8 @@ def check_model_variables(model, extended):
                 f"Model {model.name!r} has variable {getattr(v, 'path', v.name)!r} that was "
                 f"not created under this strategy's scope ({type(value).__name__} on "
                 f"{value.device or 'no device'}), so it cannot be trained on the parameter "
-                f"device. Create the model (and compile it) inside `with dpkeras.scope():`.")
+                f"device. Create the model (and compile it) inside `with dpkeras.scope():`."
+            )
 
 
 def gradient_weights(args, local_results, num_replicas, device):
@@ -74,8 +81,9 @@ def gradient_weights(args, local_results, num_replicas, device):
     """
     if num_replicas == 1:
         return None
-    per_replica = next((x for x in tf.nest.flatten(args)
-                        if isinstance(x, tf.distribute.DistributedValues)), None)
+    per_replica = next(
+        (x for x in tf.nest.flatten(args) if isinstance(x, tf.distribute.DistributedValues)), None
+    )
     if per_replica is None:
         return None
     components = local_results(per_replica)
@@ -98,11 +106,15 @@ def replica_inputs(args, kwargs, local_results, num_replicas):
         return None
     inputs = [[] for _ in range(num_replicas)]
     for x in tf.nest.flatten((args, kwargs)):
-        parts = (local_results(x) if isinstance(x, tf.distribute.DistributedValues)
-                 else [x] * num_replicas)
+        parts = (
+            local_results(x)
+            if isinstance(x, tf.distribute.DistributedValues)
+            else [x] * num_replicas
+        )
         for replica, part in zip(inputs, parts):
-            replica += [t for t in tf.nest.flatten(part, expand_composites=True)
-                        if isinstance(t, tf.Tensor)]
+            replica += [
+                t for t in tf.nest.flatten(part, expand_composites=True) if isinstance(t, tf.Tensor)
+            ]
     return inputs
 
 

@@ -22,9 +22,18 @@ _tf_internals.register_dispatchable_type(keras.Variable)
 @tf.experimental.dispatch_for_api(tf.gather, {"params": keras.Variable})
 def _gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
     table = params.value  # the tf.Variable itself unless Keras autocasts this variable
-    if (isinstance(table, ParameterVariable) and batch_dims == 0 and
-            tf.get_static_value(axis if axis is not None else 0) == 0 and
-            replica_step.current(table.extended) is not None):
+    if (
+        isinstance(table, ParameterVariable)
+        and batch_dims == 0
+        and tf.get_static_value(axis if axis is not None else 0) == 0
+        and replica_step.current(table.extended) is not None
+    ):
         return table.sparse_read(indices, name=name)
-    return tf.gather(tf.convert_to_tensor(params), indices, validate_indices=validate_indices,
-                     axis=axis, batch_dims=batch_dims, name=name)
+    return tf.gather(
+        tf.convert_to_tensor(params),
+        indices,
+        validate_indices=validate_indices,
+        axis=axis,
+        batch_dims=batch_dims,
+        name=name,
+    )

@@ -48,15 +48,23 @@ def attach(optimizer, extended):
         return ctx.merge_call(_apply_summed, args=(list(grads), trainable_variables))
 
     def _apply_summed(strategy, grads, trainable_variables):
-        variables = (trainable_variables if trainable_variables is not None else
-                     optimizer.trainable_variables)
-        summed = [None if g is None else
-                  extended.aggregate("SUM", g, _device_of(v), from_every_replica=False)
-                  for g, v in zip(grads, variables)]
+        variables = (
+            trainable_variables
+            if trainable_variables is not None
+            else optimizer.trainable_variables
+        )
+        summed = [
+            None
+            if g is None
+            else extended.aggregate("SUM", g, _device_of(v), from_every_replica=False)
+            for g, v in zip(grads, variables)
+        ]
         # Ops Keras does not place (the iteration count's `+ 1`, the clipping norm) run on the
         # home parameter device, not wherever the placer would put them.
-        with tf.device(extended.parameter_devices[0]), (
-                replica_step.state_of(extended).after_inputs(0)):
+        with (
+            tf.device(extended.parameter_devices[0]),
+            replica_step.state_of(extended).after_inputs(0),
+        ):
             return keras_apply(summed, trainable_variables)
 
     _keras_internals.route_optimizer_apply(optimizer, apply)

@@ -33,8 +33,17 @@ import tensorflow as tf
 from dpkeras import _keras_internals, sizes
 from dpkeras.device_names import canonical_device, short_device
 
-__all__ = ["VariableSpec", "Policy", "single", "round_robin", "greedy_by_size", "by_path",
-           "as_policy", "describe_variable", "KINDS"]
+__all__ = [
+    "VariableSpec",
+    "Policy",
+    "single",
+    "round_robin",
+    "greedy_by_size",
+    "by_path",
+    "as_policy",
+    "describe_variable",
+    "KINDS",
+]
 
 KINDS = ("weight", "optimizer", "metric", "seed", "other")
 
@@ -53,6 +62,7 @@ class VariableSpec:
             state, such as its iteration count; slots follow their variable), `"metric"`,
             `"seed"` (random-number state) or `"other"`.
     """
+
     path: str
     shape: tuple
     dtype: str
@@ -76,7 +86,8 @@ class Policy:
         if isinstance(device_list, str) or not device_list:
             raise ValueError(
                 f"{name}() needs a non-empty list of devices, such as ['/gpu:0', '/gpu:1']. "
-                f"Received: {device_list!r}")
+                f"Received: {device_list!r}"
+            )
         canonical = [canonical_device(d) for d in device_list]
         if len(set(canonical)) != len(canonical):
             raise ValueError(f"{name}() lists a device twice. Received: {list(device_list)!r}")
@@ -128,14 +139,16 @@ class _ByPath(Policy):
         if not isinstance(rules, dict) or not rules:
             raise ValueError(
                 f"by_path() needs a dict {{regex: device}}, such as "
-                f"{{r'embedding': '/cpu:0'}}. Received: {rules!r}")
+                f"{{r'embedding': '/cpu:0'}}. Received: {rules!r}"
+            )
         self._rules = []
         for pattern, device in rules.items():
             try:
                 compiled = re.compile(pattern)
             except re.error as e:
-                raise ValueError(f"by_path(): {pattern!r} is not a valid regular expression: "
-                                 f"{e}") from None
+                raise ValueError(
+                    f"by_path(): {pattern!r} is not a valid regular expression: {e}"
+                ) from None
             self._rules.append((compiled, as_policy(device)))
         self._default = None if default is None else as_policy(default)
         candidates = [d for _, p in self._rules for d in getattr(p, "devices", ())]
@@ -150,7 +163,8 @@ class _ByPath(Policy):
         if self._default is None:
             raise ValueError(
                 f"no by_path() rule matches {spec.path!r} and there is no default. Rules: "
-                f"{[p.pattern for p, _ in self._rules]}")
+                f"{[p.pattern for p, _ in self._rules]}"
+            )
         return self._default(spec)
 
     def __repr__(self):
@@ -203,7 +217,8 @@ def as_policy(parameter_device):
     raise ValueError(
         f"parameter_device must be a device string, a list of devices, or a placement policy "
         f"(a callable taking a dpkeras.placement.VariableSpec and returning a device). "
-        f"Received: {parameter_device!r} (of type {type(parameter_device).__name__})")
+        f"Received: {parameter_device!r} (of type {type(parameter_device).__name__})"
+    )
 
 
 # Keras's SeedGenerator names its state variable so (keras/src/random/seed_generator.py).
@@ -248,6 +263,10 @@ def describe_variable(kwargs):
     trainable = kwargs.get("trainable")
     trainable = True if trainable is None else bool(trainable)
     callers = [entry.caller for entry in stack if entry.caller is not None]
-    return VariableSpec(path=path, shape=shape, dtype=tf.as_dtype(dtype).name,
-                        trainable=trainable,
-                        kind=_kind(leaf, kwargs.get("synchronization"), callers))
+    return VariableSpec(
+        path=path,
+        shape=shape,
+        dtype=tf.as_dtype(dtype).name,
+        trainable=trainable,
+        kind=_kind(leaf, kwargs.get("synchronization"), callers),
+    )

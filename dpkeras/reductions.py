@@ -28,15 +28,19 @@ def normalize_op(how):
 
 def _combine(parts):
     if all(isinstance(c, tf.IndexedSlices) for c in parts):
-        return tf.IndexedSlices(tf.concat([c.values for c in parts], 0),
-                                tf.concat([c.indices for c in parts], 0), parts[0].dense_shape)
+        return tf.IndexedSlices(
+            tf.concat([c.values for c in parts], 0),
+            tf.concat([c.indices for c in parts], 0),
+            parts[0].dense_shape,
+        )
     return tf.add_n([tf.convert_to_tensor(c) for c in parts])
 
 
 def _other_task_host(component, device):
     """The host of the task `component` was computed on, if that is not `device`'s task."""
-    source = getattr(component.values if isinstance(component, tf.IndexedSlices) else component,
-                     "device", "")
+    source = getattr(
+        component.values if isinstance(component, tf.IndexedSlices) else component, "device", ""
+    )
     try:
         return device_names.host_of(source) if device_names.pull_device(device, source) else None
     except ValueError:  # no device, or a partial one: leave it where TensorFlow puts it
@@ -53,8 +57,9 @@ def _presum_by_task(components, device):
     groups = {}
     for c in components:
         groups.setdefault(_other_task_host(c, device), []).append(c)
-    if len(components) < 2 or all(host is None or len(parts) == 1
-                                  for host, parts in groups.items()):
+    if len(components) < 2 or all(
+        host is None or len(parts) == 1 for host, parts in groups.items()
+    ):
         return components
     out = list(groups.pop(None, []))
     for host, parts in groups.items():
@@ -114,8 +119,9 @@ class ReductionLedger:
         if how == "ONLY_FIRST_REPLICA":
             return components[0]
         if how not in ("SUM", "MEAN"):
-            raise ValueError(f"Cannot reduce with {how!r}; expected SUM, MEAN or "
-                             f"ONLY_FIRST_REPLICA.")
+            raise ValueError(
+                f"Cannot reduce with {how!r}; expected SUM, MEAN or ONLY_FIRST_REPLICA."
+            )
         n = len(components)
         components = _presum_by_task(components, device)
         with tf.device(device):
@@ -123,14 +129,18 @@ class ReductionLedger:
                 values = tf.concat([c.values for c in components], axis=0)
                 if how == "MEAN":
                     values = values / tf.cast(n, values.dtype)
-                result = tf.IndexedSlices(values, tf.concat([c.indices for c in components], 0),
-                                          components[0].dense_shape)
+                result = tf.IndexedSlices(
+                    values, tf.concat([c.indices for c in components], 0), components[0].dense_shape
+                )
             else:
                 dense = [tf.convert_to_tensor(c) for c in components]
                 result = tf.add_n(dense) if len(dense) > 1 else tf.identity(dense[0])
                 if how == "MEAN":
-                    result = (result // n if result.dtype.is_integer else
-                              result / tf.cast(n, result.dtype))
+                    result = (
+                        result // n
+                        if result.dtype.is_integer
+                        else result / tf.cast(n, result.dtype)
+                    )
         self._remember(result, (how, value, from_every_replica))
         return result
 
@@ -163,8 +173,12 @@ class ReductionLedger:
             x = tf.IndexedSlices(key, self.source(x.indices), x.dense_shape)
         elif not sparse:
             x = key
-        if isinstance(key, tf.Tensor) and not tf.executing_eagerly() and device and (
-                key.device != device):
+        if (
+            isinstance(key, tf.Tensor)
+            and not tf.executing_eagerly()
+            and device
+            and (key.device != device)
+        ):
             recipe = self._lookup(key)
             if recipe is not None:
                 how, value, from_every_replica = recipe
@@ -173,10 +187,12 @@ class ReductionLedger:
 
     def select_single_value(self, structure, device=None):
         """Replica 0's component of each per-replica value; reductions moved to `device`."""
+
         def select(x):
             if isinstance(x, tf.distribute.DistributedValues):
                 x = self._local_results(x)[0]
             if isinstance(x, (tf.Tensor, tf.IndexedSlices)):
                 return self.on_device(x, device)
             return x
+
         return tf.nest.map_structure(select, structure)

@@ -121,7 +121,10 @@ def current(extended):
     replica_id = int(tf.get_static_value(ctx.replica_id_in_sync_group))
     state = state_of(extended)
     weights = state.gradient_weights
-    return ReplicaStep(replica_id=replica_id, num_replicas=len(extended.worker_devices),
-                       device=extended.worker_devices[replica_id],
-                       gradient_weight=None if weights is None else weights[replica_id],
-                       state=state)
+    return ReplicaStep(
+        replica_id=replica_id,
+        num_replicas=len(extended.worker_devices),
+        device=extended.worker_devices[replica_id],
+        gradient_weight=None if weights is None else weights[replica_id],
+        state=state,
+    )

@@ -23,6 +23,7 @@ __all__ = ["PlacementRow", "PlacementReport", "placement_report"]
 @dataclasses.dataclass(frozen=True)
 class PlacementRow:
     """One variable: its Keras path, kind, shape, dtype, size in bytes and device (short)."""
+
     path: str
     kind: str
     shape: tuple
@@ -34,6 +35,7 @@ class PlacementRow:
 @dataclasses.dataclass(frozen=True)
 class PlacementReport:
     """Rows in creation (or model) order, and `(variables, bytes)` per device."""
+
     rows: tuple
     title: str
 
@@ -47,8 +49,9 @@ class PlacementReport:
 
     def __str__(self):
         headers = ("Variable", "Kind", "Shape", "Dtype", "Bytes", "Device")
-        cells = [(r.path, r.kind, str(r.shape), r.dtype, f"{r.bytes:,}", r.device)
-                 for r in self.rows]
+        cells = [
+            (r.path, r.kind, str(r.shape), r.dtype, f"{r.bytes:,}", r.device) for r in self.rows
+        ]
         widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers)]
 
         def line(left, fill, mid, right):
@@ -57,9 +60,12 @@ class PlacementReport:
         def row(values):
             return "│" + "│".join(f" {v:<{w}} " for v, w in zip(values, widths)) + "│"
 
-        out = [self.title, line("┏", "━", "┳", "┓"),
-               "┃" + "┃".join(f" {h:<{w}} " for h, w in zip(headers, widths)) + "┃",
-               line("┡", "━", "╇", "┩")]
+        out = [
+            self.title,
+            line("┏", "━", "┳", "┓"),
+            "┃" + "┃".join(f" {h:<{w}} " for h, w in zip(headers, widths)) + "┃",
+            line("┡", "━", "╇", "┩"),
+        ]
         out += [row(c) for c in cells]
         out.append(line("└", "─", "┴", "┘"))
         for device, (n, b) in self.totals.items():
@@ -77,9 +83,14 @@ def _row(variable, path=None):
     shape = tuple(value.shape.as_list())
     dtype = tf.as_dtype(value.dtype)
     size = sizes.nbytes(value.shape, dtype)
-    return PlacementRow(path or getattr(variable, "path", None) or value.name.split(":")[0], kind,
-                        shape, dtype.name, size, short_device(value.device)
-                        if value.device else "-")
+    return PlacementRow(
+        path or getattr(variable, "path", None) or value.name.split(":")[0],
+        kind,
+        shape,
+        dtype.name,
+        size,
+        short_device(value.device) if value.device else "-",
+    )
 
 
 def _model_variables(model):
@@ -121,4 +132,5 @@ def placement_report(model_or_strategy):
         return PlacementReport(rows, f'Placement: model "{model_or_strategy.name}"')
     raise TypeError(
         f"placement_report() takes a keras.Model or a dpkeras.ParameterDeviceStrategy. "
-        f"Received: {model_or_strategy!r} (of type {type(model_or_strategy).__name__})")
+        f"Received: {model_or_strategy!r} (of type {type(model_or_strategy).__name__})"
+    )

@@ -78,11 +78,14 @@ def built_under_dpkeras(model):
     Returns:
         True if a variable of `model` is a `dpkeras.ParameterVariable`.
     """
-    return any(isinstance(_keras_internals.underlying_variable(v), ParameterVariable)
-               for v in getattr(model, "variables", ()))
+    return any(
+        isinstance(_keras_internals.underlying_variable(v), ParameterVariable)
+        for v in getattr(model, "variables", ())
+    )
 
 
 # -- random state ---------------------------------------------------------------------------
+
 
 def _seed_variables(model):
     """`(path, keras.Variable)` of every seed-generator state of `model`, in model order."""
@@ -107,8 +110,10 @@ def seed_states(model):
         called without a seed, cannot be used inside a step under any `tf.distribute`
         strategy: each replica thread would create its own; Keras raises.)
     """
-    return [{"path": path, "state": [int(x) for x in np.asarray(v.numpy()).ravel()]}
-            for path, v in _seed_variables(model)]
+    return [
+        {"path": path, "state": [int(x) for x in np.asarray(v.numpy()).ravel()]}
+        for path, v in _seed_variables(model)
+    ]
 
 
 def restore_seed_states(model, states):
@@ -123,7 +128,11 @@ def restore_seed_states(model, states):
         _log.warning(
             "dpkeras: the backup holds %d random-number generator state(s) but model %r has "
             "%d; not restoring them, so random draws (Dropout masks) will differ from an "
-            "uninterrupted run.", len(states), model.name, len(variables))
+            "uninterrupted run.",
+            len(states),
+            model.name,
+            len(variables),
+        )
         return
     for entry, (_, v) in zip(states, variables):
         v.assign(np.asarray(entry["state"], dtype=v.dtype).reshape(v.shape))
@@ -148,6 +157,7 @@ def _finite_loss(logs):
 
 # -- saving functions -----------------------------------------------------------------------
 
+
 def _local_suffix(filepath):
     """The suffix Keras requires of `filepath` if dpkeras can write it atomically, else None."""
     if not isinstance(filepath, (str, os.PathLike)):
@@ -169,8 +179,7 @@ def save_model(original, model, filepath, *args, **kwargs):
     suffix = _local_suffix(filepath)
     if suffix != ".keras" or not built_under_dpkeras(model) or not kwargs.get("zipped", True):
         return original(model, filepath, *args, **kwargs)
-    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath),
-                  suffix)
+    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath), suffix)
 
 
 def save_weights_only(original, model, filepath, *args, **kwargs):
@@ -179,15 +188,16 @@ def save_weights_only(original, model, filepath, *args, **kwargs):
     suffix = _local_suffix(filepath)
     if suffix != ".weights.h5" or sharded or not built_under_dpkeras(model):
         return original(model, filepath, *args, **kwargs)
-    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath),
-                  suffix)
+    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath), suffix)
 
 
 # -- BackupAndRestore -----------------------------------------------------------------------
 
+
 def _backup_applies(callback):
-    return (built_under_dpkeras(callback.model) and
-            not _keras_internals.is_remote_path(callback.backup_dir))
+    return built_under_dpkeras(callback.model) and not _keras_internals.is_remote_path(
+        callback.backup_dir
+    )
 
 
 def _read_metadata(path):
@@ -216,7 +226,8 @@ def _recover_backup(callback):
             os.replace(path, callback._weights_path)  # roll forward
             atomic_files.fsync_dir(callback.backup_dir)
         elif (name.startswith(_PENDING_PREFIX) and name.endswith(".weights.h5")) or (
-                atomic_files.TMP_TAG in name):
+            atomic_files.TMP_TAG in name
+        ):
             with contextlib.suppress(OSError):
                 os.remove(path)
     return metadata
@@ -241,8 +252,11 @@ def backup_on_train_begin(original, callback, logs=None):
                 "dpkeras: resuming from a backup taken after %d batch(es) of epoch %d. Keras 3 "
                 "restarts that epoch from its first batch, so those %d batch(es) are trained "
                 "a second time. For an exact resume use BackupAndRestore(save_freq='epoch') "
-                "or a multiple of the steps per epoch.", done, callback._current_epoch + 1,
-                done)
+                "or a multiple of the steps per epoch.",
+                done,
+                callback._current_epoch + 1,
+                done,
+            )
     return result
 
 
@@ -264,7 +278,10 @@ def backup_save_model(original, callback, save_weights):
     if not _weights_finite(model):
         _log.warning(
             "dpkeras: not backing up model %r to %s: its weights are NaN or Inf. The last "
-            "backup with finite weights is kept.", model.name, callback.backup_dir)
+            "backup with finite weights is kept.",
+            model.name,
+            callback.backup_dir,
+        )
         return None
     os.makedirs(callback.backup_dir, exist_ok=True)
     epoch, batch, complete = callback._current_epoch, callback._last_batch_seen, True
@@ -278,14 +295,17 @@ def backup_save_model(original, callback, save_weights):
     if callback.double_checkpoint and os.path.exists(callback._weights_path):
         atomic_files.copy(callback._weights_path, callback._prev_weights_path)
         if os.path.exists(callback._training_metadata_path):
-            atomic_files.copy(callback._training_metadata_path,
-                              callback._prev_training_metadata_path)
+            atomic_files.copy(
+                callback._training_metadata_path, callback._prev_training_metadata_path
+            )
     pending = os.path.join(callback.backup_dir, _pending_name(generation))
     save_weights(model, pending)
     atomic_files.fsync_file(pending)
-    metadata = {"epoch": epoch, "batch": batch,
-                _KEY: {"generation": generation, "epoch_complete": complete,
-                       "seeds": seed_states(model)}}
+    metadata = {
+        "epoch": epoch,
+        "batch": batch,
+        _KEY: {"generation": generation, "epoch_complete": complete, "seeds": seed_states(model)},
+    }
     atomic_files.write_json(callback._training_metadata_path, metadata)  # the commit
     os.replace(pending, callback._weights_path)
     atomic_files.fsync_dir(callback.backup_dir)
@@ -294,24 +314,33 @@ def backup_save_model(original, callback, save_weights):
 
 def backup_on_train_end(original, callback, logs=None):
     """`BackupAndRestore.on_train_end`: keeps the backup if the weights are NaN or Inf."""
-    if _backup_applies(callback) and callback.delete_checkpoint and not _weights_finite(
-            callback.model):
+    if (
+        _backup_applies(callback)
+        and callback.delete_checkpoint
+        and not _weights_finite(callback.model)
+    ):
         _log.warning(
             "dpkeras: training of model %r ended with NaN or Inf weights; keeping the last "
-            "good backup in %s (delete it to start over).", callback.model.name,
-            callback.backup_dir)
+            "good backup in %s (delete it to start over).",
+            callback.model.name,
+            callback.backup_dir,
+        )
         return None
     return original(callback, logs)
 
 
 # -- ModelCheckpoint ------------------------------------------------------------------------
 
+
 def checkpoint_save_model(original, callback, epoch, batch, logs):
     """`ModelCheckpoint._save_model`: does not save when the loss is NaN or Inf."""
     if built_under_dpkeras(callback.model) and not _finite_loss(logs):
         _log.warning(
             "dpkeras: ModelCheckpoint is not saving model %r in epoch %d: the loss is %s. "
-            "The last checkpoint is kept.", callback.model.name, epoch + 1,
-            (logs or {}).get("loss"))
+            "The last checkpoint is kept.",
+            callback.model.name,
+            epoch + 1,
+            (logs or {}).get("loss"),
+        )
         return None
     return original(callback, epoch, batch, logs)

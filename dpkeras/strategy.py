@@ -62,8 +62,11 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
     """
 
     def __init__(self, compute_devices=None, parameter_device=None, cluster=None):
-        super().__init__(ParameterDeviceExtended(self, compute_devices, parameter_device,
-                                                 resolve_cluster(cluster)))
+        super().__init__(
+            ParameterDeviceExtended(
+                self, compute_devices, parameter_device, resolve_cluster(cluster)
+            )
+        )
 
     @property
     def compute_devices(self):
@@ -81,5 +84,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)
-        return (f"ParameterDeviceStrategy(compute_devices=[{compute}], "
-                f"parameter_device={short_device(self.parameter_device)!r})")
+        return (
+            f"ParameterDeviceStrategy(compute_devices=[{compute}], "
+            f"parameter_device={short_device(self.parameter_device)!r})"
+        )

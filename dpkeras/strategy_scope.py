@@ -25,8 +25,11 @@ def get_strategy(compute_devices=None, parameter_device=None, cluster=None):
     """
     spec = resolve_cluster(cluster)
     compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
-    jobs = None if spec is None else tuple(sorted((job, tuple(addresses))
-                                                  for job, addresses in spec.as_dict().items()))
+    jobs = (
+        None
+        if spec is None
+        else tuple(sorted((job, tuple(addresses)) for job, addresses in spec.as_dict().items()))
+    )
     if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
         placed = tuple(getattr(policy, "devices", (home,)))
         parameter_device = placed[0] if len(placed) == 1 else list(placed)
@@ -78,6 +81,7 @@ def scope(compute_devices=None, parameter_device=None, cluster=None):
             raise ValueError(
                 f"dpkeras.scope() cannot be entered inside the scope of another strategy: "
                 f"{current!r} is active and this scope would be {strategy!r}. Leave the "
-                f"other scope first; a model belongs to the strategy it was built under.")
+                f"other scope first; a model belongs to the strategy it was built under."
+            )
     with strategy.scope():
         yield strategy

@@ -26,14 +26,22 @@ from dpkeras.device_names import canonical_device, short_device
 
 __all__ = ["TransferReport", "record_transfers", "train_step_transfers"]
 
-_COLLECTIVE_OPS = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
-                   "CollectiveGather", "CollectiveGatherV2", "NcclAllReduce",
-                   "CollectiveAllToAllV2", "CollectiveAllToAllV3")
+_COLLECTIVE_OPS = (
+    "CollectiveReduce",
+    "CollectiveReduceV2",
+    "CollectiveReduceV3",
+    "CollectiveGather",
+    "CollectiveGatherV2",
+    "NcclAllReduce",
+    "CollectiveAllToAllV2",
+    "CollectiveAllToAllV3",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
     """One tensor sent from `source` to `destination` device (short names, e.g. `/cpu:0`)."""
+
     source: str
     destination: str
     tensor: str
@@ -51,6 +59,7 @@ class TransferReport:
         collectives: tuple of `(device, op_type, bytes)`, one per collective op instance.
         devices: tuple of the short names of the devices the function ran on.
     """
+
     transfers: tuple
     collectives: tuple
     devices: tuple
@@ -103,8 +112,12 @@ def _carries_no_data(send, nodes):
     if send.attr["tensor_name"].s.startswith(b"GroupCrossDeviceControlEdges"):
         return True
     source = nodes.get(send.input[0].split(":")[0].lstrip("^"))
-    return source is not None and source.op == "Const" and all(
-        i.startswith("^") for i in source.input) and bool(source.input)
+    return (
+        source is not None
+        and source.op == "Const"
+        and all(i.startswith("^") for i in source.input)
+        and bool(source.input)
+    )
 
 
 def _shapes_graph(graph_def):
@@ -144,19 +157,30 @@ def _report_from_function_graph(function_graph):
             if node.device:
                 seen_devices.add(_short(node.device))
             if node.op == "_Send":
-                source, destination = (_short(node.attr["send_device"].s.decode()),
-                                       _short(node.attr["recv_device"].s.decode()))
+                source, destination = (
+                    _short(node.attr["send_device"].s.decode()),
+                    _short(node.attr["recv_device"].s.decode()),
+                )
                 if source == destination or _carries_no_data(node, by_name):
                     continue
                 dtype = tf.as_dtype(node.attr["T"].type)
                 tensor = output(node.input[0])
-                shape = tuple(tensor.shape.as_list()) if (
-                    tensor is not None and tensor.shape.rank is not None) else None
+                shape = (
+                    tuple(tensor.shape.as_list())
+                    if (tensor is not None and tensor.shape.rank is not None)
+                    else None
+                )
                 size = sizes.nbytes(shape, dtype)
-                transfers.append(Transfer(source, destination,
-                                          re.sub(r"^edge_\d+_", "",
-                                                 node.attr["tensor_name"].s.decode()),
-                                          dtype.name, shape, size))
+                transfers.append(
+                    Transfer(
+                        source,
+                        destination,
+                        re.sub(r"^edge_\d+_", "", node.attr["tensor_name"].s.decode()),
+                        dtype.name,
+                        shape,
+                        size,
+                    )
+                )
             elif node.op in _COLLECTIVE_OPS:
                 tensor = output(node.name + ":0")
                 size = 0 if tensor is None else sizes.nbytes(tensor.shape, tensor.dtype)
@@ -173,12 +197,19 @@ class TransferRecorder:
     def reports(self):
         """A `TransferReport` for every multi-device function recorded, largest first."""
         if self._metadata is None:
-            raise RuntimeError("record_transfers() has not finished yet; call report() after "
-                               "the `with` block.")
-        reports = [_report_from_function_graph(fg) for fg in self._metadata.function_graphs
-                   if len(fg.partition_graphs) > 1]
-        return sorted(reports, key=lambda r: (len(r.devices), len(r.transfers) +
-                                              len(r.collectives)), reverse=True)
+            raise RuntimeError(
+                "record_transfers() has not finished yet; call report() after the `with` block."
+            )
+        reports = [
+            _report_from_function_graph(fg)
+            for fg in self._metadata.function_graphs
+            if len(fg.partition_graphs) > 1
+        ]
+        return sorted(
+            reports,
+            key=lambda r: (len(r.devices), len(r.transfers) + len(r.collectives)),
+            reverse=True,
+        )
 
     def report(self):
         """The report of the function that spans the most devices: the training step.
@@ -195,7 +226,8 @@ class TransferRecorder:
             raise ValueError(
                 "No multi-device function was instantiated while recording. Functions traced "
                 "before record_transfers() are not recorded: set model.train_function = None "
-                "(or use dpkeras.train_step_transfers) so the step is traced inside.")
+                "(or use dpkeras.train_step_transfers) so the step is traced inside."
+            )
         return reports[0]
 
 
@@ -234,8 +266,16 @@ def train_step_transfers(model, x, y=None, batch_size=None, sample_weight=None):
     model.train_function = None
     try:
         with record_transfers() as recorder:
-            model.fit(x, y, sample_weight=sample_weight, batch_size=batch_size, epochs=1,
-                      steps_per_epoch=1, shuffle=False, verbose=0)
+            model.fit(
+                x,
+                y,
+                sample_weight=sample_weight,
+                batch_size=batch_size,
+                epochs=1,
+                steps_per_epoch=1,
+                shuffle=False,
+                verbose=0,
+            )
     finally:
         model.train_function = None
     return recorder.report()

@@ -165,9 +165,7 @@ class LocalVariable:
         return self._variable[index]
 
     def __repr__(self):
-        return (
-            f"<LocalVariable path={self.path!r} shape={tuple(self.shape)} dtype={self.dtype}>"
-        )
+        return f"<LocalVariable path={self.path!r} shape={tuple(self.shape)} dtype={self.dtype}>"
 
 
 def variable(

@@ -920,8 +920,7 @@ def _standardize_shape(what, shape):
         ) from error
     if any(d is None for d in dims):
         raise ValueError(
-            f"{what}: shape must be fully defined (no None dimensions). Received: "
-            f"shape={shape!r}"
+            f"{what}: shape must be fully defined (no None dimensions). Received: shape={shape!r}"
         )
     return dims
 

@@ -76,8 +76,9 @@ def _scale_gradient(grad, weight):
     if weight is None or grad is None:
         return grad
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(weight, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
+        return tf.IndexedSlices(
+            grad.values * tf.cast(weight, grad.values.dtype), grad.indices, grad.dense_shape
+        )
     return grad * tf.cast(weight, grad.dtype)
 
 
@@ -150,8 +151,9 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
     def _replica_read(self, step):
         replica_id = step.replica_id
         eager = tf.executing_eagerly()
-        cache = None if eager else self._replica_reads.setdefault(tf.compat.v1.get_default_graph(),
-                                                                  {})
+        cache = (
+            None if eager else self._replica_reads.setdefault(tf.compat.v1.get_default_graph(), {})
+        )
         value = None if cache is None else cache.get(replica_id)
         if value is None:
             # The read stays on the parameter device: TensorFlow sends a tensor once to each
@@ -173,16 +175,20 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
                         cache[host] = value
             if self._kind == "seed" and replica_id:
                 with tf.device(step.device):
-                    value = value + tf.constant([replica_id * _REPLICA_SEED_STRIDE, 0],
-                                                dtype=value.dtype)
+                    value = value + tf.constant(
+                        [replica_id * _REPLICA_SEED_STRIDE, 0], dtype=value.dtype
+                    )
             if cache is not None:
                 cache[replica_id] = value
         if self.trainable:
             weight = step.gradient_weight
             _tf_internals.record_operation(
-                "ReadVariableOp", [value], [self.handle],
+                "ReadVariableOp",
+                [value],
+                [self.handle],
                 backward_function=lambda g: [_scale_gradient(g, weight)],
-                forward_function=lambda x: [x])
+                forward_function=lambda x: [x],
+            )
         return value
 
     def sparse_read(self, indices, name=None):
@@ -199,11 +205,21 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
 
             def backward(grad):
                 values = tf.reshape(grad, tf.concat([[-1], row_shape], 0))
-                return [tf.IndexedSlices(values * tf.cast(weight, values.dtype), flat_indices,
-                                         tf.constant(self.shape.as_list()))]
-            _tf_internals.record_operation("ResourceGather", [value], [self.handle],
-                                           backward_function=backward,
-                                           forward_function=lambda x: [x])
+                return [
+                    tf.IndexedSlices(
+                        values * tf.cast(weight, values.dtype),
+                        flat_indices,
+                        tf.constant(self.shape.as_list()),
+                    )
+                ]
+
+            _tf_internals.record_operation(
+                "ResourceGather",
+                [value],
+                [self.handle],
+                backward_function=backward,
+                forward_function=lambda x: [x],
+            )
         return value
 
     def _invalidate_reads(self):
@@ -224,8 +240,11 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
             self._invalidate_reads()
             with step.after_inputs(0):
                 return write(value, **kwargs)
-        if self.synchronization == _ON_READ and self.aggregation != _NONE and method in (
-                "assign", "assign_add", "assign_sub"):
+        if (
+            self.synchronization == _ON_READ
+            and self.aggregation != _NONE
+            and method in ("assign", "assign_add", "assign_sub")
+        ):
             return self._merge_on_read_write(method, value, step)
         if self.aggregation == _NONE:
             if step.replica_id == 0:
@@ -234,7 +253,8 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
                     return write(value, **kwargs)
             return self._dropped_write_value(method, value, step)
         return tf.distribute.get_replica_context().merge_call(
-            self._merge_aggregated_write, args=(method, value), kwargs=kwargs)
+            self._merge_aggregated_write, args=(method, value), kwargs=kwargs
+        )
 
     def _as_assign_add(self, value, step):
         """`("assign_add", x)` for an `assign(read + x)` whose result that gives, else as is.
@@ -244,8 +264,9 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         to `N * read + sum(x_i)`, nor for ON_READ state, which has its own exact path.
         """
         single = step.num_replicas == 1
-        if not single and (self.synchronization == _ON_READ or self.aggregation ==
-                           tf.VariableAggregation.SUM):
+        if not single and (
+            self.synchronization == _ON_READ or self.aggregation == tf.VariableAggregation.SUM
+        ):
             return "assign", value
         delta = _added_delta(value, self._replica_read(step))
         if delta is None or self._kind == "seed" and step.replica_id:
@@ -283,16 +304,19 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
             return getattr(super(), method)(value, **kwargs)
 
     def assign(self, value, use_locking=None, name=None, read_value=True):
-        return self._write("assign", value, use_locking=use_locking, name=name,
-                           read_value=read_value)
+        return self._write(
+            "assign", value, use_locking=use_locking, name=name, read_value=read_value
+        )
 
     def assign_add(self, delta, use_locking=None, name=None, read_value=True):
-        return self._write("assign_add", delta, use_locking=use_locking, name=name,
-                           read_value=read_value)
+        return self._write(
+            "assign_add", delta, use_locking=use_locking, name=name, read_value=read_value
+        )
 
     def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
-        return self._write("assign_sub", delta, use_locking=use_locking, name=name,
-                           read_value=read_value)
+        return self._write(
+            "assign_sub", delta, use_locking=use_locking, name=name, read_value=read_value
+        )
 
     def scatter_add(self, sparse_delta, use_locking=False, name=None):
         return self._write("scatter_add", sparse_delta, use_locking=use_locking, name=name)
@@ -338,7 +362,8 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         raise NotImplementedError(
             f"{method} in a replica context needs aggregation=NONE; variable {self.name} has "
             f"aggregation={self.aggregation}. Call it in cross-replica context "
-            f"(for example inside strategy.extended.update) instead.")
+            f"(for example inside strategy.extended.update) instead."
+        )
 
     def _strided_slice_assign(self, *args, **kwargs):
         self._invalidate_reads()
@@ -346,7 +371,8 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
 
     def __repr__(self):
         if tf.executing_eagerly():
-            return (f"<dpkeras.ParameterVariable '{self.name}' shape={self.shape} "
-                    f"dtype={self.dtype.name} device={self.device} kind={self._kind}>")
+            return (
+                f"<dpkeras.ParameterVariable '{self.name}' shape={self.shape} "
+                f"dtype={self.dtype.name} device={self.device} kind={self._kind}>"
+            )
         return super().__repr__()
-

@@ -42,8 +42,13 @@ def run_python(code, cpus=None, env=None, timeout=600):
     if cpus is not None:
         prefix = f"import dpkeras\ndpkeras.simulate_cpu_devices({cpus})\n"
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    proc = subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)],
-                          capture_output=True, text=True, env=full_env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", prefix + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         pytest.fail(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout

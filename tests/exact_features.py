@@ -19,8 +19,11 @@ TOKENS = np.where(RNG.rand(48, 5) < 0.3, 0, RNG.randint(1, 20, (48, 5))).astype(
 
 def _dense(optimizer=None, metrics=("accuracy",), loss=None):
     model = keras.Sequential([keras.Input((6,)), L.Dense(8, activation="relu"), L.Dense(3)])
-    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1), metrics=list(metrics),
-                  loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=optimizer or keras.optimizers.SGD(0.1),
+        metrics=list(metrics),
+        loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -28,30 +31,43 @@ def _multi_io():
     a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
     h = L.Dense(8, activation="relu")(L.Concatenate()([a, b]))
     model = keras.Model([a, b], [L.Dense(3, name="c")(h), L.Dense(1, name="r")(h)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=[keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"])
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=[keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"],
+    )
     return model
 
 
 def _masking():
-    model = keras.Sequential([keras.Input((5,), dtype="int32"), L.Embedding(20, 4, mask_zero=True),
-                              L.GlobalAveragePooling1D(), L.Dense(3)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            L.Embedding(20, 4, mask_zero=True),
+            L.GlobalAveragePooling1D(),
+            L.Dense(3),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
 class _ActivityLoss(L.Layer):
     def call(self, x):
-        self.add_loss(0.01 * keras.ops.mean(x ** 2))
+        self.add_loss(0.01 * keras.ops.mean(x**2))
         return x
 
 
 def _add_loss():
-    model = keras.Sequential([keras.Input((6,)), L.Dense(8, kernel_regularizer="l2"),
-                              _ActivityLoss(), L.Dense(3)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [keras.Input((6,)), L.Dense(8, kernel_regularizer="l2"), _ActivityLoss(), L.Dense(3)]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -63,16 +79,26 @@ FEATURES = {
     "class_weight": (_dense, {"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}}, "dense"),
     "add_loss_and_regularizers": (_add_loss, {}, "dense"),
     "multi_input_output": (_multi_io, {}, "multi"),
-    "auc_metric": (lambda: _dense(metrics=[keras.metrics.AUC(from_logits=True)],
-                                  loss=keras.losses.CategoricalCrossentropy(from_logits=True)),
-                   {}, "onehot"),
-    "ema": (lambda: _dense(keras.optimizers.SGD(0.1, use_ema=True, ema_overwrite_frequency=2)),
-            {}, "dense"),
-    "weight_decay": (lambda: _dense(keras.optimizers.AdamW(0.01, weight_decay=0.1)), {},
-                     "dense"),
+    "auc_metric": (
+        lambda: _dense(
+            metrics=[keras.metrics.AUC(from_logits=True)],
+            loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+        ),
+        {},
+        "onehot",
+    ),
+    "ema": (
+        lambda: _dense(keras.optimizers.SGD(0.1, use_ema=True, ema_overwrite_frequency=2)),
+        {},
+        "dense",
+    ),
+    "weight_decay": (lambda: _dense(keras.optimizers.AdamW(0.01, weight_decay=0.1)), {}, "dense"),
     "clipnorm": (lambda: _dense(keras.optimizers.SGD(0.1, clipnorm=0.05)), {}, "dense"),
     "gradient_accumulation": (
-        lambda: _dense(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)), {}, "dense"),
+        lambda: _dense(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)),
+        {},
+        "dense",
+    ),
     "masking": (_masking, {}, "tokens"),
     "validation": (_dense, {"validation_data": (X[:12], Y[:12])}, "dense"),
     "callbacks": (_dense, {"callbacks": "lr_schedule"}, "dense"),
@@ -85,14 +111,15 @@ FEATURES["mixed_precision"] = (_dense, {}, "dense")
 
 
 def _with(model, **compile_changes):
-    model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"],
-                  **compile_changes)
+    model.compile(
+        optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"], **compile_changes
+    )
     return model
 
 
 def _batches():
     for i in range(4):
-        yield X[i * 12:(i + 1) * 12], Y[i * 12:(i + 1) * 12]
+        yield X[i * 12 : (i + 1) * 12], Y[i * 12 : (i + 1) * 12]
 
 
 def _data(kind):
@@ -110,8 +137,9 @@ def run(feature, strategy=None):
     build, fit_kwargs, kind = FEATURES[feature]
     fit_kwargs = dict(fit_kwargs)
     if fit_kwargs.get("callbacks") == "lr_schedule":
-        fit_kwargs["callbacks"] = [keras.callbacks.LearningRateScheduler(
-            lambda epoch, lr: lr * 0.5)]
+        fit_kwargs["callbacks"] = [
+            keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5)
+        ]
     if feature == "mixed_precision":
         keras.config.set_dtype_policy("mixed_float16")
     try:
@@ -127,14 +155,17 @@ def run(feature, strategy=None):
             evaluation = model.evaluate(_batches(), verbose=0)
         else:
             x, y = _data(kind)
-            history = model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False,
-                                verbose=0, **fit_kwargs).history
+            history = model.fit(
+                x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0, **fit_kwargs
+            ).history
             evaluation = model.evaluate(x, y, batch_size=batch_size, verbose=0)
     finally:
         keras.config.set_dtype_policy("float32")
-    return {"weights": [w.tolist() for w in model.get_weights()],
-            "loss": [float(v) for v in history["loss"]],
-            "evaluate": np.ravel(evaluation).astype(float).tolist()}
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "loss": [float(v) for v in history["loss"]],
+        "evaluate": np.ravel(evaluation).astype(float).tolist(),
+    }
 
 
 def compare(feature, expected, actual):

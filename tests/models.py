@@ -28,17 +28,27 @@ def build_model(kind, optimizer="adam", seed=7, metrics=("accuracy",)):
         "dropout": [keras.Input((12,)), L.Dense(16), L.Dropout(0.5), L.Dense(4)],
         "lstm": [keras.Input((5, 8)), L.LSTM(6), L.Dense(4)],
         "gru": [keras.Input((5, 8)), L.GRU(6), L.Dense(4)],
-        "embedding": [keras.Input((6,), dtype="int32"), L.Embedding(50, 8),
-                      L.GlobalAveragePooling1D(), L.Dense(4)],
+        "embedding": [
+            keras.Input((6,), dtype="int32"),
+            L.Embedding(50, 8),
+            L.GlobalAveragePooling1D(),
+            L.Dense(4),
+        ],
         "conv2d": [keras.Input((8, 8, 3)), L.Conv2D(4, 3), L.Flatten(), L.Dense(4)],
     }[kind]
     model = keras.Sequential(body)
-    opt = {"adam": lambda: keras.optimizers.Adam(0.01),
-           "sgd": lambda: keras.optimizers.SGD(0.1)}[optimizer]() if isinstance(
-               optimizer, str) else optimizer
-    model.compile(optimizer=opt,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=list(metrics))
+    opt = (
+        {"adam": lambda: keras.optimizers.Adam(0.01), "sgd": lambda: keras.optimizers.SGD(0.1)}[
+            optimizer
+        ]()
+        if isinstance(optimizer, str)
+        else optimizer
+    )
+    model.compile(
+        optimizer=opt,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=list(metrics),
+    )
     return model
 
 

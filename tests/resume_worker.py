@@ -51,10 +51,15 @@ def build_model(dropout=True):
     """The compiled model; the same initial weights and seeds for every call in a process."""
     keras.utils.set_random_seed(SEED)
     layers = keras.layers
-    model = keras.Sequential([keras.Input((12,)), layers.Dense(16), layers.BatchNormalization()]
-                             + ([layers.Dropout(0.5)] if dropout else []) + [layers.Dense(4)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [keras.Input((12,)), layers.Dense(16), layers.BatchNormalization()]
+        + ([layers.Dropout(0.5)] if dropout else [])
+        + [layers.Dense(4)]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -103,6 +108,7 @@ def _install_traps(kills):
         def wrapped(*args, **kwargs):
             trap(kind)
             return original(*args, **kwargs)
+
         setattr(owner, name, wrapped)
 
     before(saving_lib.H5IOStore, "make", "h5")
@@ -127,6 +133,7 @@ def main(argv=None):
     saves = set(args.save.split(","))
 
     import dpkeras
+
     dpkeras.simulate_cpu_devices(4)
     import tensorflow as tf
 
@@ -160,20 +167,32 @@ def main(argv=None):
     callbacks = [Killer()]
     if "backup" in saves:
         freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
-        callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(args.dir, "backup"),
-                                                          save_freq=freq))
+        callbacks.append(
+            keras.callbacks.BackupAndRestore(os.path.join(args.dir, "backup"), save_freq=freq)
+        )
     if "checkpoint" in saves:
         callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(args.dir, "model.keras")))
     if "manager" in saves:
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.dir, "manager"),
-                                             max_to_keep=1)
-        callbacks.append(keras.callbacks.LambdaCallback(
-            on_epoch_end=lambda epoch, logs: manager.save(checkpoint_number=epoch + 1)))
+        manager = tf.train.CheckpointManager(
+            checkpoint, os.path.join(args.dir, "manager"), max_to_keep=1
+        )
+        callbacks.append(
+            keras.callbacks.LambdaCallback(
+                on_epoch_end=lambda epoch, logs: manager.save(checkpoint_number=epoch + 1)
+            )
+        )
 
     x, y = make_data()
-    history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=args.epochs, shuffle=False,
-                        verbose=0, callbacks=callbacks)
+    history = model.fit(
+        x,
+        y,
+        batch_size=BATCH_SIZE,
+        epochs=args.epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
     print(f"epochs run: {len(history.history['loss'])}")
     if args.out:
         np.savez(args.out, *state_arrays(model))

@@ -13,14 +13,37 @@ CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 
 
 def test_public_names():
-    assert sorted(dpkeras.__all__) == sorted([
-        "ParameterDeviceStrategy", "ParameterVariable", "TransferReport", "__version__",
-        "get_strategy", "record_transfers", "scope", "simulate_cpu_devices",
-        "train_step_transfers", "placement", "placement_report", "PlacementReport",
-        "AUTO_REUSE", "VariableScope", "VariableStore", "get_variable", "get_variable_store",
-        "variable_scope", "LocalVariable", "add_model_variable", "get_local_variables",
-        "get_model_variables", "get_variables", "local_variable", "model_variable",
-        "regularization_losses", "variable"])
+    assert sorted(dpkeras.__all__) == sorted(
+        [
+            "ParameterDeviceStrategy",
+            "ParameterVariable",
+            "TransferReport",
+            "__version__",
+            "get_strategy",
+            "record_transfers",
+            "scope",
+            "simulate_cpu_devices",
+            "train_step_transfers",
+            "placement",
+            "placement_report",
+            "PlacementReport",
+            "AUTO_REUSE",
+            "VariableScope",
+            "VariableStore",
+            "get_variable",
+            "get_variable_store",
+            "variable_scope",
+            "LocalVariable",
+            "add_model_variable",
+            "get_local_variables",
+            "get_model_variables",
+            "get_variables",
+            "local_variable",
+            "model_variable",
+            "regularization_losses",
+            "variable",
+        ]
+    )
     for name in dpkeras.__all__:
         assert hasattr(dpkeras, name), name
     assert dpkeras.__version__.count(".") == 2
@@ -42,14 +65,16 @@ def test_defaults_use_every_cpu_but_the_parameter_device():
 
 
 def test_device_names_are_canonical_and_scope_reuses_the_strategy():
-    with dpkeras.scope(["GPU:0".replace("GPU", "CPU").replace("0", "1"), "/device:CPU:2"],
-                       "cpu:0") as first:
+    with dpkeras.scope(
+        ["GPU:0".replace("GPU", "CPU").replace("0", "1"), "/device:CPU:2"], "cpu:0"
+    ) as first:
         assert tf.distribute.get_strategy() is first
     with dpkeras.scope(["/cpu:1", "/cpu:2"]) as second:
         pass
     assert first is second
-    assert repr(first) == ("ParameterDeviceStrategy(compute_devices=[/cpu:1, /cpu:2], "
-                           "parameter_device='/cpu:0')")
+    assert repr(first) == (
+        "ParameterDeviceStrategy(compute_devices=[/cpu:1, /cpu:2], parameter_device='/cpu:0')"
+    )
 
 
 def test_environment_settings_and_argument_precedence(monkeypatch):
@@ -98,8 +123,15 @@ def test_keras_workflow_unchanged_inside_and_outside_the_scope(tmp_path):
         model = build_model("dense")
     seen = []
     callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: seen.append(logs))
-    model.fit(x, y, batch_size=48, epochs=2, verbose=0, validation_split=0.5,
-              callbacks=[callback, keras.callbacks.ModelCheckpoint(tmp_path / "m.keras")])
+    model.fit(
+        x,
+        y,
+        batch_size=48,
+        epochs=2,
+        verbose=0,
+        validation_split=0.5,
+        callbacks=[callback, keras.callbacks.ModelCheckpoint(tmp_path / "m.keras")],
+    )
     assert len(seen) == 2 and "val_loss" in seen[0]
     assert model.predict(x, batch_size=48, verbose=0).shape == (96, 4)
     assert (tmp_path / "m.keras").exists()
@@ -110,7 +142,8 @@ def test_gpus_are_the_default_compute_devices():
     strategy = dpkeras.ParameterDeviceStrategy()
     gpus = tf.config.list_logical_devices("GPU")
     assert [d.rsplit("/device:", 1)[1] for d in strategy.compute_devices] == [
-        g.name.rsplit("/device:", 1)[1] for g in gpus]
+        g.name.rsplit("/device:", 1)[1] for g in gpus
+    ]
     with strategy.scope():
         model = build_model("dense")
     x, y = make_data("dense", 96 * len(gpus))

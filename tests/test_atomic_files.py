@@ -37,13 +37,20 @@ def run_stdlib_python(code):
         atomic_files = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(atomic_files)
     """)
-    return subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", prefix + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def dead_pid():
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True).stdout)
+    return int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        ).stdout
+    )
 
 
 def test_imports_only_the_standard_library():
@@ -125,7 +132,9 @@ def test_write_json_and_copy(tmp_path):
     atomic_files.copy(metadata, tmp_path / "training_metadata.json.bkp")
     assert json.loads((tmp_path / "training_metadata.json.bkp").read_text()) == {"epoch": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "training_metadata.json", "training_metadata.json.bkp"]
+        "training_metadata.json",
+        "training_metadata.json.bkp",
+    ]
 
 
 def test_a_copy_of_a_missing_file_keeps_the_target(tmp_path):
@@ -138,6 +147,9 @@ def test_a_copy_of_a_missing_file_keeps_the_target(tmp_path):
 
 
 def test_a_name_without_the_suffix_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"must end with the suffix '\.keras'\. Received: "
-                                         r"path='.*model\.h5'"):
+    with pytest.raises(
+        ValueError,
+        match=r"must end with the suffix '\.keras'\. Received: "
+        r"path='.*model\.h5'",
+    ):
         atomic_files.temporary_sibling(tmp_path / "model.h5", ".keras")

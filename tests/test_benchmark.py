@@ -20,20 +20,45 @@ from dpkeras.transfers import Transfer, TransferReport  # noqa: E402
 
 
 def _record(strategy, model="mlp", replicas=3, sps=10.0, loss=1.0, status="ok", **extra):
-    r = {"strategy": strategy, "model": model, "size": 1.0, "replicas": replicas,
-         "status": status, "error": None, "phase": None, "steps_per_sec": sps,
-         "examples_per_sec": None if sps is None else sps * 240,
-         "steps_per_sec_spread": 0.05, "tensors_to_replicas_per_step": 6.0,
-         "max_tensors_to_a_replica_per_step": 6, "bytes_to_replicas_per_step": 1e6,
-         "tensors_from_replicas_per_step": 6.0, "collectives_per_replica_per_step": 0.0,
-         "collective_bytes_per_replica_per_step": 0.0, "model_variables": 6,
-         "metric_variables": 4, "final_loss": loss, "eval_loss": loss, "check_loss": loss,
-         "tensors_to_each_replica": {"/cpu:1": [6, 6, 0, 0], "/cpu:2": [6, 6, 0, 0]},
-         "variable_bytes_by_device": {"/cpu:0": 8_000_000}}
+    r = {
+        "strategy": strategy,
+        "model": model,
+        "size": 1.0,
+        "replicas": replicas,
+        "status": status,
+        "error": None,
+        "phase": None,
+        "steps_per_sec": sps,
+        "examples_per_sec": None if sps is None else sps * 240,
+        "steps_per_sec_spread": 0.05,
+        "tensors_to_replicas_per_step": 6.0,
+        "max_tensors_to_a_replica_per_step": 6,
+        "bytes_to_replicas_per_step": 1e6,
+        "tensors_from_replicas_per_step": 6.0,
+        "collectives_per_replica_per_step": 0.0,
+        "collective_bytes_per_replica_per_step": 0.0,
+        "model_variables": 6,
+        "metric_variables": 4,
+        "final_loss": loss,
+        "eval_loss": loss,
+        "check_loss": loss,
+        "tensors_to_each_replica": {"/cpu:1": [6, 6, 0, 0], "/cpu:2": [6, 6, 0, 0]},
+        "variable_bytes_by_device": {"/cpu:0": 8_000_000},
+    }
     if status != "ok":
-        r.update({k: None for k in ("steps_per_sec", "examples_per_sec", "final_loss",
-                                    "eval_loss", "tensors_to_replicas_per_step",
-                                    "bytes_to_replicas_per_step")})
+        r.update(
+            {
+                k: None
+                for k in (
+                    "steps_per_sec",
+                    "examples_per_sec",
+                    "final_loss",
+                    "eval_loss",
+                    "tensors_to_replicas_per_step",
+                    "bytes_to_replicas_per_step",
+                )
+            }
+        )
         r["error"] = "ValueError: it broke. And more."
         r["phase"] = "first steps"
     r.update(extra)
@@ -42,18 +67,30 @@ def _record(strategy, model="mlp", replicas=3, sps=10.0, loss=1.0, status="ok", 
 
 def _default_run():
     return [
-        _record("one_device", replicas=1, sps=20.0, loss=2.0, tensors_to_replicas_per_step=0,
-                max_tensors_to_a_replica_per_step=0),
+        _record(
+            "one_device",
+            replicas=1,
+            sps=20.0,
+            loss=2.0,
+            tensors_to_replicas_per_step=0,
+            max_tensors_to_a_replica_per_step=0,
+        ),
         _record("dpkeras", sps=19.0, loss=2.0001),
-        _record("mirrored", sps=10.0, loss=1.9999, collectives_per_replica_per_step=1.0,
-                collective_bytes_per_replica_per_step=2.5e6,
-                variable_bytes_by_device={"/cpu:1": 8e6, "/cpu:2": 8e6, "/cpu:3": 8e6}),
+        _record(
+            "mirrored",
+            sps=10.0,
+            loss=1.9999,
+            collectives_per_replica_per_step=1.0,
+            collective_bytes_per_replica_per_step=2.5e6,
+            variable_bytes_by_device={"/cpu:1": 8e6, "/cpu:2": 8e6, "/cpu:3": 8e6},
+        ),
         _record("central_storage", sps=15.0, loss=2.5),
         _record("central_storage", model="resnet", status="failed"),
     ]
 
 
 # -- transfer counting --------------------------------------------------------------------------
+
 
 def _transfer(src, dst, nbytes, shape=False):
     shape = (nbytes // 4,) if shape is False else shape
@@ -62,13 +99,21 @@ def _transfer(src, dst, nbytes, shape=False):
 
 def test_transfer_fields_average_over_replicas():
     report = TransferReport(
-        transfers=(_transfer("/cpu:0", "/cpu:1", 400), _transfer("/cpu:0", "/cpu:1", 4, ()),
-                   _transfer("/cpu:0", "/cpu:1", 0, None),
-                   _transfer("/cpu:0", "/cpu:2", 400), _transfer("/cpu:1", "/cpu:0", 400),
-                   _transfer("/cpu:2", "/cpu:0", 400), _transfer("/cpu:2", "/cpu:0", 8)),
-        collectives=(("/cpu:1", "CollectiveReduceV2", 1000),
-                     ("/cpu:2", "CollectiveReduceV2", 1000)),
-        devices=("/cpu:0", "/cpu:1", "/cpu:2"))
+        transfers=(
+            _transfer("/cpu:0", "/cpu:1", 400),
+            _transfer("/cpu:0", "/cpu:1", 4, ()),
+            _transfer("/cpu:0", "/cpu:1", 0, None),
+            _transfer("/cpu:0", "/cpu:2", 400),
+            _transfer("/cpu:1", "/cpu:0", 400),
+            _transfer("/cpu:2", "/cpu:0", 400),
+            _transfer("/cpu:2", "/cpu:0", 8),
+        ),
+        collectives=(
+            ("/cpu:1", "CollectiveReduceV2", 1000),
+            ("/cpu:2", "CollectiveReduceV2", 1000),
+        ),
+        devices=("/cpu:0", "/cpu:1", "/cpu:2"),
+    )
     fields = worker.transfer_fields(report, ["/cpu:1", "/cpu:2"])
     assert fields["tensors_to_each_replica"] == {"/cpu:1": [3, 1, 1, 1], "/cpu:2": [1, 1, 0, 0]}
     assert fields["scalar_tensors_to_replicas_per_step"] == 0.5
@@ -94,8 +139,9 @@ def test_transfer_fields_of_a_real_dpkeras_step():
         model.compile(optimizer="sgd", loss="mse")
     x = tf.random.normal((8, 8))
     y = tf.random.normal((8, 4))
-    fields = worker.transfer_fields(train_step_transfers(model, x, y, batch_size=8),
-                                    ["/cpu:1", "/cpu:2"])
+    fields = worker.transfer_fields(
+        train_step_transfers(model, x, y, batch_size=8), ["/cpu:1", "/cpu:2"]
+    )
     # kernel and bias arrive once per replica at least; gradients go back
     assert fields["tensors_to_replicas_per_step"] >= 2
     assert fields["bytes_to_replicas_per_step"] >= (8 * 4 + 4) * 4
@@ -126,17 +172,26 @@ def test_a_cpu_reports_no_peak_memory_whatever_its_allocator_says(monkeypatch):
     assert worker.peak_memory_by_device(["/cpu:0", "/cpu:1"]) == {"/cpu:0": None, "/cpu:1": None}
 
 
-@pytest.mark.skipif(not __import__("tensorflow").config.list_physical_devices("GPU"),
-                    reason="needs a GPU")
+@pytest.mark.skipif(
+    not __import__("tensorflow").config.list_physical_devices("GPU"), reason="needs a GPU"
+)
 def test_a_gpu_reports_its_peak_memory():
     assert isinstance(worker.peak_memory_by_device(["/gpu:0"])["/gpu:0"], int)
 
 
-@pytest.mark.parametrize("argv", [["-m", "benchmarks.compare"], ["benchmarks/compare.py"],
-                                  ["-m", "benchmarks.cluster"], ["benchmarks/cluster.py"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "benchmarks.compare"],
+        ["benchmarks/compare.py"],
+        ["-m", "benchmarks.cluster"],
+        ["benchmarks/cluster.py"],
+    ],
+)
 def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
-    proc = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "--out" in proc.stdout  # absl printed the flags (and exits 1 after --help)
 
@@ -151,12 +206,16 @@ def test_timing_fields_median_and_spread():
 
 # -- failure reporting --------------------------------------------------------------------------
 
+
 def test_first_line_of_a_keras_wrapped_error():
-    error = ValueError("Exception encountered when calling Dropout.call().\n\n"
-                       "\x1b[1mYou must specify an aggregation method.\x1b[0m\n\nArguments...")
+    error = ValueError(
+        "Exception encountered when calling Dropout.call().\n\n"
+        "\x1b[1mYou must specify an aggregation method.\x1b[0m\n\nArguments..."
+    )
     assert worker.first_line(error) == (
         "ValueError: Exception encountered when calling Dropout.call(): "
-        "You must specify an aggregation method.")
+        "You must specify an aggregation method."
+    )
     assert worker.first_line(RuntimeError("one\ntwo")) == "RuntimeError: one"
     assert worker.first_line(KeyError()) == "KeyError"
 
@@ -167,8 +226,9 @@ def test_a_failing_pair_is_a_record_not_an_exception():
     assert record["phase"] == "setup"
     assert record["error"].startswith("ValueError: Unknown strategy 'parameter_server'")
     assert "dpkeras, mirrored, central_storage, one_device" in record["error"]
-    record = worker.run(worker.PairSpec(strategy="dpkeras", model="mlp", replicas=3,
-                                        batch_size=100))
+    record = worker.run(
+        worker.PairSpec(strategy="dpkeras", model="mlp", replicas=3, batch_size=100)
+    )
     assert record["status"] == "failed"
     assert "does not split evenly over 3 replicas" in record["error"]
 
@@ -210,12 +270,25 @@ def test_run_pair_reports_a_timeout():
 
 # -- plan and flags -----------------------------------------------------------------------------
 
+
 def _config(**kw):
-    base = dict(models=["mlp", "resnet"], strategies=["dpkeras", "one_device", "mirrored"],
-                replica_counts=[3], sizes=[1.0], steps=None, check_steps=2, warmup_steps=1,
-                repeats=2,
-                batch_size=None, scaling=False, out="results", pair_timeout=60, seed=1,
-                parameter_device="/cpu:0", devices="simulated")
+    base = dict(
+        models=["mlp", "resnet"],
+        strategies=["dpkeras", "one_device", "mirrored"],
+        replica_counts=[3],
+        sizes=[1.0],
+        steps=None,
+        check_steps=2,
+        warmup_steps=1,
+        repeats=2,
+        batch_size=None,
+        scaling=False,
+        out="results",
+        pair_timeout=60,
+        seed=1,
+        parameter_device="/cpu:0",
+        devices="simulated",
+    )
     base.update(kw)
     return compare.Config(**base)
 
@@ -225,8 +298,14 @@ def test_plan_runs_one_device_first_and_once():
     assert len(pairs) == 2 * 2 * (1 + 2 * 3)
     first = pairs[:7]
     assert [(p.strategy, p.replicas) for p in first] == [
-        ("one_device", 1), ("dpkeras", 1), ("mirrored", 1), ("dpkeras", 2), ("mirrored", 2),
-        ("dpkeras", 4), ("mirrored", 4)]
+        ("one_device", 1),
+        ("dpkeras", 1),
+        ("mirrored", 1),
+        ("dpkeras", 2),
+        ("mirrored", 2),
+        ("dpkeras", 4),
+        ("mirrored", 4),
+    ]
     assert {p.batch_size for p in pairs if p.model == "mlp"} == {MODELS["mlp"].batch_size}
     assert {p.steps for p in pairs if p.model == "resnet"} == {MODELS["resnet"].steps}
 
@@ -254,17 +333,31 @@ class _Flags(dict):
         return dict.__getitem__(self, name)
 
     def __getitem__(self, name):
-        return type("Flag", (), {"present": name in self.present,
-                                 "value": dict.__getitem__(self, name)})()
+        return type(
+            "Flag", (), {"present": name in self.present, "value": dict.__getitem__(self, name)}
+        )()
 
 
 def _flags(present=(), **kw):
-    values = dict(models=list(MODELS), strategies=list(worker.STRATEGIES), replicas=None,
-                  steps=None, check_steps=5, warmup_steps=3, repeats=5, batch_size=None,
-                  size=1.0,
-                  scaling=False, scaling_replicas=["1", "2", "4", "8"],
-                  scaling_sizes=["0.5", "1"], out="results", pair_timeout=60, seed=1,
-                  parameter_device="/cpu:0", chart=False)
+    values = dict(
+        models=list(MODELS),
+        strategies=list(worker.STRATEGIES),
+        replicas=None,
+        steps=None,
+        check_steps=5,
+        warmup_steps=3,
+        repeats=5,
+        batch_size=None,
+        size=1.0,
+        scaling=False,
+        scaling_replicas=["1", "2", "4", "8"],
+        scaling_sizes=["0.5", "1"],
+        out="results",
+        pair_timeout=60,
+        seed=1,
+        parameter_device="/cpu:0",
+        chart=False,
+    )
     values.update(kw)
     return _Flags(values, present)
 
@@ -276,17 +369,20 @@ def test_config_defaults_on_cpu_and_gpu():
     assert config.replica_counts == [2] and config.devices == "gpu"
     config = compare.config_from_flags(_flags(scaling=True), gpus=["GPU:0", "GPU:1"])
     assert config.replica_counts == [1, 2] and config.models == ["mlp"]
-    config = compare.config_from_flags(_flags(scaling=True, models=["resnet"],
-                                              present=["models"]), gpus=[])
+    config = compare.config_from_flags(
+        _flags(scaling=True, models=["resnet"], present=["models"]), gpus=[]
+    )
     assert config.replica_counts == [1, 2, 4, 8] and config.models == ["resnet"]
     with pytest.raises(compare.app.UsageError, match="only 2 GPU"):
         compare.config_from_flags(_flags(replicas=4), gpus=["GPU:0", "GPU:1"])
-    with pytest.raises(compare.app.UsageError, match="--strategies must be .*Received: "
-                                                     "--strategies=horovod"):
+    with pytest.raises(
+        compare.app.UsageError, match="--strategies must be .*Received: --strategies=horovod"
+    ):
         compare.config_from_flags(_flags(strategies=["horovod"]), gpus=[])
 
 
 # -- derived columns, targets, files ------------------------------------------------------------
+
 
 def test_derive_ratios_and_loss_check():
     records = results.derive(_default_run(), {"mlp": 1e-4})
@@ -297,8 +393,9 @@ def test_derive_ratios_and_loss_check():
     assert dp["loss_vs_one_device"] == pytest.approx(5e-5)
     assert dp["check_loss_vs_one_device"] == pytest.approx(5e-5)
     assert dp["loss_check"] == "ok"
-    drifted = results.derive([dict(r, final_loss=3.0) if r["strategy"] == "dpkeras" else r
-                              for r in _default_run()])
+    drifted = results.derive(
+        [dict(r, final_loss=3.0) if r["strategy"] == "dpkeras" else r for r in _default_run()]
+    )
     assert drifted[1]["loss_vs_one_device"] == pytest.approx(0.5)
     assert drifted[1]["loss_check"] == "ok"  # judged on the first steps' loss
     assert by["mlp", "central_storage"]["loss_check"] == "DIFFERS"
@@ -316,18 +413,23 @@ def test_targets_say_met_missed_and_by_how_much():
     assert targets["steps/s within 10% of one_device's"]["value"] == pytest.approx(0.95)
     assert targets["tensors to each replica <= one per model variable"]["met"] is True
     assert targets["metrics add no tensors to replicas"]["met"] is True
-    chatty = [dict(r, tensors_to_each_replica={"/cpu:1": [11, 6, 5, 0], "/cpu:2": [12, 7, 4, 1]})
-              if r["strategy"] == "dpkeras" else r for r in _default_run()]
+    chatty = [
+        dict(r, tensors_to_each_replica={"/cpu:1": [11, 6, 5, 0], "/cpu:2": [12, 7, 4, 1]})
+        if r["strategy"] == "dpkeras"
+        else r
+        for r in _default_run()
+    ]
     targets = {t["target"]: t for t in results.check_targets(results.derive(chatty))}
     assert targets["tensors to each replica <= one per model variable"]["met"] is False
     assert targets["tensors to each replica <= one per model variable"]["value"] == 7
-    assert "plus 1 of unknown shape" in targets[
-        "tensors to each replica <= one per model variable"]["detail"]
+    assert (
+        "plus 1 of unknown shape"
+        in targets["tensors to each replica <= one per model variable"]["detail"]
+    )
     metrics = targets["metrics add no tensors to replicas"]
     assert (metrics["met"], metrics["value"]) == (False, 5)
     assert metrics["detail"].startswith("5 scalar tensors to /cpu:1 per step")
-    slow = [dict(r, steps_per_sec=5.0) if r["strategy"] == "dpkeras" else r
-            for r in _default_run()]
+    slow = [dict(r, steps_per_sec=5.0) if r["strategy"] == "dpkeras" else r for r in _default_run()]
     targets = {t["target"]: t for t in results.check_targets(results.derive(slow))}
     assert targets["steps/s >= 1.3x mirrored's"]["met"] is False
     assert "= 0.500x (needs >= 1.30x)" in targets["steps/s >= 1.3x mirrored's"]["detail"]
@@ -337,8 +439,14 @@ def test_targets_say_met_missed_and_by_how_much():
 
 def test_result_files_have_the_required_fields(tmp_path):
     records = results.derive(_default_run())
-    jsonl, md = results.write_results(records, str(tmp_path / "out"), "bench", "title",
-                                      ["Machine: test"], results.check_targets(records))
+    jsonl, md = results.write_results(
+        records,
+        str(tmp_path / "out"),
+        "bench",
+        "title",
+        ["Machine: test"],
+        results.check_targets(records),
+    )
     lines = results.read_jsonl(jsonl)
     assert len(lines) == len(records)
     for line in lines:
@@ -376,11 +484,15 @@ def test_charts_are_written(tmp_path):
     records = results.derive(_default_run())
     path = chart.comparison_chart(records, str(tmp_path / "bench.png"), "test")
     assert os.path.getsize(path) > 1000
-    scaling = results.derive([
-        _record("one_device", replicas=1, sps=20.0),
-        _record("dpkeras", replicas=1, sps=18.0), _record("dpkeras", replicas=2, sps=16.0),
-        _record("mirrored", replicas=1, sps=17.0),
-        _record("mirrored", replicas=2, status="failed")])
+    scaling = results.derive(
+        [
+            _record("one_device", replicas=1, sps=20.0),
+            _record("dpkeras", replicas=1, sps=18.0),
+            _record("dpkeras", replicas=2, sps=16.0),
+            _record("mirrored", replicas=1, sps=17.0),
+            _record("mirrored", replicas=2, status="failed"),
+        ]
+    )
     path = chart.scaling_chart(scaling, str(tmp_path / "scaling.png"))
     assert os.path.getsize(path) > 1000
     tables = "\n".join(results.scaling_tables(scaling))
@@ -398,22 +510,42 @@ def test_machine_description_says_devices_are_simulated():
 
 # -- end to end ---------------------------------------------------------------------------------
 
+
 def test_smoke_one_tiny_pair_end_to_end(tmp_path):
     out = tmp_path / "results"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", "--models=mlp",
-         "--strategies=one_device,dpkeras", "--replicas=2", "--size=0.05", "--steps=2",
-         "--repeats=2", "--check_steps=2", "--warmup_steps=0", "--pair_timeout=240", f"--out={out}",
-         "--nochart"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.compare",
+            "--models=mlp",
+            "--strategies=one_device,dpkeras",
+            "--replicas=2",
+            "--size=0.05",
+            "--steps=2",
+            "--repeats=2",
+            "--check_steps=2",
+            "--warmup_steps=0",
+            "--pair_timeout=240",
+            f"--out={out}",
+            "--nochart",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SIMULATED" in proc.stdout
     assert "[ 2/2] mlp" in proc.stdout
     assert str(out / "bench.jsonl") in proc.stdout
     lines = results.read_jsonl(out / "bench.jsonl")
-    assert [(r["strategy"], r["status"]) for r in lines] == [("one_device", "ok"),
-                                                           ("dpkeras", "ok")]
+    assert [(r["strategy"], r["status"]) for r in lines] == [
+        ("one_device", "ok"),
+        ("dpkeras", "ok"),
+    ]
     dp = lines[1]
     assert dp["replicas"] == 2 and dp["steps_per_sec"] > 0
     assert dp["tensors_to_replicas_per_step"] >= dp["model_variables"]
@@ -423,6 +555,7 @@ def test_smoke_one_tiny_pair_end_to_end(tmp_path):
 
 
 # -- GPU arithmetic and the command line --------------------------------------------------------
+
 
 def test_pcie_arithmetic():
     from benchmarks import pcie
@@ -468,20 +601,26 @@ def test_cli_bench_outside_a_checkout_says_what_to_do(capsys, monkeypatch):
 
 def test_command_line_for_the_report():
     assert compare.command_line(["/x/benchmarks/compare.py", "--models=mlp"]) == (
-        "python -m benchmarks.compare --models=mlp")
+        "python -m benchmarks.compare --models=mlp"
+    )
     assert compare.command_line(["/venv/bin/dpkeras", "bench", "--scaling"]) == (
-        "dpkeras bench --scaling")
+        "dpkeras bench --scaling"
+    )
     info = machine.describe([], 8, "/cpu:0", [1, 2, 4, 8])
     assert "replicas + 1 logical devices (2 to 9)" in info["layout"]
 
 
 def test_a_list_of_parameter_devices_spreads_dpkeras_variables():
-    spec = worker.PairSpec(strategy="dpkeras", model="mlp", replicas=2,
-                           parameter_device="/cpu:0, /cpu:3")
+    spec = worker.PairSpec(
+        strategy="dpkeras", model="mlp", replicas=2, parameter_device="/cpu:0, /cpu:3"
+    )
     assert worker.parameter_device_list(spec.parameter_device) == ["/cpu:0", "/cpu:3"]
     strategy = worker.make_strategy(spec)
     assert [d[-5:] for d in strategy.extended.parameter_devices] == ["CPU:0", "CPU:3"]
     assert "greedy_by_size" in repr(strategy.extended.placement_policy)
-    css = worker.make_strategy(worker.PairSpec(strategy="central_storage", model="mlp",
-                                               replicas=2, parameter_device="/cpu:0,/cpu:3"))
+    css = worker.make_strategy(
+        worker.PairSpec(
+            strategy="central_storage", model="mlp", replicas=2, parameter_device="/cpu:0,/cpu:3"
+        )
+    )
     assert css.extended.parameter_devices[0].lower().endswith("cpu:0")

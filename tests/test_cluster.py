@@ -37,12 +37,15 @@ def _no_tf_config(monkeypatch):
 # --- resolve_cluster ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("given", [
-    SPEC,
-    tf.train.ClusterSpec(SPEC),
-    tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(SPEC)),
-    {"ps": {0: "10.0.0.1:2222"}, "worker": {1: "10.0.0.3:2222", 0: "10.0.0.2:2222"}},
-])
+@pytest.mark.parametrize(
+    "given",
+    [
+        SPEC,
+        tf.train.ClusterSpec(SPEC),
+        tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(SPEC)),
+        {"ps": {0: "10.0.0.1:2222"}, "worker": {1: "10.0.0.3:2222", 0: "10.0.0.2:2222"}},
+    ],
+)
 def test_resolve_cluster_accepts_dict_spec_and_resolver(given):
     assert cluster.resolve_cluster(given).as_dict() == SPEC
 
@@ -56,11 +59,14 @@ def test_no_cluster_without_tf_config():
     assert cluster.resolve_cluster() is None
 
 
-@pytest.mark.parametrize("tf_config", [
-    {"cluster": SPEC},
-    {"cluster": SPEC, "task": {"type": "chief", "index": 0}},
-    {"cluster": {**SPEC, "chief": ["10.0.0.9:2222"]}, "task": {"type": "chief", "index": 0}},
-])
+@pytest.mark.parametrize(
+    "tf_config",
+    [
+        {"cluster": SPEC},
+        {"cluster": SPEC, "task": {"type": "chief", "index": 0}},
+        {"cluster": {**SPEC, "chief": ["10.0.0.9:2222"]}, "task": {"type": "chief", "index": 0}},
+    ],
+)
 def test_resolve_cluster_from_tf_config(monkeypatch, tf_config):
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     assert cluster.resolve_cluster().as_dict() == tf_config["cluster"]
@@ -71,50 +77,83 @@ def test_tf_config_without_ps_or_worker_is_no_cluster(monkeypatch):
     assert cluster.resolve_cluster() is None
 
 
-@pytest.mark.parametrize("tf_config, pattern", [
-    (json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}}),
-     r"TF_CONFIG says this process is task 'worker' \(index 1\), but .* is the client, task "
-     r"type 'chief' or no task\. Start ps and worker tasks with `dpkeras serve`.*Received: "
-     r"TF_CONFIG='.*'\."),
-    ("{bad json", r"TF_CONFIG is not valid JSON \(.*\)\. Received: TF_CONFIG='\{bad json'\."),
-    ("[1, 2]", r"TF_CONFIG must be a JSON object\. Received: TF_CONFIG='\[1, 2\]'\."),
-    (json.dumps({"cluster": {"ps": ["h:1"]}}),
-     r"A cluster must have a 'worker' job.*Received jobs \['ps'\] from TF_CONFIG=.*"),
-])
+@pytest.mark.parametrize(
+    "tf_config, pattern",
+    [
+        (
+            json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}}),
+            r"TF_CONFIG says this process is task 'worker' \(index 1\), but .* is the client, task "
+            r"type 'chief' or no task\. Start ps and worker tasks with `dpkeras serve`.*Received: "
+            r"TF_CONFIG='.*'\.",
+        ),
+        ("{bad json", r"TF_CONFIG is not valid JSON \(.*\)\. Received: TF_CONFIG='\{bad json'\."),
+        ("[1, 2]", r"TF_CONFIG must be a JSON object\. Received: TF_CONFIG='\[1, 2\]'\."),
+        (
+            json.dumps({"cluster": {"ps": ["h:1"]}}),
+            r"A cluster must have a 'worker' job.*Received jobs \['ps'\] from TF_CONFIG=.*",
+        ),
+    ],
+)
 def test_tf_config_errors(monkeypatch, tf_config, pattern):
     monkeypatch.setenv("TF_CONFIG", tf_config)
     with pytest.raises(ValueError, match=pattern):
         cluster.resolve_cluster()
 
 
-@pytest.mark.parametrize("given, pattern", [
-    (3, r"A cluster must be a dict .*Received: 3 \(of type int\)\."),
-    ({}, r"A cluster must map job names to addresses.*Received: \{\} from the cluster "
-         r"argument\."),
-    ({"ps": ["h:1"]}, r"A cluster must have a 'worker' job: workers run the replicas\. "
-                      r"Received jobs \['ps'\] from the cluster argument\."),
-    ({"worker": ["h:1"], "evaluator": ["h:2"]},
-     r"Unknown job\(s\) \['evaluator'\] .*valid jobs: ps, worker, chief\. Received jobs: "
-     r"\['worker', 'evaluator'\]\."),
-    ({"worker": []}, r"Job 'worker' has no task\. Received: worker=\[\] from the cluster "
-                     r"argument\."),
-    ({"worker": "h:1"}, r"Job 'worker' must be a list of 'host:port' addresses\. Received: "
-                        r"'h:1' \(of type str\)"),
-    ({"worker": ["h"]}, r"Every task of job 'worker' must be a 'host:port' address.*"
-                        r"Received: 'h' from the cluster argument\."),
-    ({"worker": ["h:0"]}, r"Every task of job 'worker' must be .*Received: 'h:0'"),
-    ({"worker": ["h:99999"]}, r"Every task of job 'worker' must be .*Received: 'h:99999'"),
-    ({"worker": [2222]}, r"Every task of job 'worker' must be .*Received: 2222"),
-    ({"worker": {0: "h:1", 2: "h:2"}},
-     r"The tasks of job 'worker' must be numbered 0\.\.n-1 without gaps\. Received task "
-     r"indices \[0, 2\]"),
-    ({"ps": ["h:1"], "worker": ["h:2", "h:1"]},
-     r"Two tasks share the address h:1: /job:ps/replica:0/task:0 and "
-     r"/job:worker/replica:0/task:1 \(from the cluster argument\)\."),
-    ({"chief": ["a:1", "b:1"], "worker": ["h:1"]},
-     r"The 'chief' job is this process \(the client\): it has one task\. Received "
-     r"chief=\['a:1', 'b:1'\]"),
-])
+@pytest.mark.parametrize(
+    "given, pattern",
+    [
+        (3, r"A cluster must be a dict .*Received: 3 \(of type int\)\."),
+        (
+            {},
+            r"A cluster must map job names to addresses.*Received: \{\} from the cluster "
+            r"argument\.",
+        ),
+        (
+            {"ps": ["h:1"]},
+            r"A cluster must have a 'worker' job: workers run the replicas\. "
+            r"Received jobs \['ps'\] from the cluster argument\.",
+        ),
+        (
+            {"worker": ["h:1"], "evaluator": ["h:2"]},
+            r"Unknown job\(s\) \['evaluator'\] .*valid jobs: ps, worker, chief\. Received jobs: "
+            r"\['worker', 'evaluator'\]\.",
+        ),
+        (
+            {"worker": []},
+            r"Job 'worker' has no task\. Received: worker=\[\] from the cluster "
+            r"argument\.",
+        ),
+        (
+            {"worker": "h:1"},
+            r"Job 'worker' must be a list of 'host:port' addresses\. Received: "
+            r"'h:1' \(of type str\)",
+        ),
+        (
+            {"worker": ["h"]},
+            r"Every task of job 'worker' must be a 'host:port' address.*"
+            r"Received: 'h' from the cluster argument\.",
+        ),
+        ({"worker": ["h:0"]}, r"Every task of job 'worker' must be .*Received: 'h:0'"),
+        ({"worker": ["h:99999"]}, r"Every task of job 'worker' must be .*Received: 'h:99999'"),
+        ({"worker": [2222]}, r"Every task of job 'worker' must be .*Received: 2222"),
+        (
+            {"worker": {0: "h:1", 2: "h:2"}},
+            r"The tasks of job 'worker' must be numbered 0\.\.n-1 without gaps\. Received task "
+            r"indices \[0, 2\]",
+        ),
+        (
+            {"ps": ["h:1"], "worker": ["h:2", "h:1"]},
+            r"Two tasks share the address h:1: /job:ps/replica:0/task:0 and "
+            r"/job:worker/replica:0/task:1 \(from the cluster argument\)\.",
+        ),
+        (
+            {"chief": ["a:1", "b:1"], "worker": ["h:1"]},
+            r"The 'chief' job is this process \(the client\): it has one task\. Received "
+            r"chief=\['a:1', 'b:1'\]",
+        ),
+    ],
+)
 def test_resolve_cluster_errors(given, pattern):
     with pytest.raises(ValueError, match=pattern):
         cluster.resolve_cluster(given)
@@ -122,8 +161,11 @@ def test_resolve_cluster_errors(given, pattern):
 
 def test_empty_resolver_is_refused():
     empty = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))
-    with pytest.raises(ValueError, match=r"the cluster resolver SimpleClusterResolver names no "
-                                         r"job; a cluster needs a 'worker' job\."):
+    with pytest.raises(
+        ValueError,
+        match=r"the cluster resolver SimpleClusterResolver names no "
+        r"job; a cluster needs a 'worker' job\.",
+    ):
         cluster.resolve_cluster(empty)
 
 
@@ -167,13 +209,18 @@ def test_connect_names_a_task_that_does_not_answer_within_the_timeout():
     assert re.fullmatch(
         rf"/job:worker/replica:0/task:0 at 127\.0\.0\.1:{port} did not answer within 1\.5 s "
         rf"\(no answer within .* s\)\. Start it with `dpkeras serve --cluster \.\.\. --job "
-        rf"worker --task 0`, or check the address and the firewall\.", str(error)), str(error)
+        rf"worker --task 0`, or check the address and the firewall\.",
+        str(error),
+    ), str(error)
     assert cluster.connected_cluster() is None  # TensorFlow was never asked to connect
 
 
 def test_connect_argument_errors():
-    with pytest.raises(ValueError, match=r"timeout must be a positive number of seconds\. "
-                                         r"Received: 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"timeout must be a positive number of seconds\. "
+        r"Received: 0",
+    ):
         cluster.connect({"worker": ["127.0.0.1:1"]}, timeout=0)
     with pytest.raises(ValueError, match=r"connect\(\) needs a cluster\. Received: None\."):
         cluster.connect(None)
@@ -182,8 +229,11 @@ def test_connect_argument_errors():
 def test_health_monitor_argument_errors():
     with pytest.raises(ValueError, match=r"failures must be an int >= 1\. Received: 0"):
         cluster.HealthMonitor(tf.train.ClusterSpec(SPEC), failures=0)
-    with pytest.raises(ValueError, match=r"interval must be a positive number of seconds\. "
-                                         r"Received: -1"):
+    with pytest.raises(
+        ValueError,
+        match=r"interval must be a positive number of seconds\. "
+        r"Received: -1",
+    ):
         cluster.HealthMonitor(tf.train.ClusterSpec(SPEC), interval=-1)
 
 
@@ -194,8 +244,13 @@ def test_health_monitor_reports_a_silent_task_once():
         silent.listen()
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         spec = cluster.resolve_cluster({"worker": [address]})
-        monitor = cluster.HealthMonitor(spec, interval=0.1, failures=2, probe_timeout=0.2,
-                                        on_failure=lambda *failure: seen.append(failure))
+        monitor = cluster.HealthMonitor(
+            spec,
+            interval=0.1,
+            failures=2,
+            probe_timeout=0.2,
+            on_failure=lambda *failure: seen.append(failure),
+        )
         with monitor:
             _bounded(lambda: monitor._thread.join(), limit=30)
     assert seen == [("/job:worker/replica:0/task:0", address, "no answer within 0.2 s")]
@@ -240,8 +295,11 @@ def test_probe_accepts_an_answering_server():
 
 def _grpc_error(target):
     return tf.errors.UnavailableError(
-        None, None, f"recvmsg:Connection reset by peer\nAdditional GRPC error information from "
-                    f"remote target {target} while calling /tensorflow.WorkerService/RecvTensor")
+        None,
+        None,
+        f"recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+        f"remote target {target} while calling /tensorflow.WorkerService/RecvTensor",
+    )
 
 
 def test_name_failures_names_the_refusing_task():
@@ -258,9 +316,11 @@ def test_name_failures_names_the_refusing_task():
         assert info.value.address == dead
         assert info.value.__cause__ is cause
         assert isinstance(info.value, tf.errors.UnavailableError)
-        assert re.fullmatch(rf"/job:ps/replica:0/task:0 at {dead} is unreachable \(Connection "
-                            rf"refused\); synchronous training cannot continue\..*",
-                            info.value.message)
+        assert re.fullmatch(
+            rf"/job:ps/replica:0/task:0 at {dead} is unreachable \(Connection "
+            rf"refused\); synchronous training cannot continue\..*",
+            info.value.message,
+        )
     finally:
         alive.close()
         dead_port.close()
@@ -270,9 +330,12 @@ def test_name_failures_falls_back_to_the_task_a_grpc_error_names():
     alive = _Answering()
     try:
         spec = cluster.resolve_cluster({"worker": [alive.address]})
-        with pytest.raises(cluster.TaskFailedError, match=r"/job:worker/replica:0/task:0 at .* "
-                                                          r"failed \(named by "
-                                                          r"TensorFlow's error\)"):
+        with pytest.raises(
+            cluster.TaskFailedError,
+            match=r"/job:worker/replica:0/task:0 at .* "
+            r"failed \(named by "
+            r"TensorFlow's error\)",
+        ):
             with cluster.name_failures(spec):
                 raise _grpc_error("/job:worker/replica:0/task:0/device:CPU:0")
     finally:
@@ -287,24 +350,31 @@ def test_name_failures_names_a_restarted_task():
         with pytest.raises(cluster.TaskFailedError) as info:
             with cluster.name_failures(spec):
                 raise tf.errors.AbortedError(
-                    None, None, "Unable to find a context_id matching the specified one (14). "
+                    None,
+                    None,
+                    "Unable to find a context_id matching the specified one (14). "
                     "Perhaps the worker was restarted, or the context was GC'd?\nAdditional GRPC "
                     "error information from remote target /job:ps/replica:0/task:0/device:CPU:0 "
-                    "while calling /tensorflow.eager.EagerService/RunComponentFunction")
+                    "while calling /tensorflow.eager.EagerService/RunComponentFunction",
+                )
         assert info.value.task == "/job:ps/replica:0/task:0"
         assert info.value.message.startswith(
             f"/job:ps/replica:0/task:0 at {ps.address} failed (it was restarted and lost this "
-            f"client's state); synchronous training cannot continue.")
+            f"client's state); synchronous training cannot continue."
+        )
     finally:
         ps.close()
         worker.close()
 
 
-@pytest.mark.parametrize("error", [
-    ValueError("a shape error, nothing to do with the cluster"),
-    tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]"),
-    KeyError("x"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("a shape error, nothing to do with the cluster"),
+        tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]"),
+        KeyError("x"),
+    ],
+)
 def test_name_failures_passes_other_errors_through_when_every_task_answers(error):
     alive = _Answering()
     try:
@@ -322,18 +392,25 @@ def test_name_failures_passes_other_errors_through_when_every_task_answers(error
 
 def _client(code, spec, timeout=300):
     """Runs client code (spec in SPEC) in a fresh process with 2 CPU devices; returns it."""
-    prefix = ("import dpkeras\ndpkeras.simulate_cpu_devices(2)\nimport json, os\n"
-              f"SPEC = json.loads({json.dumps(json.dumps(spec))})\n")
+    prefix = (
+        "import dpkeras\ndpkeras.simulate_cpu_devices(2)\nimport json, os\n"
+        f"SPEC = json.loads({json.dumps(json.dumps(spec))})\n"
+    )
     try:
-        return subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)],
-                              capture_output=True, text=True, env=server_env(),
-                              timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", prefix + textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=server_env(),
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the client hung: no exit within {timeout} s")
 
 
 def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
-    proc = _client("""
+    proc = _client(
+        """
         import tensorflow as tf
         from dpkeras import cluster
         spec = cluster.resolve_cluster(SPEC)
@@ -349,24 +426,38 @@ def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
             "tasks": cluster.task_devices(spec), "compute": compute,
             "parameter": parameter, "reason": reason, "error": error,
             "streaming": os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"]}))
-        """, local.spec)
+        """,
+        local.spec,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
-    names = {f"/job:{j}/replica:0/task:{t}": [f"/job:{j}/replica:0/task:{t}/device:CPU:{c}"
-                                              for c in range(2)]
-             for j in ("ps", "worker") for t in range(2)}
+    names = {
+        f"/job:{j}/replica:0/task:{t}": [
+            f"/job:{j}/replica:0/task:{t}/device:CPU:{c}" for c in range(2)
+        ]
+        for j in ("ps", "worker")
+        for t in range(2)
+    }
     assert got["tasks"] == names
     # The client's own (simulated) devices are listed without a job, after connecting.
     assert got["logical"] == ["/device:CPU:0", "/device:CPU:1"] + sum(names.values(), [])
-    assert got["parameter"] == ["/job:ps/replica:0/task:0/device:CPU:0",
-                                "/job:ps/replica:0/task:1/device:CPU:0"]
-    assert got["compute"] == names["/job:worker/replica:0/task:0"] + names[
-        "/job:worker/replica:0/task:1"]
-    assert got["reason"] == ("no GPU on the workers: compute on 4 CPU device(s) of the 2 "
-                             "worker(s); variables on the CPU:0 of each of the 2 ps task(s)")
-    assert re.match(r"This process is already connected to the cluster \{'ps': .*; a process "
-                    r"connects to one cluster for its lifetime .*Received: \{'worker': \[",
-                    got["error"])
+    assert got["parameter"] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
+    assert (
+        got["compute"]
+        == names["/job:worker/replica:0/task:0"] + names["/job:worker/replica:0/task:1"]
+    )
+    assert got["reason"] == (
+        "no GPU on the workers: compute on 4 CPU device(s) of the 2 "
+        "worker(s); variables on the CPU:0 of each of the 2 ps task(s)"
+    )
+    assert re.match(
+        r"This process is already connected to the cluster \{'ps': .*; a process "
+        r"connects to one cluster for its lifetime .*Received: \{'worker': \[",
+        got["error"],
+    )
     assert got["streaming"] == "False"
 
 
@@ -402,7 +493,9 @@ _TRAIN = """
 
 def test_a_killed_ps_is_an_error_naming_it(local):
     victim = local.procs[("ps", 1)].pid
-    proc = _client(_TRAIN + f"""
+    proc = _client(
+        _TRAIN
+        + f"""
     try:
         with cluster.name_failures(spec):
             for i in range(10000):
@@ -419,7 +512,10 @@ def test_a_killed_ps_is_an_error_naming_it(local):
                 float(tf.function(lambda: kernel[0, 0] + bias[0])())
     except cluster.TaskFailedError as e:
         print("new function:", e.task, flush=True)
-    """, local.spec, timeout=300)
+    """,
+        local.spec,
+        timeout=300,
+    )
     local.restart("ps", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
@@ -429,14 +525,18 @@ def test_a_killed_ps_is_an_error_naming_it(local):
         rf"step: /job:ps/replica:0/task:1 {address} \| /job:ps/replica:0/task:1 at {address} "
         rf"is unreachable \(Connection refused\); synchronous training cannot continue\. "
         rf"Restart that task if it is down, then restart training from the last checkpoint "
-        rf"\(keras\.callbacks\.BackupAndRestore\)\.", lines[1]), lines[1]
+        rf"\(keras\.callbacks\.BackupAndRestore\)\.",
+        lines[1],
+    ), lines[1]
     assert lines[2:] == ["new function: /job:ps/replica:0/task:1"]
 
 
 def test_health_monitor_ends_a_client_blocked_by_a_frozen_ps(local):
     """A frozen ps blocks the step forever in TF 2.21; the monitor ends the process instead."""
     victim = local.procs[("ps", 1)].pid
-    proc = _client(_TRAIN + f"""
+    proc = _client(
+        _TRAIN
+        + f"""
     with cluster.HealthMonitor(spec, interval=0.5, failures=2, probe_timeout=1.0):
         for i in range(10000):
             if i == 3:
@@ -444,7 +544,10 @@ def test_health_monitor_ends_a_client_blocked_by_a_frozen_ps(local):
                 print("frozen", flush=True)
             step(x)
     print("not reached", flush=True)
-    """, local.spec, timeout=300)
+    """,
+        local.spec,
+        timeout=300,
+    )
     local.kill("ps", 1, signal.SIGCONT)
     local.restart("ps", 1)
     assert proc.stdout.splitlines() == ["trained", "frozen"], proc.stderr[-3000:]
@@ -455,13 +558,15 @@ def test_health_monitor_ends_a_client_blocked_by_a_frozen_ps(local):
         f"synchronous training cannot continue, ending this process (exit code 75) instead of "
         f"waiting forever. Restart that task if it is down, then restart training from the last "
         f"checkpoint "
-        f"(keras.callbacks.BackupAndRestore).")
+        f"(keras.callbacks.BackupAndRestore)."
+    )
 
 
 def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
     """Keras `fit`, variables on ps:1, compute on worker:0; ps:1 killed at batch 5."""
     victim = local.procs[("ps", 1)].pid
-    proc = _client(f"""
+    proc = _client(
+        f"""
         import signal
         import keras, numpy as np, tensorflow as tf
         from dpkeras import cluster
@@ -484,7 +589,9 @@ def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
                     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[Kill()])
         except cluster.TaskFailedError as e:
             print(e.task, type(e.__cause__).__name__)
-        """, local.spec)
+        """,
+        local.spec,
+    )
     local.restart("ps", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["/job:ps/replica:0/task:1", "UnavailableError"]

@@ -39,9 +39,13 @@ def _client(code, spec):
         SPEC = json.loads({json.dumps(json.dumps(spec))})
         """)
     try:
-        proc = subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)],
-                              capture_output=True, text=True, env=server_env(),
-                              timeout=CLIENT_TIMEOUT)
+        proc = subprocess.run(
+            [sys.executable, "-c", prefix + textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=server_env(),
+            timeout=CLIENT_TIMEOUT,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the client hung: no exit within {CLIENT_TIMEOUT} s")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -50,7 +54,8 @@ def _client(code, spec):
 
 def test_a_cluster_trains_to_one_process_weights_history_and_evaluate(local, tmp_path):
     path = str(tmp_path / "cluster.keras")
-    out = _client(f"""
+    out = _client(
+        f"""
         def build():
             keras.utils.set_random_seed(1)
             model = keras.Sequential([
@@ -85,28 +90,37 @@ def test_a_cluster_trains_to_one_process_weights_history_and_evaluate(local, tmp
             "expected_evaluate": expected_evaluate,
             "predictions": model.predict(x[:8], verbose=0).tolist(),
         }}))
-        """, local.spec)
-    assert out["replicas"] == [f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
-                               for t in (0, 1) for i in (0, 1)]
+        """,
+        local.spec,
+    )
+    assert out["replicas"] == [
+        f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)
+    ]
     # Every variable and slot on a ps task, and both ps tasks used.
     assert {d.rsplit("/device:", 1)[0] for d in out["devices"]} == {
-        "/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"}
+        "/job:ps/replica:0/task:0",
+        "/job:ps/replica:0/task:1",
+    }
     assert out["max_diff"] < 1e-5
     for key, values in out["expected"].items():
         assert out["history"][key] == pytest.approx(values, rel=1e-5)
     assert out["evaluate"] == pytest.approx(out["expected_evaluate"], rel=1e-5)
     # The file loads in plain Keras, with no cluster, and predicts the same.
-    plain = _client(f"""
+    plain = _client(
+        f"""
         model = keras.models.load_model({path!r})
         rng = np.random.RandomState(0)
         x = rng.randint(0, 200, (90, 4)).astype("int32")
         print(json.dumps(model.predict(x[:8], verbose=0).tolist()))
-        """, local.spec)
+        """,
+        local.spec,
+    )
     np.testing.assert_allclose(plain, out["predictions"], rtol=1e-6)
 
 
 def test_batchnorm_dropout_and_a_metric_on_a_cluster(local):
-    out = _client("""
+    out = _client(
+        """
         keras.utils.set_random_seed(2)
         with dpkeras.scope(cluster=SPEC):
             model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16),
@@ -125,14 +139,17 @@ def test_batchnorm_dropout_and_a_metric_on_a_cluster(local):
         plain.set_weights(model.get_weights())
         print(json.dumps([model.evaluate(x, y, batch_size=16, verbose=0),
                           plain.evaluate(x, y, batch_size=16, verbose=0)]))
-        """, local.spec)
+        """,
+        local.spec,
+    )
     assert out[0] == pytest.approx(out[1], rel=1e-5)
 
 
 def test_bytes_between_processes_do_not_grow_with_replicas_per_worker(local):
     """Each worker pulls each variable once and sends one summed gradient per step, however
     many replicas it runs; the client sends no batch (each worker reads its own input)."""
-    out = _client("""
+    out = _client(
+        """
         def crossing(per_worker):
             compute = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
                        for t in (0, 1) for i in range(per_worker)]
@@ -155,7 +172,9 @@ def test_bytes_between_processes_do_not_grow_with_replicas_per_worker(local):
                     from_client.append(list(t.shape or ()))
             return by_pair, from_client
         print(json.dumps([crossing(1), crossing(2)]))
-        """, local.spec)
+        """,
+        local.spec,
+    )
     (one, client_one), (two, client_two) = out
     kernel = 16 * 64 * 4
     assert sum(b for pair, b in one.items() if pair.endswith("-> /job:worker/task:0")) >= kernel
@@ -171,16 +190,25 @@ def test_dpkeras_env_shows_the_cluster_from_tf_config(local):
     """`dpkeras env` with TF_CONFIG naming the cluster (this process: no task) shows every task,
     its devices, and where compute and variables would go."""
     env = dict(server_env(), TF_CONFIG=json.dumps({"cluster": local.spec}))
-    proc = subprocess.run([sys.executable, "-m", "dpkeras", "env"], capture_output=True,
-                          text=True, env=env, timeout=CLIENT_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpkeras", "env"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CLIENT_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job, addresses in local.spec.items():
         for index, address in enumerate(addresses):
             assert f"/job:{job}/replica:0/task:{index} at {address}: cpu:0, cpu:1" in proc.stdout
-    assert ("parameter device: greedy_by_size([/job:ps/task:0/cpu:0, /job:ps/task:1/cpu:0])"
-            in proc.stdout)
-    assert ("compute devices:  /job:worker/task:0/cpu:0, /job:worker/task:0/cpu:1, "
-            "/job:worker/task:1/cpu:0, /job:worker/task:1/cpu:1") in proc.stdout
+    assert (
+        "parameter device: greedy_by_size([/job:ps/task:0/cpu:0, /job:ps/task:1/cpu:0])"
+        in proc.stdout
+    )
+    assert (
+        "compute devices:  /job:worker/task:0/cpu:0, /job:worker/task:0/cpu:1, "
+        "/job:worker/task:1/cpu:0, /job:worker/task:1/cpu:1"
+    ) in proc.stdout
     assert "private networks only" in proc.stdout
 
 
@@ -218,15 +246,14 @@ _RESUMABLE_RUN = """
 def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp_path, job):
     """The killed task's error names it within seconds; after restarting the task and the
     script, BackupAndRestore resumes to the weights of an uninterrupted run."""
-    uninterrupted = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "a")),
-                            local.spec)
+    uninterrupted = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
-    failed = _client(_RESUMABLE_RUN.format(victim=victim, backup=str(tmp_path / "b")),
-                     local.spec)
+    failed = _client(_RESUMABLE_RUN.format(victim=victim, backup=str(tmp_path / "b")), local.spec)
     local.restart(job, 1)
     assert failed.get("error") == "TaskFailedError", failed
-    assert failed["message"].startswith(
-        f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "), failed["message"]
+    assert failed["message"].startswith(f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "), (
+        failed["message"]
+    )
     assert failed["seconds"] < 60
     resumed = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "b")), local.spec)
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
@@ -234,7 +261,8 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp
 
 
 def test_devices_a_cluster_does_not_have_are_errors_naming_the_task(local):
-    out = _client("""
+    out = _client(
+        """
         errors = []
         for compute in (["/job:worker/replica:0/task:0/device:GPU:0"],
                         ["/job:trainer/replica:0/task:0/device:CPU:0"]):
@@ -243,11 +271,17 @@ def test_devices_a_cluster_does_not_have_are_errors_naming_the_task(local):
             except ValueError as e:
                 errors.append(str(e))
         print(json.dumps(errors))
-        """, local.spec)
+        """,
+        local.spec,
+    )
     worker0 = local.spec["worker"][0]
-    assert out[0] == (f"The compute device '/job:worker/replica:0/task:0/device:GPU:0': task "
-                      f"/job:worker/replica:0/task:0 ({worker0}) has no device GPU:0. Its "
-                      f"devices: CPU:0, CPU:1.")
-    assert out[1].startswith("The compute device '/job:trainer/replica:0/task:0/device:CPU:0' "
-                             "names /job:trainer/replica:0/task:0, which is not a task of the "
-                             "cluster")
+    assert out[0] == (
+        f"The compute device '/job:worker/replica:0/task:0/device:GPU:0': task "
+        f"/job:worker/replica:0/task:0 ({worker0}) has no device GPU:0. Its "
+        f"devices: CPU:0, CPU:1."
+    )
+    assert out[1].startswith(
+        "The compute device '/job:trainer/replica:0/task:0/device:CPU:0' "
+        "names /job:trainer/replica:0/task:0, which is not a task of the "
+        "cluster"
+    )

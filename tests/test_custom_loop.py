@@ -28,8 +28,9 @@ def make_data(n=GB * STEPS, seed=0):
 def build(optimizer):
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((5,)), L.Dense(8, activation="relu"), L.Dense(3)])
-    opt = {"sgd": lambda: keras.optimizers.SGD(0.1),
-           "adam": lambda: keras.optimizers.Adam(0.01)}[optimizer]()
+    opt = {"sgd": lambda: keras.optimizers.SGD(0.1), "adam": lambda: keras.optimizers.Adam(0.01)}[
+        optimizer
+    ]()
     opt.build(model.trainable_variables)
     return model, opt
 
@@ -39,6 +40,7 @@ _loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reductio
 
 def make_step_fn(model, optimizer, global_batch=GB):
     """The replica function of the classic TF2 custom loop."""
+
     def step_fn(batch):
         x, y = batch
         with tf.GradientTape() as tape:
@@ -47,6 +49,7 @@ def make_step_fn(model, optimizer, global_batch=GB):
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
+
     return step_fn
 
 
@@ -124,8 +127,7 @@ def test_custom_loop_short_last_batch_equals_one_device():
     n = GB * STEPS + 2
     reference = train_one_device("adam", n=n)
     keras.backend.clear_session()
-    distributed = train_distributed(strategy_for(3), "adam",
-                                    lambda s: _global_batches(s, n=n))
+    distributed = train_distributed(strategy_for(3), "adam", lambda s: _global_batches(s, n=n))
     _assert_same_training(reference, distributed, steps=STEPS + 1)
 
 
@@ -136,8 +138,11 @@ def test_custom_loop_uneven_global_batch_equals_one_device():
     reference = train_one_device("sgd", n=n, global_batch=global_batch)
     keras.backend.clear_session()
     distributed = train_distributed(
-        strategy_for(3), "sgd", lambda s: _global_batches(s, n=n, global_batch=global_batch),
-        global_batch=global_batch)
+        strategy_for(3),
+        "sgd",
+        lambda s: _global_batches(s, n=n, global_batch=global_batch),
+        global_batch=global_batch,
+    )
     _assert_same_training(reference, distributed)
 
 
@@ -161,10 +166,13 @@ def test_distributed_datasets_split_global_batches_in_order(replicas):
 
     def dataset_fn(ctx):
         return ids.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(
-            ctx.get_per_replica_batch_size(GB))
+            ctx.get_per_replica_batch_size(GB)
+        )
 
-    for dist in (strategy.experimental_distribute_dataset(ids.batch(GB)),
-                 strategy.distribute_datasets_from_function(dataset_fn)):
+    for dist in (
+        strategy.experimental_distribute_dataset(ids.batch(GB)),
+        strategy.distribute_datasets_from_function(dataset_fn),
+    ):
         seen = []
         for batch in dist:
             parts = strategy.experimental_local_results(batch)
@@ -172,8 +180,10 @@ def test_distributed_datasets_split_global_batches_in_order(replicas):
             for i, part in enumerate(parts):
                 assert part.device.endswith(f"CPU:{i + 1}"), part.device
             seen.append([p.numpy().tolist() for p in parts])
-        expected = [[list(range(k * GB + i * b, k * GB + (i + 1) * b)) for i in range(replicas)]
-                    for k in range(2)]
+        expected = [
+            [list(range(k * GB + i * b, k * GB + (i + 1) * b)) for i in range(replicas)]
+            for k in range(2)
+        ]
         assert seen == expected
 
 
@@ -192,16 +202,19 @@ def test_input_options_without_fetch_to_device():
     reference = train_one_device("sgd")
     keras.backend.clear_session()
     distributed = train_distributed(
-        strategy, "sgd", lambda s: s.experimental_distribute_dataset(ds, options))
+        strategy, "sgd", lambda s: s.experimental_distribute_dataset(ds, options)
+    )
     _assert_same_training(reference, distributed)
 
-    css = tf.distribute.experimental.CentralStorageStrategy(["/cpu:1", "/cpu:2"],
-                                                           parameter_device="/cpu:0")
+    css = tf.distribute.experimental.CentralStorageStrategy(
+        ["/cpu:1", "/cpu:2"], parameter_device="/cpu:0"
+    )
     with pytest.raises(AttributeError, match="experimental_replication_mode"):
         css.experimental_distribute_dataset(ds, options)
 
 
 # -- reduce, gather, local results, values from function ---------------------------------------
+
 
 def _replica_id():
     return tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -268,8 +281,12 @@ def test_replica_context_all_reduce_and_all_gather(replicas):
         def replica_fn():
             ctx = tf.distribute.get_replica_context()
             r = tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0
-            return (ctx.all_reduce("SUM", r), ctx.all_reduce("MEAN", r),
-                    ctx.all_gather(tf.reshape(r, [1]), axis=0))
+            return (
+                ctx.all_reduce("SUM", r),
+                ctx.all_reduce("MEAN", r),
+                ctx.all_gather(tf.reshape(r, [1]), axis=0),
+            )
+
         return [strategy.experimental_local_results(v) for v in strategy.run(replica_fn)]
 
     sums, means, gathers = run()
@@ -304,8 +321,10 @@ def test_distribute_values_from_function(replicas):
     @tf.function
     def double_and_sum(v):
         doubled = strategy.run(lambda x: x * 2.0 + 1.0, args=(v,))
-        return (strategy.experimental_local_results(doubled),
-                strategy.reduce("SUM", doubled, axis=None))
+        return (
+            strategy.experimental_local_results(doubled),
+            strategy.reduce("SUM", doubled, axis=None),
+        )
 
     doubled, total = double_and_sum(values)
     assert [float(d) for d in doubled] == [20.0 * i + 1.0 for i in range(replicas)]
@@ -313,6 +332,7 @@ def test_distribute_values_from_function(replicas):
 
 
 # -- variables written in replica context ------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("replicas", [2, 3])
@@ -366,6 +386,7 @@ def test_none_aggregation_write_inside_cond(replicas):
             tf.cond(flag, lambda: v.assign(3.0 * (r + 1.0)), lambda: v.assign(-1.0 - r))
             tf.cond(r > 0.5, lambda: counter.assign_add(10), lambda: counter.assign_add(1))
             return v.read_value()
+
         return strategy.experimental_local_results(strategy.run(replica_fn))
 
     step(tf.constant(True))
@@ -381,15 +402,15 @@ def test_none_aggregation_write_inside_cond(replicas):
 def test_on_read_sum_variable(replicas, mode):
     strategy = strategy_for(replicas)
     with strategy.scope():
-        total = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=AGG.SUM)
+        total = tf.Variable(
+            0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=AGG.SUM
+        )
 
     def replica_fn():
         total.assign_add(tf.cast(_replica_id(), tf.float32) + 1.0)
         return total.read_value()
 
-    reads = strategy.experimental_local_results(_in_mode(lambda: strategy.run(replica_fn),
-                                                          mode)())
+    reads = strategy.experimental_local_results(_in_mode(lambda: strategy.run(replica_fn), mode)())
     expected = sum(range(1, replicas + 1))  # 1 + 2 (+ 3)
     assert float(total) == expected
     # dpkeras documents that every replica then reads the same, global value.
@@ -439,6 +460,7 @@ def test_int_mean_variable_with_inferred_dtype_raises_before_creation():
 
 # -- optimizer iterations ----------------------------------------------------------------------
 
+
 def test_optimizer_iterations_count_steps_with_three_replicas():
     strategy = strategy_for(3)
     with strategy.scope():
@@ -452,13 +474,13 @@ def test_optimizer_iterations_count_steps_with_three_replicas():
         strategy.run(step_fn, args=(batch,))
 
     ds = strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensor_slices((x, y)).batch(GB))
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(GB)
+    )
     for k, batch in enumerate(ds, start=1):
         train_step(batch)
         assert int(opt.iterations.numpy()) == k
     # Keras fit on the same model counts one per step too.
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=GB, epochs=1, steps_per_epoch=3, shuffle=False, verbose=0)
     assert int(opt.iterations.numpy()) == STEPS + 3
 
@@ -471,7 +493,8 @@ def test_eager_custom_loop_without_tf_function():
     with strategy.scope():
         model, opt = build("sgd")
     step_fn = make_step_fn(model, opt)
-    losses = [float(strategy.reduce("SUM", strategy.run(step_fn, args=(batch,)), axis=None))
-              for batch in _global_batches(strategy)]
+    losses = [
+        float(strategy.reduce("SUM", strategy.run(step_fn, args=(batch,)), axis=None))
+        for batch in _global_batches(strategy)
+    ]
     _assert_same_training(reference, (model, opt, losses))
-

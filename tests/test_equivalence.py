@@ -52,8 +52,10 @@ def test_uneven_last_batch_equals_one_device(n):
 def test_global_batch_not_divisible_by_replicas_equals_one_device(batch_size):
     """Every batch splits unevenly over 3 replicas; each replica's share weights its gradient."""
     one_device = train("dense", None, n=200, batch_size=batch_size)
-    _assert_same_run((one_device[0].get_weights(),) + one_device[1:],
-                     train("dense", strategy_for(3), n=200, batch_size=batch_size))
+    _assert_same_run(
+        (one_device[0].get_weights(),) + one_device[1:],
+        train("dense", strategy_for(3), n=200, batch_size=batch_size),
+    )
 
 
 def test_unbuilt_model_with_uneven_batches_equals_one_device():
@@ -63,12 +65,15 @@ def test_unbuilt_model_with_uneven_batches_equals_one_device():
     def fit(strategy):
         keras.utils.set_random_seed(3)
         with strategy.scope() if strategy else contextlib.nullcontext():
-            model = keras.Sequential([keras.layers.Dense(8, activation="relu"),
-                                      keras.layers.Dense(4)])
-            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True))
+            model = keras.Sequential(
+                [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)]
+            )
+            model.compile(
+                optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            )
         model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
         return model.get_weights()
+
     assert_weights_close(fit(None), fit(strategy_for(3)))
 
 

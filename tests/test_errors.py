@@ -12,8 +12,12 @@ from dpkeras import strategy_scope as scope_module
 
 BAD_DEVICES = [
     # (compute_devices, parameter_device, message regex)
-    (["/cpu:7"], None, r"compute device /cpu:7 does not exist.*Available devices: /cpu:0, "
-                       r"/cpu:1, /cpu:2, /cpu:3"),
+    (
+        ["/cpu:7"],
+        None,
+        r"compute device /cpu:7 does not exist.*Available devices: /cpu:0, "
+        r"/cpu:1, /cpu:2, /cpu:3",
+    ),
     (["/gpu:0"], None, r"compute device /gpu:0 does not exist"),
     (None, "/cpu:9", r"parameter device /cpu:9 does not exist"),
     (["gpu"], None, r"must name a type and an index.*Received: 'gpu'"),
@@ -22,8 +26,12 @@ BAD_DEVICES = [
     (["/cpu:1", "/device:CPU:1"], None, r"lists /cpu:1 twice \('/cpu:1' and '/device:CPU:1'\)"),
     ([], None, r"at least one device.*Received: compute_devices=\[\]"),
     ("/cpu:1", None, r"list of device strings, not one string.*did you mean \['/cpu:1'\]"),
-    (None, 5, r"parameter_device must be a device string, a list of devices, or a placement "
-              r"policy.*Received: 5 \(of type int\)"),
+    (
+        None,
+        5,
+        r"parameter_device must be a device string, a list of devices, or a placement "
+        r"policy.*Received: 5 \(of type int\)",
+    ),
     (None, ["/cpu:0", "/cpu:0"], r"greedy_by_size\(\) lists a device twice"),
     (None, [], r"greedy_by_size\(\) needs a non-empty list of devices"),
     (["/cpu:1"], "/cpu:0/cpu:1", r"Cannot parse device '/cpu:0/cpu:1'"),
@@ -44,8 +52,11 @@ def test_bad_devices_fail_before_anything_is_created(compute, parameter, message
 
 def test_bad_environment_setting(monkeypatch):
     monkeypatch.setenv("DPKERAS_COMPUTE_DEVICES", "/cpu:1,,/cpu:2")
-    with pytest.raises(ValueError, match=r"DPKERAS_COMPUTE_DEVICES must be a comma-separated "
-                                         r"list.*Received: DPKERAS_COMPUTE_DEVICES='/cpu:1,,"):
+    with pytest.raises(
+        ValueError,
+        match=r"DPKERAS_COMPUTE_DEVICES must be a comma-separated "
+        r"list.*Received: DPKERAS_COMPUTE_DEVICES='/cpu:1,,",
+    ):
         dpkeras.ParameterDeviceStrategy()
 
 
@@ -57,19 +68,24 @@ def test_simulate_cpu_devices_rejects_non_positive_integers(n):
 
 def test_simulate_cpu_devices_after_initialisation():
     dpkeras.simulate_cpu_devices(4)  # what this process already has: a no-op
-    with pytest.raises(RuntimeError, match=r"simulate_cpu_devices\(2\) must be called before "
-                                           r"TensorFlow initialises.*already runs with 4"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"simulate_cpu_devices\(2\) must be called before "
+        r"TensorFlow initialises.*already runs with 4",
+    ):
         dpkeras.simulate_cpu_devices(2)
     assert len(tf.config.list_logical_devices("CPU")) == 4
 
 
 @pytest.mark.parametrize("outer", ["one_device", "other_dpkeras"])
 def test_scope_inside_another_strategy_scope(outer):
-    other = (tf.distribute.OneDeviceStrategy("/cpu:1") if outer == "one_device"
-             else strategy_for(3))
+    other = tf.distribute.OneDeviceStrategy("/cpu:1") if outer == "one_device" else strategy_for(3)
     with other.scope():
-        with pytest.raises(ValueError, match=r"cannot be entered inside the scope of another "
-                                             r"strategy: .* is active"):
+        with pytest.raises(
+            ValueError,
+            match=r"cannot be entered inside the scope of another "
+            r"strategy: .* is active",
+        ):
             with dpkeras.scope(["/cpu:1", "/cpu:2"]):
                 pass
         assert tf.distribute.get_strategy() is other
@@ -83,9 +99,12 @@ def test_model_built_outside_the_scope_fails_before_training():
     initial = model.get_weights()
     x, y = make_data("dense", 96)
     with dpkeras.scope(["/cpu:1", "/cpu:2"]):
-        with pytest.raises(ValueError, match=r"variable .sequential/dense/kernel. that was not "
-                                             r"created under this strategy.s scope.*"
-                                             r"inside `with dpkeras.scope\(\):`"):
+        with pytest.raises(
+            ValueError,
+            match=r"variable .sequential/dense/kernel. that was not "
+            r"created under this strategy.s scope.*"
+            r"inside `with dpkeras.scope\(\):`",
+        ):
             model.fit(x, y, batch_size=48, epochs=1, verbose=0)
     for a, b in zip(initial, model.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -94,8 +113,7 @@ def test_model_built_outside_the_scope_fails_before_training():
 def test_integer_variable_with_mean_aggregation():
     with strategy_for(2).scope():
         with pytest.raises(ValueError, match=r"'counter' has dtype int32 and aggregation=MEAN"):
-            tf.Variable(0, dtype=tf.int32, name="counter",
-                        aggregation=tf.VariableAggregation.MEAN)
+            tf.Variable(0, dtype=tf.int32, name="counter", aggregation=tf.VariableAggregation.MEAN)
 
 
 def test_update_of_a_foreign_variable_in_a_custom_loop():

@@ -47,7 +47,8 @@ def test_dpkeras_is_exact(feature):
 
 
 def test_mirrored_strategy_verdicts():
-    out = run_python("""
+    out = run_python(
+        """
         import json, sys
         sys.path.insert(0, "tests")
         import tensorflow as tf
@@ -61,5 +62,7 @@ def test_mirrored_strategy_verdicts():
             except Exception as e:  # the verdict "fails", with its type
                 verdicts[feature] = "fails"
         print(json.dumps(verdicts))
-        """, cpus=4)
+        """,
+        cpus=4,
+    )
     assert json.loads(out.strip().splitlines()[-1]) == MIRRORED

@@ -150,9 +150,11 @@ def test_every_patched_function_has_the_signature_dpkeras_expects():
 def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monkeypatch):
     shipped = originals()
     wrong = dataclasses.replace(keras_patches.PATCHES[1], signature="(model, filepath)")
-    message = (r"dpkeras cannot patch Keras 3\.\S+: saving_lib\.save_weights_only has signature "
-               r"\(model, filepath, max_shard_size=None, objects_to_skip=None\), expected "
-               r"\(model, filepath\) \(as in Keras 3\.15\)")
+    message = (
+        r"dpkeras cannot patch Keras 3\.\S+: saving_lib\.save_weights_only has signature "
+        r"\(model, filepath, max_shard_size=None, objects_to_skip=None\), expected "
+        r"\(model, filepath\) \(as in Keras 3\.15\)"
+    )
     with pytest.raises(RuntimeError, match=message):
         keras_patches.check(wrong)
     table = list(keras_patches.PATCHES)
@@ -165,11 +167,15 @@ def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monke
 
 
 def test_a_missing_function_is_refused_by_name():
-    missing = dataclasses.replace(keras_patches.PATCHES[2], name="on_train_start",
-                                  qualname="BackupAndRestore.on_train_start")
-    with pytest.raises(RuntimeError, match=r"BackupAndRestore\.on_train_start does not exist "
-                                           r"\(expected a function with signature "
-                                           r"\(self, logs=None\)"):
+    missing = dataclasses.replace(
+        keras_patches.PATCHES[2], name="on_train_start", qualname="BackupAndRestore.on_train_start"
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"BackupAndRestore\.on_train_start does not exist "
+        r"\(expected a function with signature "
+        r"\(self, logs=None\)",
+    ):
         keras_patches.check(missing)
 
 
@@ -184,7 +190,8 @@ def test_the_keras_originals_dpkeras_reimplements_are_unchanged():
             f"Keras {keras.__version__} changed {patch.qualname} (source SHA-256 {found}, "
             f"pinned {patch.source_sha256}). Read the new Keras source, make "
             f"dpkeras.resume.backup_save_model do everything it now does, then update "
-            f"source_sha256 in dpkeras/keras_patches.py.")
+            f"source_sha256 in dpkeras/keras_patches.py."
+        )
 
 
 def test_the_saving_internals_are_where_dpkeras_expects_them():
@@ -196,8 +203,12 @@ def test_the_saving_internals_are_where_dpkeras_expects_them():
 
 def test_patches_do_not_import_the_strategy_module():
     for module in (keras_patches, resume):
-        imported = {alias.name for node in ast.walk(ast.parse(inspect.getsource(module)))
-                    if isinstance(node, ast.ImportFrom) for alias in node.names}
+        imported = {
+            alias.name
+            for node in ast.walk(ast.parse(inspect.getsource(module)))
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
         assert "strategy" not in imported and "ParameterDeviceStrategy" not in imported
 
 
@@ -209,8 +220,11 @@ def test_callbacks_run_outside_the_scope_with_the_patches_installed():
         model = small_model()
         model.compile(optimizer="sgd", loss="mse")
     seen = []
-    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
-        (tf.distribute.has_strategy(), keras_patches.installed())))
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(
+            (tf.distribute.has_strategy(), keras_patches.installed())
+        )
+    )
     x = tf.zeros((8, 3))
     model.fit(x, tf.zeros((8, 2)), batch_size=4, epochs=2, verbose=0, callbacks=[record])
     assert seen == [(False, True), (False, True)]

@@ -59,23 +59,47 @@ def test_many_epochs_trace_once_and_keep_their_variables():
     x, y = make_data("dense", 58)  # batches of 24, 24 and a short 10 (4/3/3 over 3 replicas)
     with strategy.scope():
         keras.utils.set_random_seed(3)
-        model = keras.Sequential([keras.Input((12,)), CountCalls(), keras.layers.Dense(16),
-                                  keras.layers.Dropout(0.2), keras.layers.BatchNormalization(),
-                                  keras.layers.Dense(4)])
-        model.compile(optimizer="adam", metrics=["accuracy"],
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model = keras.Sequential(
+            [
+                keras.Input((12,)),
+                CountCalls(),
+                keras.layers.Dense(16),
+                keras.layers.Dropout(0.2),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dense(4),
+            ]
+        )
+        model.compile(
+            optimizer="adam",
+            metrics=["accuracy"],
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
     counts = []
 
     class Census(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            counts.append((len(model.variables), len(model.optimizer.variables),
-                           len(strategy.extended.variables()),
-                           len(strategy.extended.reductions),
-                           sum(len(v._replica_reads) for v in strategy.extended.variables())))
+            counts.append(
+                (
+                    len(model.variables),
+                    len(model.optimizer.variables),
+                    len(strategy.extended.variables()),
+                    len(strategy.extended.reductions),
+                    sum(len(v._replica_reads) for v in strategy.extended.variables()),
+                )
+            )
 
     CountCalls.calls = 0
-    model.fit(x, y, batch_size=24, epochs=EPOCHS, validation_data=(x[:20], y[:20]),
-              validation_freq=[1, 8, EPOCHS], shuffle=False, verbose=0, callbacks=[Census()])
+    model.fit(
+        x,
+        y,
+        batch_size=24,
+        epochs=EPOCHS,
+        validation_data=(x[:20], y[:20]),
+        validation_freq=[1, 8, EPOCHS],
+        shuffle=False,
+        verbose=0,
+        callbacks=[Census()],
+    )
     train = tf_functions(model.train_function)
     test = tf_functions(model.test_function)
     # Keras's two functions per step (the iterator loop and the step), each traced once, for
@@ -110,10 +134,17 @@ def test_epochs_of_unknown_size_do_not_drift():
     data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(24)
     with strategy.scope():
         keras.utils.set_random_seed(5)
-        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8),
-                                  keras.layers.Dropout(0.3), keras.layers.Dense(4)])
-        model.compile(optimizer="adam",
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model = keras.Sequential(
+            [
+                keras.Input((12,)),
+                keras.layers.Dense(8),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(4),
+            ]
+        )
+        model.compile(
+            optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
     model.fit(data, epochs=2, verbose=0)
     seed = next(v for v in model.variables if "seed_generator" in v.path)
     assert model.optimizer.iterations.numpy() == seed.numpy()[1] == 2 * 3
@@ -124,8 +155,12 @@ def test_epochs_of_unknown_size_do_not_drift():
         time.sleep(0.5)
         return False
 
-    exhausted = data.unbatch().take(1).filter(
-        lambda a, b: tf.py_function(late_end, [a[0]], tf.bool)).batch(24)
+    exhausted = (
+        data.unbatch()
+        .take(1)
+        .filter(lambda a, b: tf.py_function(late_end, [a[0]], tf.bool))
+        .batch(24)
+    )
     iterator = iter(strategy.experimental_distribute_dataset(exhausted))
     with pytest.raises((StopIteration, tf.errors.OutOfRangeError)):
         model.train_function(iterator)
@@ -137,9 +172,22 @@ def test_soak_benchmark_runs_and_summarizes(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "soak.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.soak", "--steps=30", "--every=10", "--replicas=2",
-         "--batch_size=16", f"--out={out}"], cwd=root, capture_output=True, text=True,
-        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.soak",
+            "--steps=30",
+            "--every=10",
+            "--replicas=2",
+            "--batch_size=16",
+            f"--out={out}",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     header, windows = lines[0], lines[1:]

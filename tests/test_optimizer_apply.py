@@ -22,8 +22,9 @@ Y = (RNG.rand(64, 3) * 5).astype("float32")
 
 def _build(optimizer):
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
-                              keras.layers.Dense(3)])
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+    )
     model.compile(optimizer=optimizer(), loss="mse")
     return model
 
@@ -31,12 +32,14 @@ def _build(optimizer):
 def _compare(optimizer, batch_size=16, epochs=4, x=X, y=Y):
     """Trains one device and 3 replicas; asserts equal weights and history; returns both."""
     reference = _build(optimizer)
-    expected = reference.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False,
-                             verbose=0).history
+    expected = reference.fit(
+        x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0
+    ).history
     with strategy_for(3).scope():
         model = _build(optimizer)
-    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False,
-                        verbose=0).history
+    history = model.fit(
+        x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0
+    ).history
     assert_weights_close(reference.get_weights(), model.get_weights())
     np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
     return reference, model
@@ -51,7 +54,8 @@ CASES = {
     "accumulation-2-adam": lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=2),
     "accumulation-4-adam": lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=4),
     "accumulation-with-clipnorm": lambda: keras.optimizers.Adam(
-        0.01, gradient_accumulation_steps=2, clipnorm=0.1),
+        0.01, gradient_accumulation_steps=2, clipnorm=0.1
+    ),
     "weight-decay": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
     "ema": lambda: keras.optimizers.SGD(0.05, use_ema=True, ema_overwrite_frequency=3),
 }
@@ -68,15 +72,19 @@ def test_clipping_actually_clips_here():
     clipped.fit(X, Y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     plain = _build(lambda: keras.optimizers.SGD(0.05))
     plain.fit(X, Y, batch_size=16, epochs=1, shuffle=False, verbose=0)
-    assert max(np.abs(a - b).max() for a, b in zip(clipped.get_weights(),
-                                                  plain.get_weights())) > 1e-3
+    assert (
+        max(np.abs(a - b).max() for a, b in zip(clipped.get_weights(), plain.get_weights())) > 1e-3
+    )
 
 
 @pytest.mark.parametrize("steps", [2, 4])
 def test_accumulation_with_an_uneven_last_batch(steps):
     """58 examples in batches of 16 over 3 replicas: the last batch of 10 splits 4/3/3."""
-    reference, model = _compare(lambda: keras.optimizers.Adam(
-        0.01, gradient_accumulation_steps=steps, clipnorm=0.5), x=X[:58], y=Y[:58])
+    reference, model = _compare(
+        lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=steps, clipnorm=0.5),
+        x=X[:58],
+        y=Y[:58],
+    )
     assert int(model.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy())
 
 
@@ -104,7 +112,8 @@ def test_accumulation_in_a_custom_loop():
         def replica_step(x, y):
             with tf.GradientTape() as tape:
                 loss = tf.nn.compute_average_loss(
-                    tf.reduce_mean((model(x) - y) ** 2, axis=-1), global_batch_size=16)
+                    tf.reduce_mean((model(x) - y) ** 2, axis=-1), global_batch_size=16
+                )
             grads = tape.gradient(loss, model.trainable_variables)
             model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
@@ -132,7 +141,8 @@ def test_keras_apply_gradients_calls_apply():
     """dpkeras routes an optimizer's `apply`; Keras's `apply_gradients` must go through it."""
     source = inspect.getsource(keras.optimizers.Optimizer.apply_gradients)
     assert "self.apply(grads, trainable_variables)" in source, (
-        "Keras changed Optimizer.apply_gradients: re-check dpkeras.optimizer_apply")
+        "Keras changed Optimizer.apply_gradients: re-check dpkeras.optimizer_apply"
+    )
 
 
 def test_creating_optimizer_is_found_on_keras_name_scope_stack():

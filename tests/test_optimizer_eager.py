@@ -17,8 +17,10 @@ def _run(strategy, make, steps):
     with scope:
         variables, optimizer, grads = make()
     for _ in range(steps):
+
         def step():
             optimizer.apply_gradients(zip(grads, variables))
+
         if strategy is None:
             step()
         else:
@@ -29,14 +31,17 @@ def _run(strategy, make, steps):
 def _ema():
     v = keras.Variable([[3.0, 4.0], [5.0, 6.0]])
     grads = [tf.constant([[1.0, 1.0], [1.0, 1.0]])]
-    optimizer = keras.optimizers.SGD(learning_rate=1.0, use_ema=True, ema_momentum=0.5,
-                                     ema_overwrite_frequency=3)
+    optimizer = keras.optimizers.SGD(
+        learning_rate=1.0, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=3
+    )
     return [v], optimizer, grads
 
 
 def _weight_decay():
-    decayed, excluded = keras.Variable(np.ones((2,), "float32")), keras.Variable(
-        np.ones((2,), "float32") * 2.0)
+    decayed, excluded = (
+        keras.Variable(np.ones((2,), "float32")),
+        keras.Variable(np.ones((2,), "float32") * 2.0),
+    )
     optimizer = keras.optimizers.SGD(learning_rate=1.0, weight_decay=0.004)
     optimizer.exclude_from_weight_decay(var_list=[excluded])
     grads = [tf.ones((2,)), tf.ones((2,))]

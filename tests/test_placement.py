@@ -19,11 +19,19 @@ SPREAD = ["/cpu:0", "/cpu:3"]
 def _uneven_model():
     """Variables from 64 bytes to 256 KB: a table, two dense layers, their biases."""
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((6,), dtype="int32"), L.Embedding(2000, 32),
-                              L.GlobalAveragePooling1D(), L.Dense(64, activation="relu"),
-                              L.Dense(512), L.Dense(4)])
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((6,), dtype="int32"),
+            L.Embedding(2000, 32),
+            L.GlobalAveragePooling1D(),
+            L.Dense(64, activation="relu"),
+            L.Dense(512),
+            L.Dense(4),
+        ]
+    )
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 
@@ -56,7 +64,8 @@ def test_a_list_of_devices_means_greedy_by_size():
     strategy = dpkeras.get_strategy(REPLICAS, SPREAD)
     assert "greedy_by_size" in repr(strategy.extended.placement_policy)
     assert strategy.extended.parameter_devices == tuple(
-        dpkeras.device_names.canonical_device(d) for d in SPREAD)
+        dpkeras.device_names.canonical_device(d) for d in SPREAD
+    )
 
 
 def test_by_path_and_slots_follow_their_variable():
@@ -66,8 +75,7 @@ def test_by_path_and_slots_follow_their_variable():
     for v in model.weights:
         expected = "CPU:0" if "embedding" in v.path else "CPU:3"
         assert v.value.device.endswith(expected), v.path
-    slots = [v for v in model.optimizer.variables if "_momentum" in v.path or "_velocity" in
-             v.path]
+    slots = [v for v in model.optimizer.variables if "_momentum" in v.path or "_velocity" in v.path]
     assert len(slots) == 2 * len(model.trainable_weights)
     for slot in slots:
         expected = "CPU:0" if "embedding" in slot.path else "CPU:3"
@@ -90,11 +98,16 @@ def test_a_callable_policy_sees_each_variable_once_with_its_spec():
     first_kernel = model.layers[0].kernel.path
     kernel = by_path[first_kernel]
     assert (kernel.shape, kernel.dtype, kernel.trainable, kernel.kind) == (
-        (12, 16), "float32", True, "weight")
+        (12, 16),
+        "float32",
+        True,
+        "weight",
+    )
     assert by_path[model.optimizer.iterations.path].kind == "optimizer"
     assert {s.kind for s in seen} == {"weight", "optimizer", "metric", "seed"}
     assert not any("momentum" in s.path or "velocity" in s.path for s in seen), (
-        "slots must follow their variable, not ask the policy")
+        "slots must follow their variable, not ask the policy"
+    )
     assert len(seen) == len(by_path), "each variable asked once"
     for v in model.weights:
         assert v.value.device.endswith("CPU:3" if v.value.kind == "weight" else "CPU:0")
@@ -114,8 +127,10 @@ def test_gradients_are_reduced_where_each_variable_lives():
     model = _build_under(placement.round_robin(SPREAD), lambda: build_model("dense"))
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
-    home = {v.path.split("/", 1)[1]: dpkeras.device_names.short_device(v.value.device)
-            for v in model.trainable_weights}
+    home = {
+        v.path.split("/", 1)[1]: dpkeras.device_names.short_device(v.value.device)
+        for v in model.trainable_weights
+    }
     grads = [t for t in report.transfers if "gradient_tape" in t.tensor]
     assert len(grads) == len(REPLICAS) * len(home)
     for t in grads:
@@ -156,24 +171,39 @@ _PLACEMENT_PROGRAM = """
 
 def test_placement_is_deterministic_across_processes():
     import pathlib
+
     tests = str(pathlib.Path(__file__).parent)
-    runs = [json.loads(run_python(_PLACEMENT_PROGRAM.format(tests=tests), cpus=4).strip()
-                       .splitlines()[-1]) for _ in range(2)]
+    runs = [
+        json.loads(
+            run_python(_PLACEMENT_PROGRAM.format(tests=tests), cpus=4).strip().splitlines()[-1]
+        )
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
-    here = {v.path: v.value.device for v in _build_under(placement.greedy_by_size(SPREAD))
-            .weights}
+    here = {v.path: v.value.device for v in _build_under(placement.greedy_by_size(SPREAD)).weights}
     assert here == runs[0]
 
 
 BAD_POLICIES = [
-    (lambda spec: "/cpu:9", r"placed variable 'sequential/embedding/embeddings' on /cpu:9, "
-                            r"which does not exist.*Available devices: /cpu:0"),
-    (lambda spec: 7, r"returned an invalid device for variable "
-                     r"'sequential/embedding/embeddings'.*Received: 7"),
-    (lambda spec: {}["missing"], r"failed for variable 'sequential/embedding/embeddings' "
-                                 r"\(weight, shape \(2000, 32\)\): KeyError"),
-    (placement.by_path({r"dense": "/cpu:3"}),
-     r"no by_path\(\) rule matches 'sequential/embedding/embeddings' and there is no default"),
+    (
+        lambda spec: "/cpu:9",
+        r"placed variable 'sequential/embedding/embeddings' on /cpu:9, "
+        r"which does not exist.*Available devices: /cpu:0",
+    ),
+    (
+        lambda spec: 7,
+        r"returned an invalid device for variable "
+        r"'sequential/embedding/embeddings'.*Received: 7",
+    ),
+    (
+        lambda spec: {}["missing"],
+        r"failed for variable 'sequential/embedding/embeddings' "
+        r"\(weight, shape \(2000, 32\)\): KeyError",
+    ),
+    (
+        placement.by_path({r"dense": "/cpu:3"}),
+        r"no by_path\(\) rule matches 'sequential/embedding/embeddings' and there is no default",
+    ),
 ]
 
 
@@ -183,13 +213,16 @@ def test_bad_policies_fail_before_training_naming_the_variable(policy, message):
         _build_under(policy)
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: placement.round_robin("/cpu:0"), r"round_robin\(\) needs a non-empty list"),
-    (lambda: placement.greedy_by_size(["/cpu:0", "cpu:0"]), r"lists a device twice"),
-    (lambda: placement.by_path([("x", "/cpu:0")]), r"by_path\(\) needs a dict"),
-    (lambda: placement.by_path({"(": "/cpu:0"}), r"'\(' is not a valid regular expression"),
-    (lambda: placement.by_path({"x": "/cpu:0"}, default=3), r"Received: 3 \(of type int\)"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: placement.round_robin("/cpu:0"), r"round_robin\(\) needs a non-empty list"),
+        (lambda: placement.greedy_by_size(["/cpu:0", "cpu:0"]), r"lists a device twice"),
+        (lambda: placement.by_path([("x", "/cpu:0")]), r"by_path\(\) needs a dict"),
+        (lambda: placement.by_path({"(": "/cpu:0"}), r"'\(' is not a valid regular expression"),
+        (lambda: placement.by_path({"x": "/cpu:0"}, default=3), r"Received: 3 \(of type int\)"),
+    ],
+)
 def test_bad_policy_arguments(make, message):
     with pytest.raises(ValueError, match=message):
         make()
@@ -209,7 +242,12 @@ def test_placement_report_of_a_model_and_of_a_strategy():
     rows = {r.path: r for r in report.rows}
     table = rows["sequential/embedding/embeddings"]
     assert (table.kind, table.shape, table.dtype, table.bytes, table.device) == (
-        "weight", (2000, 32), "float32", 256000, "/cpu:0")
+        "weight",
+        (2000, 32),
+        "float32",
+        256000,
+        "/cpu:0",
+    )
     assert {r.kind for r in report.rows} == {"weight", "optimizer", "metric"}
     totals = report.totals
     assert sum(n for n, _ in totals.values()) == len(report.rows)
@@ -217,8 +255,7 @@ def test_placement_report_of_a_model_and_of_a_strategy():
     text = str(report)
     assert "┃ Variable" in text and "sequential/embedding/embeddings" in text
     assert "/cpu:0:" in text and "/cpu:3:" in text
-    strategy_report = dpkeras.placement_report(
-        dpkeras.get_strategy(REPLICAS, "/cpu:0"))
+    strategy_report = dpkeras.placement_report(dpkeras.get_strategy(REPLICAS, "/cpu:0"))
     assert strategy_report.title.startswith("Placement: ParameterDeviceStrategy(")
     lines = []
     report.print(print_fn=lines.append)
@@ -226,6 +263,9 @@ def test_placement_report_of_a_model_and_of_a_strategy():
 
 
 def test_placement_report_rejects_other_objects():
-    with pytest.raises(TypeError, match=r"takes a keras.Model or a "
-                                        r"dpkeras.ParameterDeviceStrategy.*of type int"):
+    with pytest.raises(
+        TypeError,
+        match=r"takes a keras.Model or a "
+        r"dpkeras.ParameterDeviceStrategy.*of type int",
+    ):
         dpkeras.placement_report(3)

@@ -34,8 +34,11 @@ def run_worker(directory, *args, killed=False):
     """Runs the worker; asserts that it was SIGKILLed (`killed`) or that it finished."""
     proc = subprocess.run(
         [sys.executable, str(WORKER), "--dir", str(directory), *args],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     expected = -signal.SIGKILL if killed else 0
     assert proc.returncode == expected, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc
@@ -99,6 +102,7 @@ def failing_write(at=3):
 
 # -- BackupAndRestore: kill and resume ------------------------------------------------------
 
+
 def test_killed_run_resumes_exactly_at_every_kill_point(tmp_path):
     """Killed mid-epoch, half-way through writing a backup, and between committing a backup
     and renaming its weights into place: after each kill the backup loads, and the finished
@@ -107,9 +111,11 @@ def test_killed_run_resumes_exactly_at_every_kill_point(tmp_path):
     backup = tmp_path / "backup"
     out = tmp_path / "final.npz"
     # (kill point, epoch the next run resumes at)
-    for kill, resumes_at in [("batch:1:2", 1),     # mid-epoch 1
-                             ("h5:2:3", 2),        # weights file of epoch 2's backup half-written
-                             ("replace:3:2", 4)]:  # epoch 3's backup committed, not yet in place
+    for kill, resumes_at in [
+        ("batch:1:2", 1),  # mid-epoch 1
+        ("h5:2:3", 2),  # weights file of epoch 2's backup half-written
+        ("replace:3:2", 4),
+    ]:  # epoch 3's backup committed, not yet in place
         run_worker(tmp_path, "--kill", kill, killed=True)
         if kill.startswith(("h5", "replace")):  # a backup's weights are written, not in place
             assert any(p.name.startswith(".pending-") for p in backup.iterdir())
@@ -148,6 +154,7 @@ def test_integer_save_freq_resumes_exactly(strategy, tmp_path):
     trains that epoch again, and after a restart it records epoch 0 until an epoch ends. Under
     dpkeras both are right and the result is exact; without it, training repeats epochs.
     """
+
     class Interrupt(keras.callbacks.Callback):
         def __init__(self, epoch):
             super().__init__()
@@ -174,8 +181,15 @@ def test_integer_save_freq_resumes_exactly(strategy, tmp_path):
         if interrupt_at is not None:
             callbacks.append(Interrupt(interrupt_at))
         try:
-            history = model.fit(x, y, batch_size=worker.BATCH_SIZE, epochs=5, shuffle=False,
-                                verbose=0, callbacks=callbacks)
+            history = model.fit(
+                x,
+                y,
+                batch_size=worker.BATCH_SIZE,
+                epochs=5,
+                shuffle=False,
+                verbose=0,
+                callbacks=callbacks,
+            )
             epochs_run += len(history.history["loss"])
         except RuntimeError:
             pass
@@ -204,8 +218,14 @@ def test_a_mid_epoch_backup_is_restored_with_a_warning(tmp_path, caplog):
                 raise RuntimeError("interrupted")
 
     with pytest.raises(RuntimeError):
-        model.fit(x, y, batch_size=worker.BATCH_SIZE, epochs=2, verbose=0, callbacks=[
-            keras.callbacks.BackupAndRestore(directory, save_freq=2), Stop()])
+        model.fit(
+            x,
+            y,
+            batch_size=worker.BATCH_SIZE,
+            epochs=2,
+            verbose=0,
+            callbacks=[keras.callbacks.BackupAndRestore(directory, save_freq=2), Stop()],
+        )
     with open(os.path.join(directory, "training_metadata.json")) as f:
         assert json.load(f)["dpkeras"]["epoch_complete"] is False
     with caplog.at_level("WARNING", logger="dpkeras"):
@@ -216,6 +236,7 @@ def test_a_mid_epoch_backup_is_restored_with_a_warning(tmp_path, caplog):
 
 
 # -- ModelCheckpoint and tf.train.CheckpointManager -----------------------------------------
+
 
 def test_model_checkpoint_killed_during_write(tmp_path):
     """Killed while ModelCheckpoint rewrites model.keras after epoch 1: the file is still epoch
@@ -237,19 +258,24 @@ def test_checkpoint_manager_killed_during_save(kill, tmp_path):
     run_worker(tmp_path, "--save", "manager", "--kill", kill, killed=True)
     written = {p.name for p in (tmp_path / "manager").iterdir()}
     # The kill came in the middle of writing checkpoint 2:
-    assert ("ckpt-2_temp" in written) if kill == "merge:1" else (
-        "ckpt-2.index" in written and any(n.startswith("checkpoint.tmp") for n in written))
+    assert (
+        ("ckpt-2_temp" in written)
+        if kill == "merge:1"
+        else ("ckpt-2.index" in written and any(n.startswith("checkpoint.tmp") for n in written))
+    )
     latest = tf.train.latest_checkpoint(tmp_path / "manager")
     assert latest.endswith("ckpt-1")
     with strategy_for(3).scope():
         model = worker.build_model()
         model.optimizer.build(model.trainable_variables)
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
-            latest).assert_existing_objects_matched()
+            latest
+        ).assert_existing_objects_matched()
     assert_same_state(reference(3, 1)[0], model.get_weights())
 
 
 # -- NaN ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("strategy", ["dpkeras", "none"])
 def test_terminate_on_nan_keeps_the_last_good_checkpoint(strategy, tmp_path):
@@ -269,11 +295,19 @@ def test_terminate_on_nan_keeps_the_last_good_checkpoint(strategy, tmp_path):
     x, y = worker.make_data()
     checkpoint = tmp_path / "model.weights.h5"
     backup = tmp_path / "backup"
-    history = model.fit(x, y, batch_size=worker.BATCH_SIZE, epochs=4, shuffle=False, verbose=0,
-                        callbacks=[keras.callbacks.TerminateOnNaN(),
-                                   keras.callbacks.ModelCheckpoint(checkpoint,
-                                                                   save_weights_only=True),
-                                   keras.callbacks.BackupAndRestore(str(backup))])
+    history = model.fit(
+        x,
+        y,
+        batch_size=worker.BATCH_SIZE,
+        epochs=4,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            keras.callbacks.TerminateOnNaN(),
+            keras.callbacks.ModelCheckpoint(checkpoint, save_weights_only=True),
+            keras.callbacks.BackupAndRestore(str(backup)),
+        ],
+    )
     assert len(history.history["loss"]) == 2 and np.isnan(history.history["loss"][-1])
     assert np.isnan(model.get_weights()[0]).all()
     saved = worker.build_model(dropout=False)
@@ -291,6 +325,7 @@ def test_terminate_on_nan_keeps_the_last_good_checkpoint(strategy, tmp_path):
 
 
 # -- atomic writes, in process --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("suffix", [".keras", ".weights.h5"])
 def test_a_failed_save_leaves_the_previous_file(suffix, tmp_path):
@@ -332,8 +367,9 @@ def test_models_not_built_under_dpkeras_are_saved_as_keras_saves_them(tmp_path, 
 def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
     with strategy_for(2).scope():
         model = worker.build_model()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     stale = tmp_path / f".model{atomic_files.TMP_TAG}{dead}-0a1b2c3d.keras"
     stale.write_bytes(b"half")
     model.save(tmp_path / "model.keras")
@@ -362,10 +398,8 @@ def test_a_backup_write_that_fails_half_way(strategy, tmp_path):
     x, y = worker.make_data()
     with scope.scope() if scope else contextlib.nullcontext():
         model = worker.build_model()
-    fit = functools.partial(model.fit, x, y, batch_size=worker.BATCH_SIZE, shuffle=False,
-                            verbose=0)
-    fit(epochs=1, callbacks=[keras.callbacks.BackupAndRestore(directory,
-                                                              delete_checkpoint=False)])
+    fit = functools.partial(model.fit, x, y, batch_size=worker.BATCH_SIZE, shuffle=False, verbose=0)
+    fit(epochs=1, callbacks=[keras.callbacks.BackupAndRestore(directory, delete_checkpoint=False)])
     with pytest.raises(OSError, match="disk full"), failing_write():
         fit(epochs=2, callbacks=[keras.callbacks.BackupAndRestore(directory)])
     if scope is None:
@@ -382,12 +416,26 @@ def test_double_checkpoint_keeps_the_previous_backup(tmp_path):
     with strategy_for(2).scope():
         model = worker.build_model()
     x, y = worker.make_data()
-    model.fit(x, y, batch_size=worker.BATCH_SIZE, epochs=2, shuffle=False, verbose=0, callbacks=[
-        keras.callbacks.BackupAndRestore(str(directory), double_checkpoint=True,
-                                         delete_checkpoint=False)])
+    model.fit(
+        x,
+        y,
+        batch_size=worker.BATCH_SIZE,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            keras.callbacks.BackupAndRestore(
+                str(directory), double_checkpoint=True, delete_checkpoint=False
+            )
+        ],
+    )
     names = sorted(p.name for p in directory.iterdir())
-    assert names == ["latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json",
-                     "training_metadata.json.bkp"]
+    assert names == [
+        "latest.weights.h5",
+        "latest.weights.h5.bkp",
+        "training_metadata.json",
+        "training_metadata.json.bkp",
+    ]
     for name, epoch in [("training_metadata.json", 2), ("training_metadata.json.bkp", 1)]:
         with open(directory / name) as f:
             assert json.load(f)["epoch"] == epoch

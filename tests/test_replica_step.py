@@ -31,8 +31,12 @@ class _Rendezvous(keras.layers.Layer):
 
     def call(self, x):
         ctx = tf.distribute.get_replica_context()
-        if (not self.met and ctx is not None and ctx.strategy is self._strategy and
-                tf.get_static_value(ctx.replica_id_in_sync_group) == 0):
+        if (
+            not self.met
+            and ctx is not None
+            and ctx.strategy is self._strategy
+            and tf.get_static_value(ctx.replica_id_in_sync_group) == 0
+        ):
             self._barrier.wait(TIMEOUT)
             self.met = True
         return x
@@ -61,13 +65,23 @@ def test_two_threads_tracing_under_one_cached_strategy_get_their_own_gradient_we
     rng = np.random.RandomState(0)
     # Global batches of 10 and 8 over 3 replicas: splits 4/3/3 and 3/3/2, so the two steps'
     # gradient weights differ (1.2, 0.9, 0.9 against 1.125, 1.125, 0.75).
-    data = [(rng.rand(10, 6).astype("float32"), rng.rand(10, 2).astype("float32")),
-            (rng.rand(8, 6).astype("float32"), rng.rand(8, 2).astype("float32"))]
+    data = [
+        (rng.rand(10, 6).astype("float32"), rng.rand(10, 2).astype("float32")),
+        (rng.rand(8, 6).astype("float32"), rng.rand(8, 2).astype("float32")),
+    ]
     barrier = threading.Barrier(2)
     with strategy.scope():
         models = [_build(barrier, strategy), _build(barrier, strategy)]
-    batches = [next(iter(strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x))))) for x, y in data]
+    batches = [
+        next(
+            iter(
+                strategy.experimental_distribute_dataset(
+                    tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x))
+                )
+            )
+        )
+        for x, y in data
+    ]
     errors = []
 
     def train(model, batch):
@@ -108,11 +122,13 @@ def test_replica_step_names_the_replica_and_its_device():
         def replica_fn():
             seen.append(replica_step.current(strategy.extended))
             return tf.constant(0.0)
+
         return strategy.run(replica_fn)
 
     step()
     assert [(s.replica_id, s.num_replicas, s.device) for s in seen] == [
-        (i, 2, d) for i, d in enumerate(strategy.extended.worker_devices)]
+        (i, 2, d) for i, d in enumerate(strategy.extended.worker_devices)
+    ]
     assert all(s.gradient_weight is None for s in seen)  # not a Keras train step
     assert all(len(s.state.inputs) == 2 for s in seen)  # traced: inputs are known (none here)
 

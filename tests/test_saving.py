@@ -10,7 +10,6 @@ with a Dense-only model: BatchNormalization normalises with each replica's own b
 so with it even a correct data-parallel step differs from one device.
 """
 
-
 import keras
 import numpy as np
 import pytest
@@ -40,9 +39,11 @@ def build_model(kind="bn", seed=7):
     else:
         layers = [keras.Input((6,)), L.Dense(8, activation="relu"), L.Dense(3)]
     model = keras.Sequential(layers)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     return model
 
 
@@ -82,7 +83,8 @@ def assert_same_state(expected, actual):
     """
     for kind, e, a in zip(("weight", "optimizer variable"), expected, actual):
         assert [_short_name(p) for p in e] == [_short_name(p) for p in a], (
-            f"{kind}s differ: {list(e)} vs {list(a)}")
+            f"{kind}s differ: {list(e)} vs {list(a)}"
+        )
         for (path, ev), av in zip(e.items(), a.values()):
             np.testing.assert_array_equal(av, ev, err_msg=f"{kind} {path}")
 
@@ -107,14 +109,18 @@ def on_parameter_device(variable):
 
 
 def assert_all_on_parameter_device(model):
-    variables = list(model.variables) + list(model.optimizer.variables) + [
-        v for m in model.metrics for v in m.variables]
+    variables = (
+        list(model.variables)
+        + list(model.optimizer.variables)
+        + [v for m in model.metrics for v in m.variables]
+    )
     assert variables
     off = [v.path for v in variables if not on_parameter_device(v)]
     assert not off, f"not ParameterVariables on /cpu:0: {off}"
 
 
 # -- trained models, saved once per module ----------------------------------------------------
+
 
 class Saved:
     """A trained model's state and the files it was saved to (the model itself is dropped:
@@ -141,8 +147,7 @@ class Saved:
             self.export_in_scope = str(directory / "exported_in_scope")
             with strategy.scope():
                 model.export(self.export_in_scope, verbose=False)
-            bn = next(layer for layer in model.layers
-                      if isinstance(layer, L.BatchNormalization))
+            bn = next(layer for layer in model.layers if isinstance(layer, L.BatchNormalization))
             self.moving_mean = bn.moving_mean.numpy()
 
 
@@ -187,14 +192,18 @@ def assert_differs(saved, model):
 
 # -- .keras ------------------------------------------------------------------------------------
 
+
 def test_keras_file_loads_without_strategy_with_identical_state(dpkeras_bn):
     loaded = keras.models.load_model(dpkeras_bn.keras)
-    assert not any(isinstance(getattr(v, "value", v), dpkeras.ParameterVariable)
-                   for v in loaded.variables + loaded.optimizer.variables)
+    assert not any(
+        isinstance(getattr(v, "value", v), dpkeras.ParameterVariable)
+        for v in loaded.variables + loaded.optimizer.variables
+    )
     assert_same_state(dpkeras_bn.state, snapshot(loaded))
     assert int(loaded.optimizer.iterations.numpy()) == DPKERAS_STEPS
-    np.testing.assert_allclose(loaded.predict(dpkeras_bn.x, verbose=0), dpkeras_bn.predictions,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict(dpkeras_bn.x, verbose=0), dpkeras_bn.predictions, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_keras_file_loads_inside_scope_on_parameter_device(dpkeras_bn):
@@ -255,6 +264,7 @@ def test_continued_training_after_load_matches_one_device(tmp_path):
 
 # -- .weights.h5 -------------------------------------------------------------------------------
 
+
 def test_weights_file_dpkeras_to_no_strategy(dpkeras_bn):
     fresh = build_plain()
     assert_differs(dpkeras_bn, fresh)
@@ -276,6 +286,7 @@ def test_weights_file_no_strategy_to_dpkeras(plain_bn):
 
 
 # -- tf.train.Checkpoint -----------------------------------------------------------------------
+
 
 def _restore(checkpoint, model):
     status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(checkpoint)
@@ -311,6 +322,7 @@ def test_checkpoint_saved_and_restored_inside_scope(dpkeras_bn):
 
 # -- model.export (SavedModel) -----------------------------------------------------------------
 
+
 def test_export_serves_same_predictions(dpkeras_bn):
     served = tf.saved_model.load(dpkeras_bn.export)
     got = served.serve(tf.constant(dpkeras_bn.x)).numpy()
@@ -327,8 +339,12 @@ def test_export_and_serve_inside_scope(dpkeras_bn):
         served = tf.saved_model.load(dpkeras_bn.export_in_scope)
         got = served.serve(tf.constant(dpkeras_bn.x)).numpy()
     np.testing.assert_allclose(got, dpkeras_bn.predictions, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(served.serve(tf.constant(dpkeras_bn.x)).numpy(),
-                               dpkeras_bn.predictions, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        served.serve(tf.constant(dpkeras_bn.x)).numpy(),
+        dpkeras_bn.predictions,
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 # -- MirroredStrategy round trip ---------------------------------------------------------------
@@ -366,8 +382,12 @@ def test_mirrored_round_trip(dpkeras_bn, tmp_path):
     """dpkeras -> `.keras` -> MirroredStrategy (fresh process) -> `.keras` -> dpkeras."""
     x, y = make_data(seed=4)
     np.savez(tmp_path / "data.npz", x=x, y=y)
-    out = run_python(_MIRRORED_CODE.format(src=dpkeras_bn.keras, out=str(tmp_path),
-                                           data=str(tmp_path / "data.npz")), cpus=3)
+    out = run_python(
+        _MIRRORED_CODE.format(
+            src=dpkeras_bn.keras, out=str(tmp_path), data=str(tmp_path / "data.npz")
+        ),
+        cpus=3,
+    )
     assert "MirroredVariable" in out, out
     assert f"DONE {DPKERAS_STEPS + 2}" in out, out
 
@@ -377,8 +397,10 @@ def test_mirrored_round_trip(dpkeras_bn, tmp_path):
     # Trained two steps under Mirrored, saved, loaded back under dpkeras: identical.
     mirrored_state = _npz_state(tmp_path / "trained.npz")
     assert_nontrivial(mirrored_state, steps=DPKERAS_STEPS + 2)
-    assert any(not np.array_equal(m, d) for m, d in zip(mirrored_state[0].values(),
-                                                         dpkeras_bn.state[0].values()))
+    assert any(
+        not np.array_equal(m, d)
+        for m, d in zip(mirrored_state[0].values(), dpkeras_bn.state[0].values())
+    )
     with dpkeras.scope(REPLICA_DEVICES[2], PARAMETER_DEVICE):
         back = keras.models.load_model(str(tmp_path / "mirrored.keras"))
     assert_same_state(mirrored_state, snapshot(back))

@@ -1,6 +1,5 @@
 """Behaviour by kind of variable: metrics, BatchNormalization, Dropout, loss scaling, sparsity."""
 
-
 import keras
 import numpy as np
 import pytest
@@ -19,16 +18,19 @@ def test_every_kind_of_variable_lives_once_on_the_parameter_device():
     keras.config.set_dtype_policy("mixed_float16")  # adds LossScaleOptimizer state
     strategy = strategy_for(3)
     with strategy.scope():
-        model = build_model("dropout", metrics=(
-            "accuracy", keras.metrics.SparseCategoricalCrossentropy(from_logits=True)))
+        model = build_model(
+            "dropout",
+            metrics=("accuracy", keras.metrics.SparseCategoricalCrossentropy(from_logits=True)),
+        )
     x, y = make_data("dense", 96)
     model.fit(x, y, batch_size=96, epochs=1, verbose=0)  # creates optimizer slots
     groups = {
         "layer weights": model.weights,
         "optimizer state (slots, iterations, loss scale)": model.optimizer.variables,
         "metric state": [v for m in model.metrics for v in m.variables],
-        "seed state": [layer.seed_generator.state for layer in model.layers
-                       if hasattr(layer, "seed_generator")],
+        "seed state": [
+            layer.seed_generator.state for layer in model.layers if hasattr(layer, "seed_generator")
+        ],
     }
     for name, variables in groups.items():
         assert variables, f"no {name} found: the test would prove nothing"
@@ -67,6 +69,7 @@ def test_metrics_accumulate_like_one_device():
             ctx = tf.distribute.get_replica_context()
             metric.update_state(value + tf.cast(ctx.replica_id_in_sync_group, tf.float32) * 0)
             return metric.result()
+
         return strategy.run(replica_fn)
 
     totals, results = [], []
@@ -83,21 +86,25 @@ def test_batchnorm_matches_mirrored_strategy(tmp_path):
     """Each replica normalises with its own batch statistics; replica 0 updates the moving ones,
     which is what MirroredStrategy's primary copy ends with."""
     out = tmp_path / "mirrored.npz"
-    run_python(f"""
+    run_python(
+        f"""
         import sys, numpy as np, tensorflow as tf
-        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         from models import train
         model = train("batchnorm", tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2"]))[0]
         np.savez({str(out)!r}, *model.get_weights())
-        """, cpus=4)
+        """,
+        cpus=4,
+    )
     mirrored = np.load(out)
     mirrored = [mirrored[f"arr_{i}"] for i in range(len(mirrored.files))]
     model = train("batchnorm", strategy_for(2))[0]
     assert_weights_close(mirrored, model.get_weights(), rtol=1e-5, atol=1e-5)
     one_device = train("batchnorm")[0]
     moving_mean = [w for w in model.weights if "moving_mean" in w.path][0]
-    assert not np.allclose(moving_mean.numpy(),
-                           [w for w in one_device.weights if "moving_mean" in w.path][0].numpy())
+    assert not np.allclose(
+        moving_mean.numpy(), [w for w in one_device.weights if "moving_mean" in w.path][0].numpy()
+    )
 
 
 def _dropout_masks(strategy, seed):
@@ -108,6 +115,7 @@ def _dropout_masks(strategy, seed):
     @tf.function
     def step():
         return strategy.run(lambda: layer(tf.ones((1, 64)), training=True))
+
     first = [r.numpy() for r in strategy.experimental_local_results(step())]
     second = [r.numpy() for r in strategy.experimental_local_results(step())]
     return first, second
@@ -144,8 +152,11 @@ def test_mixed_precision_trains_like_one_device(policy, atol):
         assert int(opt.iterations.numpy()) == 6
 
 
-@pytest.mark.parametrize("bad_rows", [slice(None), slice(0, 1), slice(60, 61)],
-                         ids=["all-replicas", "replica-0", "replica-1"])
+@pytest.mark.parametrize(
+    "bad_rows",
+    [slice(None), slice(0, 1), slice(60, 61)],
+    ids=["all-replicas", "replica-0", "replica-1"],
+)
 def test_loss_scale_backs_off_on_overflow_once_per_step(bad_rows):
     """Non-finite gradients on any replica halve the loss scale once and skip the step.
 
@@ -173,13 +184,17 @@ def test_embedding_rows_travel_not_the_table(replicas):
     keras.utils.set_random_seed(0)
     global_batch = 48
     with strategy_for(replicas).scope():
-        model = keras.Sequential([keras.Input((4,), dtype="int32"),
-                                  keras.layers.Embedding(5000, 64),
-                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [
+                keras.Input((4,), dtype="int32"),
+                keras.layers.Embedding(5000, 64),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
         model.compile(optimizer="adam", loss="mse")
     x = np.random.RandomState(0).randint(0, 5000, (global_batch, 4)).astype("int32")
-    report = dpkeras.train_step_transfers(model, x, np.zeros(global_batch),
-                                          batch_size=global_batch)
+    report = dpkeras.train_step_transfers(model, x, np.zeros(global_batch), batch_size=global_batch)
     rows_bytes = global_batch // replicas * 4 * 64 * 4
     for replica in strategy_for(replicas).extended.worker_devices:
         short = dpkeras.device_names.short_device(replica)
@@ -194,8 +209,9 @@ def test_embedding_lookups_outside_replicas_are_unchanged():
     """The tf.gather dispatcher only acts inside a dpkeras replica."""
     table = keras.Variable(np.arange(12, dtype="float32").reshape(6, 2))
     np.testing.assert_array_equal(tf.gather(table, [4, 1]).numpy(), [[8, 9], [2, 3]])
-    np.testing.assert_array_equal(tf.gather(table, [1], axis=1).numpy().ravel(),
-                                  np.arange(6) * 2 + 1)
+    np.testing.assert_array_equal(
+        tf.gather(table, [1], axis=1).numpy().ravel(), np.arange(6) * 2 + 1
+    )
     with strategy_for(2).scope():
         placed = keras.Variable(np.arange(12, dtype="float32").reshape(6, 2))
     np.testing.assert_array_equal(keras.ops.take(placed, [5], axis=0).numpy(), [[10, 11]])
@@ -211,8 +227,9 @@ def test_idiom_13_a_read_after_a_write_in_the_same_step_sees_the_write():
     def step():
         def replica_fn():
             before = v.read_value()
-            v.assign_add(1.0)          # SUM over 2 replicas: +2
+            v.assign_add(1.0)  # SUM over 2 replicas: +2
             return before, v.read_value(), tf.convert_to_tensor(v) * 1
+
         return strategy.run(replica_fn)
 
     before, after, used = (strategy.experimental_local_results(t) for t in step())

@@ -20,7 +20,8 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
         proc = cluster.procs[("worker", 0)]
         for _ in range(20):  # the health probe's greeting is answered and harms nothing
             assert probe(cluster.address("worker", 0), timeout=10) is None
-        out = run_python(f"""
+        out = run_python(
+            f"""
             import tensorflow as tf
             from dpkeras import cluster
             spec = cluster.resolve_cluster({cluster.spec!r})
@@ -28,7 +29,9 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
             with tf.device("/job:worker/replica:0/task:0/device:CPU:1"):
                 x = tf.constant(20.0) + 22.0
             print(x.device, float(x))
-            """, timeout=300)
+            """,
+            timeout=300,
+        )
         assert out.split() == ["/job:worker/replica:0/task:0/device:CPU:1", "42.0"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -43,7 +46,8 @@ def test_ready_lines_name_task_address_and_warning_and_sigint_exits_0():
             f"dpkeras serve: /job:ps/replica:0/task:0 listening on {address} (port "
             f"{address.rsplit(':', 1)[1]} of every interface; no authentication or encryption: "
             f"private networks only)",
-            "ready"]
+            "ready",
+        ]
         proc = cluster.procs[("ps", 0)]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
@@ -61,28 +65,52 @@ def _one_error_line(capsys, argv, pattern):
 SPEC = json.dumps({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
 
 
-@pytest.mark.parametrize("argv, pattern", [
-    (["--cluster", "{not json", "--job", "ps", "--task", "0"],
-     r"--cluster is not valid JSON \(.*\)\. Received: '\{not json'"),
-    (["--cluster", "/nonexistent/cluster.json", "--job", "ps", "--task", "0"],
-     r"cannot read --cluster file '/nonexistent/cluster.json': No such file or directory\..*"),
-    (["--cluster", json.dumps({"ps": ["127.0.0.1:1"]}), "--job", "ps", "--task", "0"],
-     r"A cluster must have a 'worker' job.*Received jobs \['ps'\].*"),
-    (["--cluster", json.dumps({"worker": ["127.0.0.1:2"]}), "--job", "ps", "--task", "0"],
-     r"the cluster has no job 'ps'\. Received jobs: \['worker'\]"),
-    (["--cluster", SPEC, "--job", "worker", "--task", "2"],
-     r"--task must be an index of job 'worker': 0\.\.1\. Received: 2"),
-    (["--cluster", SPEC, "--job", "ps", "--task", "-1"],
-     r"--task must be an index of job 'ps': 0\.\.0\. Received: -1"),
-    (["--cluster", json.dumps({"worker": ["nohostport"]}), "--job", "worker", "--task", "0"],
-     r"Every task of job 'worker' must be a 'host:port' address.*Received: 'nohostport'.*"),
-    (["--cluster", SPEC, "--job", "ps", "--task", "0", "--cpus", "0"],
-     r"--cpus must be >= 1\. Received: 0"),
-    (["--job", "ps", "--task", "0"],
-     r"no cluster: pass --cluster \(a JSON file or string\) or set TF_CONFIG\."),
-    (["--cluster", SPEC],
-     r"which task to run is unknown: pass --job and --task.*Received: job=None, task=None\."),
-])
+@pytest.mark.parametrize(
+    "argv, pattern",
+    [
+        (
+            ["--cluster", "{not json", "--job", "ps", "--task", "0"],
+            r"--cluster is not valid JSON \(.*\)\. Received: '\{not json'",
+        ),
+        (
+            ["--cluster", "/nonexistent/cluster.json", "--job", "ps", "--task", "0"],
+            r"cannot read --cluster file '/nonexistent/cluster.json': "
+            r"No such file or directory\..*",
+        ),
+        (
+            ["--cluster", json.dumps({"ps": ["127.0.0.1:1"]}), "--job", "ps", "--task", "0"],
+            r"A cluster must have a 'worker' job.*Received jobs \['ps'\].*",
+        ),
+        (
+            ["--cluster", json.dumps({"worker": ["127.0.0.1:2"]}), "--job", "ps", "--task", "0"],
+            r"the cluster has no job 'ps'\. Received jobs: \['worker'\]",
+        ),
+        (
+            ["--cluster", SPEC, "--job", "worker", "--task", "2"],
+            r"--task must be an index of job 'worker': 0\.\.1\. Received: 2",
+        ),
+        (
+            ["--cluster", SPEC, "--job", "ps", "--task", "-1"],
+            r"--task must be an index of job 'ps': 0\.\.0\. Received: -1",
+        ),
+        (
+            ["--cluster", json.dumps({"worker": ["nohostport"]}), "--job", "worker", "--task", "0"],
+            r"Every task of job 'worker' must be a 'host:port' address.*Received: 'nohostport'.*",
+        ),
+        (
+            ["--cluster", SPEC, "--job", "ps", "--task", "0", "--cpus", "0"],
+            r"--cpus must be >= 1\. Received: 0",
+        ),
+        (
+            ["--job", "ps", "--task", "0"],
+            r"no cluster: pass --cluster \(a JSON file or string\) or set TF_CONFIG\.",
+        ),
+        (
+            ["--cluster", SPEC],
+            r"which task to run is unknown: pass --job and --task.*Received: job=None, task=None\.",
+        ),
+    ],
+)
 def test_bad_arguments_give_one_line_and_exit_2(capsys, monkeypatch, argv, pattern):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     _one_error_line(capsys, argv, pattern)
@@ -91,13 +119,20 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, monkeypatch, argv, patte
 def test_cluster_from_a_file(capsys, tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"worker": ["127.0.0.1:2"]}))
-    _one_error_line(capsys, ["--cluster", str(path), "--job", "worker", "--task", "3"],
-                    r"--task must be an index of job 'worker': 0\.\.0\. Received: 3")
+    _one_error_line(
+        capsys,
+        ["--cluster", str(path), "--job", "worker", "--task", "3"],
+        r"--task must be an index of job 'worker': 0\.\.0\. Received: 3",
+    )
 
 
 def test_task_from_tf_config(capsys, monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps(
-        {"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 5}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 5}}
+        ),
+    )
     _one_error_line(capsys, [], r"--task must be an index of job 'worker': 0\.\.0\. Received: 5")
     monkeypatch.setenv("TF_CONFIG", "{oops")
     _one_error_line(capsys, [], r"TF_CONFIG is not valid JSON \(.*\)\. Received: '\{oops'")
@@ -108,13 +143,20 @@ def test_port_in_use_exits_2_with_one_line_before_starting_tensorflow():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         address = f"127.0.0.1:{busy.getsockname()[1]}"
-        proc = subprocess.run(serve_command({"worker": [address]}, "worker", 0),
-                              capture_output=True, text=True, env=server_env(), timeout=300)
+        proc = subprocess.run(
+            serve_command({"worker": [address]}, "worker", 0),
+            capture_output=True,
+            text=True,
+            env=server_env(),
+            timeout=300,
+        )
     assert proc.returncode == 2
     assert proc.stdout == ""
     ours = [line for line in proc.stderr.splitlines() if line.startswith("dpkeras")]
-    assert ours == [f"dpkeras serve: error: port {address.rsplit(':', 1)[1]} of {address} is "
-                    f"already in use; stop what holds it or choose another port."]
+    assert ours == [
+        f"dpkeras serve: error: port {address.rsplit(':', 1)[1]} of {address} is "
+        f"already in use; stop what holds it or choose another port."
+    ]
     assert proc.stderr.splitlines()[-1] == ours[0]  # nothing after it: TF never started
 
 

@@ -20,7 +20,7 @@ Y = RNG.randint(0, 3, 64)
 
 def _generator():
     for i in range(8):
-        yield X[i * 8:(i + 1) * 8], Y[i * 8:(i + 1) * 8]
+        yield X[i * 8 : (i + 1) * 8], Y[i * 8 : (i + 1) * 8]
 
 
 class _Batches(keras.utils.PyDataset):
@@ -28,23 +28,28 @@ class _Batches(keras.utils.PyDataset):
         return 8
 
     def __getitem__(self, i):
-        return X[i * 8:(i + 1) * 8], Y[i * 8:(i + 1) * 8]
+        return X[i * 8 : (i + 1) * 8], Y[i * 8 : (i + 1) * 8]
 
 
 DATA = {
     "generator": lambda: _generator(),
     "pydataset": lambda: _Batches(),
-    "dataset-of-unknown-size": lambda: tf.data.Dataset.from_tensor_slices((X, Y)).filter(
-        lambda x, y: True).batch(8),
+    "dataset-of-unknown-size": lambda: (
+        tf.data.Dataset.from_tensor_slices((X, Y)).filter(lambda x, y: True).batch(8)
+    ),
 }
 
 
 def _build():
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 

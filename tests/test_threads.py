@@ -87,8 +87,10 @@ def test_two_strategies_in_one_process_train_correctly_one_after_the_other():
 
 def test_two_strategies_train_at_the_same_time_in_two_threads():
     x, y = make_data("dense", 96)
-    strategies = [dpkeras.get_strategy(["/cpu:1"], "/cpu:0"),
-                  dpkeras.get_strategy(["/cpu:2", "/cpu:3"], "/cpu:1")]
+    strategies = [
+        dpkeras.get_strategy(["/cpu:1"], "/cpu:0"),
+        dpkeras.get_strategy(["/cpu:2", "/cpu:3"], "/cpu:1"),
+    ]
     models = []
     for strategy in strategies:
         with strategy.scope():

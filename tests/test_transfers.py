@@ -17,8 +17,9 @@ def _shared_layer_model():
     shared = L.Dense(12, activation="tanh")
     outputs = L.Dense(4)(shared(shared(inputs)))
     model = keras.Model(inputs, outputs)
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 
@@ -33,8 +34,11 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
         model = _shared_layer_model()
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
-    read_variables = len(model.trainable_variables) + len(model.optimizer.variables) + sum(
-        len(m.variables) for m in model.metrics)
+    read_variables = (
+        len(model.trainable_variables)
+        + len(model.optimizer.variables)
+        + sum(len(m.variables) for m in model.metrics)
+    )
     for replica in strategy_for(replicas).extended.worker_devices:
         short = dpkeras.device_names.short_device(replica)
         received = _weight_reads(report, short)
@@ -52,8 +56,9 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
 
 def test_central_storage_sends_each_use_separately():
     """The predecessor, on the same model: a tensor per use, so more than dpkeras."""
-    strategy = tf.distribute.experimental.CentralStorageStrategy(["/cpu:1", "/cpu:2"],
-                                                                 parameter_device="/cpu:0")
+    strategy = tf.distribute.experimental.CentralStorageStrategy(
+        ["/cpu:1", "/cpu:2"], parameter_device="/cpu:0"
+    )
     with strategy.scope():
         model = _shared_layer_model()
     x, y = make_data("dense", 96)

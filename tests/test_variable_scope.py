@@ -215,8 +215,9 @@ def test_idiom2_keras_file_round_trip_keeps_the_sharing(tmp_path):
     # Training continues identically from the loaded state.
     model.train_on_batch(x, y)
     loaded.train_on_batch(x, y)
-    np.testing.assert_allclose(loaded.tower2.kernel.numpy(), model.tower1.kernel.numpy(),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        loaded.tower2.kernel.numpy(), model.tower1.kernel.numpy(), rtol=1e-6, atol=1e-7
+    )
 
 
 @pytest.mark.parametrize("kind", ["checkpoint", "weights_h5"])
@@ -274,11 +275,12 @@ def test_fit_of_an_unbuilt_model_without_build_inside_a_scope_fails_instead_of_n
 
     model = Unbuildable(name="two")
     model.compile(keras.optimizers.SGD(0.1), "mse")
-    expected = (r"variable_scope\('towers'\): Keras created weights "
-                r"\['towers/two/Layer/kernel'.*not shared by name.*Build the model inside the "
-                r"scope before training")
-    with pytest.warns(RuntimeWarning, match=expected), pytest.raises(RuntimeError,
-                                                                       match=expected):
+    expected = (
+        r"variable_scope\('towers'\): Keras created weights "
+        r"\['towers/two/Layer/kernel'.*not shared by name.*Build the model inside the "
+        r"scope before training"
+    )
+    with pytest.warns(RuntimeWarning, match=expected), pytest.raises(RuntimeError, match=expected):
         with variable_scope("towers", reuse=AUTO_REUSE):
             model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
     assert model.tower1.kernel.value is not model.tower2.kernel.value  # never half-shared
@@ -288,8 +290,7 @@ def test_fit_of_an_unbuilt_model_without_build_inside_a_scope_fails_instead_of_n
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         model = Unbuildable(name="two")
         model.compile(keras.optimizers.SGD(0.1), "mse")
-    with pytest.warns(RuntimeWarning, match=expected), pytest.raises(RuntimeError,
-                                                                       match=expected):
+    with pytest.warns(RuntimeWarning, match=expected), pytest.raises(RuntimeError, match=expected):
         with variable_scope("towers", reuse=AUTO_REUSE):
             model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
     assert model.tower1.kernel.value is not model.tower2.kernel.value
@@ -300,8 +301,9 @@ def test_fit_of_a_built_model_inside_a_scope_is_fine(strategy, recwarn):
     # Metrics and optimizer state are created during fit (symbolically under a strategy):
     # they are not layer weights and must not trip the checks for late layer weights.
     x, y = images()
-    context = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
-               else contextlib.nullcontext())
+    context = (
+        tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy else contextlib.nullcontext()
+    )
     with context:
         model = Towers()
         model.build(INPUT_SHAPE)
@@ -375,8 +377,11 @@ def test_model_built_lazily_under_a_strategy_fails_saying_to_build_inside_the_sc
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         model = Towers()
         model.compile(keras.optimizers.SGD(0.1), "mse")
-    with pytest.raises(RuntimeError, match=r"variable_scope\('towers'\).*symbolically.*"
-                       r"Build the model inside the scope.*model\.build\(input_shape\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"variable_scope\('towers'\).*symbolically.*"
+        r"Build the model inside the scope.*model\.build\(input_shape\)",
+    ):
         model.fit(x, y, verbose=0)
 
 
@@ -441,8 +446,11 @@ def test_idiom4_get_variable_creates_then_reuses():
 def test_idiom4_calling_a_builder_twice_in_one_scope_fails():
     x, _ = images()
     conv_relu(x, (3, 3, 3, 4), (4,))
-    with pytest.raises(ValueError, match=r"'weights' already exists.*outside every "
-                       r"dpkeras.variable_scope.*reuse=True or dpkeras.AUTO_REUSE"):
+    with pytest.raises(
+        ValueError,
+        match=r"'weights' already exists.*outside every "
+        r"dpkeras.variable_scope.*reuse=True or dpkeras.AUTO_REUSE",
+    ):
         conv_relu(x, (3, 3, 3, 4), (4,))
 
 
@@ -586,8 +594,9 @@ def test_idiom7_regularizer_loss_is_added_to_a_keras_models_loss_once():
     class Scaled(L.Layer):
         def build(self, input_shape):
             with variable_scope("net", reuse=AUTO_REUSE):
-                self.w = variable("w", initializer=[3.0, 4.0],
-                                  regularizer=keras.regularizers.L2(0.5))
+                self.w = variable(
+                    "w", initializer=[3.0, 4.0], regularizer=keras.regularizers.L2(0.5)
+                )
 
         def call(self, x):
             return x * self.w
@@ -718,11 +727,14 @@ def test_error_reusing_a_variable_that_does_not_exist_lists_close_names():
     with variable_scope("model/conv1"):
         get_variable("weights", (2,))
         get_variable("biases", (2,))
-    with pytest.raises(ValueError, match=(
-        r"get_variable\('model/conv1/weight'\): variable 'model/conv1/weight' does not "
-        r"exist, and scope 'model/conv1' has reuse=True.*Close names: "
-        r"'model/conv1/weights'.*reuse=dpkeras.AUTO_REUSE"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"get_variable\('model/conv1/weight'\): variable 'model/conv1/weight' does not "
+            r"exist, and scope 'model/conv1' has reuse=True.*Close names: "
+            r"'model/conv1/weights'.*reuse=dpkeras.AUTO_REUSE"
+        ),
+    ):
         with variable_scope("model/conv1", reuse=True):
             get_variable("weight", (2,))
 
@@ -730,10 +742,13 @@ def test_error_reusing_a_variable_that_does_not_exist_lists_close_names():
 def test_error_reusing_a_layer_weight_that_does_not_exist_names_the_layer_and_path():
     with variable_scope("towers"):
         L.Conv2D(4, 3, name="Layer").build(INPUT_SHAPE)
-    with pytest.raises(ValueError, match=(
-        r"Keras layer 'Layr' \(Conv2D\) creating weight 'kernel': variable 'towers/Layr/kernel'"
-        r" does not exist.*Close names: 'towers/Layer/kernel'"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"Keras layer 'Layr' \(Conv2D\) creating weight 'kernel': variable 'towers/Layr/kernel'"
+            r" does not exist.*Close names: 'towers/Layer/kernel'"
+        ),
+    ):
         with variable_scope("towers", reuse=True):
             L.Conv2D(4, 3, name="Layr").build(INPUT_SHAPE)
 
@@ -741,10 +756,13 @@ def test_error_reusing_a_layer_weight_that_does_not_exist_names_the_layer_and_pa
 def test_error_creating_a_variable_that_exists_without_reuse():
     with variable_scope("model"):
         get_variable("w", (2, 3))
-    with pytest.raises(ValueError, match=(
-        r"variable 'model/w' already exists \(shape \(2, 3\), float32\), and scope 'model' "
-        r"has reuse=False.*reuse=True or dpkeras.AUTO_REUSE"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"variable 'model/w' already exists \(shape \(2, 3\), float32\), and scope 'model' "
+            r"has reuse=False.*reuse=True or dpkeras.AUTO_REUSE"
+        ),
+    ):
         with variable_scope("model"):
             get_variable("w", (2, 3))
 
@@ -752,10 +770,13 @@ def test_error_creating_a_variable_that_exists_without_reuse():
 def test_error_creating_a_layer_weight_that_exists_hints_at_explicit_reuse_false():
     with variable_scope("model"), variable_scope("towers"):
         L.Conv2D(4, 3, name="Layer").build(INPUT_SHAPE)
-    with pytest.raises(ValueError, match=(
-        r"creating weight 'kernel': variable 'model/towers/Layer/kernel' already exists.*"
-        r"enclosing scope 'model' has reuse=True.*pass reuse=None to inherit"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"creating weight 'kernel': variable 'model/towers/Layer/kernel' already exists.*"
+            r"enclosing scope 'model' has reuse=True.*pass reuse=None to inherit"
+        ),
+    ):
         with variable_scope("model", reuse=True), variable_scope("towers", reuse=False):
             L.Conv2D(4, 3, name="Layer").build(INPUT_SHAPE)
 
@@ -786,10 +807,13 @@ def test_error_reusing_with_another_dtype(builder):
         else:
             L.Dense(3, name="fc").build((None, 3))
     path = "model/w" if builder == "get_variable" else "model/fc/kernel"
-    with pytest.raises(ValueError, match=(
-        rf"'{path}' with dtype float64: it was created with dtype float32.*keeps the shape "
-        r"and dtype"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            rf"'{path}' with dtype float64: it was created with dtype float32.*keeps the shape "
+            r"and dtype"
+        ),
+    ):
         with variable_scope("model", reuse=True):
             if builder == "get_variable":
                 get_variable("w", (3, 3), dtype="float64")
@@ -799,10 +823,13 @@ def test_error_reusing_with_another_dtype(builder):
 
 @pytest.mark.parametrize("initializer", [None, "zeros", keras.initializers.Ones()])
 def test_error_get_variable_without_a_shape_or_a_value_initializer(initializer):
-    with pytest.raises(ValueError, match=(
-        r"get_variable\('model/w'\): the shape of a new variable must be known. Pass "
-        r"shape=\.\.\., or an initializer that implies one.*Received: shape=None"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"get_variable\('model/w'\): the shape of a new variable must be known. Pass "
+            r"shape=\.\.\., or an initializer that implies one.*Received: shape=None"
+        ),
+    ):
         with variable_scope("model"):
             get_variable("w", initializer=initializer)
 
@@ -813,18 +840,27 @@ def test_value_initializers_imply_or_fill_the_shape():
     c = get_variable("c", initializer=tf.ones((4,)))
     assert a.shape == (2, 3) and b.shape == (2, 2) and c.shape == (4,)
     np.testing.assert_allclose(b.numpy(), np.full((2, 2), 0.5))
-    with pytest.raises(ValueError, match=r"get_variable\('d'\): the initializer value has "
-                       r"shape \(3,\) but shape=\(2,\) was given"):
+    with pytest.raises(
+        ValueError,
+        match=r"get_variable\('d'\): the initializer value has "
+        r"shape \(3,\) but shape=\(2,\) was given",
+    ):
         get_variable("d", (2,), initializer=[1.0, 2.0, 3.0])
 
 
 def test_error_invalid_arguments_name_the_rule():
-    with pytest.raises(ValueError, match=r"reuse=\.\.\.\) must be True, False, None \(inherit\) "
-                       r"or dpkeras.AUTO_REUSE. Received: reuse='yes'"):
+    with pytest.raises(
+        ValueError,
+        match=r"reuse=\.\.\.\) must be True, False, None \(inherit\) "
+        r"or dpkeras.AUTO_REUSE. Received: reuse='yes'",
+    ):
         with variable_scope("model", reuse="yes"):
             pass
-    with pytest.raises(ValueError, match=r"name_or_scope must be a non-empty name.*"
-                       r"Received: name_or_scope='a//b'"):
+    with pytest.raises(
+        ValueError,
+        match=r"name_or_scope must be a non-empty name.*"
+        r"Received: name_or_scope='a//b'",
+    ):
         with variable_scope("a//b"):
             pass
     with pytest.raises(TypeError, match=r"scope name \(str\) or a VariableScope.*of type int"):
@@ -834,8 +870,11 @@ def test_error_invalid_arguments_name_the_rule():
         get_variable("", (1,))
     with pytest.raises(TypeError, match=r"keras.Variable or a tf.Variable.*of type str"):
         add_model_variable("w")
-    with pytest.raises(TypeError, match=r"scope must be None, a dpkeras VariableScope, a path "
-                       r"string or a Keras layer/model. Received: scope=3"):
+    with pytest.raises(
+        TypeError,
+        match=r"scope must be None, a dpkeras VariableScope, a path "
+        r"string or a Keras layer/model. Received: scope=3",
+    ):
         get_variables(3)
 
 
@@ -896,8 +935,9 @@ def _docstring_examples():
             if callable(member) or isinstance(member, property)
         ]
         for obj in objects:
-            for index, code in enumerate(re.findall(r"```python\n(.*?)```", obj.__doc__ or "",
-                                                    re.S)):
+            for index, code in enumerate(
+                re.findall(r"```python\n(.*?)```", obj.__doc__ or "", re.S)
+            ):
                 name = getattr(obj, "__qualname__", getattr(obj, "__name__", "?"))
                 yield pytest.param(code, id=f"{module.__name__}.{name}-{index}")
 

@@ -82,12 +82,14 @@ def test_two_replicas_train_like_one_device_with_one_layer_called_twice(order):
     reference.compile(keras.optimizers.Adam(0.05), "mse")
     for _ in range(3):
         history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-        reference_history = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False,
-                                          verbose=0)
-        np.testing.assert_allclose(history.history["loss"], reference_history.history["loss"],
-                                   rtol=1e-5)
-        for mine, theirs in [(model.tower2.kernel, reference.conv.kernel),
-                             (model.head.kernel, reference.head.kernel)]:
+        reference_history = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        np.testing.assert_allclose(
+            history.history["loss"], reference_history.history["loss"], rtol=1e-5
+        )
+        for mine, theirs in [
+            (model.tower2.kernel, reference.conv.kernel),
+            (model.head.kernel, reference.head.kernel),
+        ]:
             np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
     assert_towers_share(model)
     assert len(model.optimizer.variables) == len(reference.optimizer.variables)
@@ -98,8 +100,11 @@ def test_lazily_built_model_under_dpkeras_fails_saying_to_build_it_inside_the_sc
     with strategy_for(2).scope():
         model = Towers()
         model.compile(keras.optimizers.SGD(0.1), "mse")
-    with pytest.raises(RuntimeError, match=r"variable_scope\('towers'\).*symbolically.*"
-                       r"Build the model inside the scope"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"variable_scope\('towers'\).*symbolically.*"
+        r"Build the model inside the scope",
+    ):
         model.fit(x, y, batch_size=8, verbose=0)
 
 
@@ -107,10 +112,13 @@ def test_reusing_under_another_strategy_fails_naming_both():
     with variable_scope("model"):
         get_variable("w", (2,))
     with strategy_for(2).scope(), variable_scope("model", reuse=True):
-        with pytest.raises(ValueError, match=(
-            r"variable 'model/w' was created under no strategy and is being reused under "
-            r"strategy ParameterDeviceStrategy.*same dpkeras.scope\(\)"
-        )):
+        with pytest.raises(
+            ValueError,
+            match=(
+                r"variable 'model/w' was created under no strategy and is being reused under "
+                r"strategy ParameterDeviceStrategy.*same dpkeras.scope\(\)"
+            ),
+        ):
             get_variable("w", (2,))
 
 

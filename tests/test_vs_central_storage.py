@@ -63,12 +63,12 @@ print(json.dumps(out))
 @functools.cache
 def _central_storage_results():
     tests = str(pathlib.Path(__file__).parent)
-    return json.loads(run_python(_CSS_PROGRAM.format(tests=tests), cpus=4).strip()
-                      .splitlines()[-1])
+    return json.loads(run_python(_CSS_PROGRAM.format(tests=tests), cpus=4).strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind,policy", [("batchnorm", "float32"), ("dropout", "float32"),
-                                         ("dense", "mixed_float16")])
+@pytest.mark.parametrize(
+    "kind,policy", [("batchnorm", "float32"), ("dropout", "float32"), ("dense", "mixed_float16")]
+)
 def test_models_central_storage_cannot_train(kind, policy):
     error = _central_storage_results()["errors"][f"{kind}/{policy}"]
     assert error and "You must specify an aggregation method to update" in error

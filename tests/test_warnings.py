@@ -32,9 +32,14 @@ def test_fit_under_dpkeras_warns_about_nothing_of_dpkeras():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with strategy_for(3).scope():
-                model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
-                                          keras.layers.BatchNormalization(),
-                                          keras.layers.Dense(2)])
+                model = keras.Sequential(
+                    [
+                        keras.Input((6,)),
+                        keras.layers.Dense(8),
+                        keras.layers.BatchNormalization(),
+                        keras.layers.Dense(2),
+                    ]
+                )
                 model.compile(optimizer="adam", loss="mse", metrics=["mae"])
             x, y = np.ones((30, 6), "float32"), np.ones((30, 2), "float32")
             model.fit(x, y, batch_size=10, epochs=2, verbose=0)
@@ -43,8 +48,6 @@ def test_fit_under_dpkeras_warns_about_nothing_of_dpkeras():
         logger.removeHandler(handler)
         logger.setLevel(level)
     ours = [str(w.message) for w in caught if "/dpkeras/" in w.filename.replace("\\", "/")]
-    deprecations = [r.getMessage() for r in handler.records
-                    if "deprecat" in r.getMessage().lower()]
+    deprecations = [r.getMessage() for r in handler.records if "deprecat" in r.getMessage().lower()]
     assert ours == []
-    assert not [m for m in deprecations if "colocate" in m.lower() or "dpkeras" in m], (
-        deprecations)
+    assert not [m for m in deprecations if "colocate" in m.lower() or "dpkeras" in m], deprecations

@@ -20,11 +20,13 @@ def bench(argv=None):
     if root is None:
         import dpkeras
 
-        print(f"dpkeras bench runs the benchmark of a dpkeras source checkout, but dpkeras is "
-              f"installed from {os.path.dirname(os.path.abspath(dpkeras.__file__))}, which has "
-              f"no benchmarks/compare.py beside it. Clone the repository, `pip install -e .` "
-              f"in it, and run `dpkeras bench` (or `python -m benchmarks.compare` there).",
-              file=sys.stderr)
+        print(
+            f"dpkeras bench runs the benchmark of a dpkeras source checkout, but dpkeras is "
+            f"installed from {os.path.dirname(os.path.abspath(dpkeras.__file__))}, which has "
+            f"no benchmarks/compare.py beside it. Clone the repository, `pip install -e .` "
+            f"in it, and run `dpkeras bench` (or `python -m benchmarks.compare` there).",
+            file=sys.stderr,
+        )
         return 2
     if root not in sys.path:
         sys.path.insert(0, root)

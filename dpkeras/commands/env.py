@@ -9,8 +9,14 @@ import sys
 __all__ = ["env"]
 
 # Environment variables besides DPKERAS_* that change what `dpkeras env` reports.
-_RELATED_ENV = ("CUDA_VISIBLE_DEVICES", "TF_CPP_MIN_LOG_LEVEL", "TF_FORCE_GPU_ALLOW_GROWTH",
-                "TF_GPU_ALLOCATOR", "KERAS_BACKEND", "XLA_FLAGS")
+_RELATED_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "TF_GPU_ALLOCATOR",
+    "KERAS_BACKEND",
+    "XLA_FLAGS",
+)
 
 
 def _version(package):
@@ -26,14 +32,24 @@ def env(argv=None, out=None):
     parser = argparse.ArgumentParser(
         prog="dpkeras env",
         description="Print versions, devices, the devices dpkeras.scope() would use and why, "
-                    "and the DPKERAS_* settings.")
-    parser.add_argument("--simulate_cpu_devices", type=int, default=None, metavar="N",
-                        help="split the CPU into N logical devices first, as "
-                             "dpkeras.simulate_cpu_devices(N) would (default: do not)")
-    parser.add_argument("--cluster", default=None, metavar="JSON_OR_FILE",
-                        help="also connect to this cluster (a JSON object or file, as for "
-                             "dpkeras serve; default: $TF_CONFIG's, if any) and show its "
-                             "tasks, their devices and where variables would go")
+        "and the DPKERAS_* settings.",
+    )
+    parser.add_argument(
+        "--simulate_cpu_devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="split the CPU into N logical devices first, as "
+        "dpkeras.simulate_cpu_devices(N) would (default: do not)",
+    )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="JSON_OR_FILE",
+        help="also connect to this cluster (a JSON object or file, as for "
+        "dpkeras serve; default: $TF_CONFIG's, if any) and show its "
+        "tasks, their devices and where variables would go",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -42,8 +58,7 @@ def env(argv=None, out=None):
     from dpkeras.commands.serve import load_cluster
 
     try:
-        spec = cluster.resolve_cluster(None if args.cluster is None else
-                                       load_cluster(args.cluster))
+        spec = cluster.resolve_cluster(None if args.cluster is None else load_cluster(args.cluster))
     except ValueError as e:
         parser.error(str(e))
 
@@ -60,9 +75,11 @@ def env(argv=None, out=None):
 
     say(f"dpkeras {dpkeras.__version__} ({os.path.dirname(os.path.abspath(dpkeras.__file__))})")
     say(f"Python {platform.python_version()} ({sys.executable})")
-    say(f"TensorFlow {tf.__version__} (built with CUDA: {tf.test.is_built_with_cuda()}), "
+    say(
+        f"TensorFlow {tf.__version__} (built with CUDA: {tf.test.is_built_with_cuda()}), "
         f"Keras {keras.__version__} (backend {keras.config.backend()}), "
-        f"absl-py {_version('absl-py')}, numpy {_version('numpy')}")
+        f"absl-py {_version('absl-py')}, numpy {_version('numpy')}"
+    )
     say(f"Platform {platform.platform()}, {os.cpu_count()} CPU cores")
     say()
     say("Physical devices:")
@@ -78,8 +95,7 @@ def env(argv=None, out=None):
         else:
             addresses = cluster.task_addresses(spec)
             for task, names in cluster.task_devices(spec).items():
-                kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1]
-                                  for n in names)
+                kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1] for n in names)
                 say(f"  {task} at {addresses[task]}: {kinds}")
         say()
     say("Logical devices:")

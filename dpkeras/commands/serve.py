@@ -55,8 +55,9 @@ def _task_from_args(args):
             try:
                 tf_config = json.loads(raw)
             except ValueError as e:
-                raise _UsageError(f"TF_CONFIG is not valid JSON ({e}). Received: {raw[:200]!r}"
-                                  ) from None
+                raise _UsageError(
+                    f"TF_CONFIG is not valid JSON ({e}). Received: {raw[:200]!r}"
+                ) from None
             if not isinstance(tf_config, dict):
                 raise _UsageError(f"TF_CONFIG must be a JSON object. Received: {raw[:200]!r}")
     task = tf_config.get("task") if isinstance(tf_config.get("task"), dict) else {}
@@ -66,8 +67,10 @@ def _task_from_args(args):
     if cluster is None:
         raise _UsageError("no cluster: pass --cluster (a JSON file or string) or set TF_CONFIG.")
     if job is None or index is None:
-        raise _UsageError(f"which task to run is unknown: pass --job and --task (or set "
-                          f"TF_CONFIG's task). Received: job={job!r}, task={index!r}.")
+        raise _UsageError(
+            f"which task to run is unknown: pass --job and --task (or set "
+            f"TF_CONFIG's task). Received: job={job!r}, task={index!r}."
+        )
     return cluster, job, index
 
 
@@ -80,14 +83,17 @@ def _check_task(cluster, job, index):
     except ValueError as e:
         raise _UsageError(str(e)) from None
     if job not in ("ps", "worker"):
-        raise _UsageError(f"--job must be 'ps' or 'worker' (the chief is the client, which "
-                          f"does not run `dpkeras serve`). Received: {job!r}")
+        raise _UsageError(
+            f"--job must be 'ps' or 'worker' (the chief is the client, which "
+            f"does not run `dpkeras serve`). Received: {job!r}"
+        )
     if job not in spec.jobs:
         raise _UsageError(f"the cluster has no job {job!r}. Received jobs: {spec.jobs}")
     addresses = spec.job_tasks(job)
     if not isinstance(index, int) or not 0 <= index < len(addresses):
-        raise _UsageError(f"--task must be an index of job {job!r}: 0..{len(addresses) - 1}. "
-                          f"Received: {index!r}")
+        raise _UsageError(
+            f"--task must be an index of job {job!r}: 0..{len(addresses) - 1}. Received: {index!r}"
+        )
     return spec, addresses[index]
 
 
@@ -101,8 +107,10 @@ def _check_port_free(address):
                 sock.bind((host, port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise _UsageError(f"port {port} of {address} is already in use; stop what "
-                                  f"holds it or choose another port.") from None
+                raise _UsageError(
+                    f"port {port} of {address} is already in use; stop what "
+                    f"holds it or choose another port."
+                ) from None
             # Any other error (no IPv6 on this machine): TensorFlow will say.
 
 
@@ -111,18 +119,37 @@ def serve(argv=None):
     parser = argparse.ArgumentParser(
         prog="dpkeras serve",
         description="Run one task (ps or worker) of a TensorFlow cluster for dpkeras. "
-                    "No authentication or encryption: private networks only.")
-    parser.add_argument("--cluster", default=None, metavar="JSON_OR_FILE",
-                        help='the cluster: a JSON file path or a JSON string such as '
-                             '\'{"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]}\' '
-                             '(default: TF_CONFIG\'s cluster)')
-    parser.add_argument("--job", default=None, choices=("ps", "worker"),
-                        help="this task's job (default: TF_CONFIG's task type)")
-    parser.add_argument("--task", type=int, default=None, metavar="INDEX",
-                        help="this task's index in its job (default: TF_CONFIG's task index)")
-    parser.add_argument("--cpus", type=int, default=1, metavar="N",
-                        help="logical CPU devices of this task (default: 1; more lets one "
-                             "machine run several CPU replicas)")
+        "No authentication or encryption: private networks only.",
+    )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="JSON_OR_FILE",
+        help="the cluster: a JSON file path or a JSON string such as "
+        '\'{"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]}\' '
+        "(default: TF_CONFIG's cluster)",
+    )
+    parser.add_argument(
+        "--job",
+        default=None,
+        choices=("ps", "worker"),
+        help="this task's job (default: TF_CONFIG's task type)",
+    )
+    parser.add_argument(
+        "--task",
+        type=int,
+        default=None,
+        metavar="INDEX",
+        help="this task's index in its job (default: TF_CONFIG's task index)",
+    )
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="logical CPU devices of this task (default: 1; more lets one "
+        "machine run several CPU replicas)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.cpus < 1:
@@ -143,14 +170,18 @@ def serve(argv=None):
     # TF's multi-worker tests: fewer inter-op threads than workers + 1 "may hang" the cluster.
     config = tf.compat.v1.ConfigProto(
         device_count={"CPU": args.cpus},
-        inter_op_parallelism_threads=max(os.cpu_count() or 1, workers + 1))
+        inter_op_parallelism_threads=max(os.cpu_count() or 1, workers + 1),
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
-    print(f"{_PREFIX}: {task_name(job, index)} listening on {address} (port "
-          f"{address.rsplit(':', 1)[1]} of every interface; no authentication or encryption: "
-          f"private networks only)", flush=True)
+    print(
+        f"{_PREFIX}: {task_name(job, index)} listening on {address} (port "
+        f"{address.rsplit(':', 1)[1]} of every interface; no authentication or encryption: "
+        f"private networks only)",
+        flush=True,
+    )
     print("ready", flush=True)
     while not stop.wait(1.0):
         pass
