@@ -285,3 +285,39 @@ def test_devices_a_cluster_does_not_have_are_errors_naming_the_task(local):
         "names /job:trainer/replica:0/task:0, which is not a task of the "
         "cluster"
     )
+
+
+def test_datasets_from_function_run_one_pipeline_per_worker_with_its_input_context(local):
+    """`distribute_datasets_from_function`: each worker task's host builds its own pipeline,
+    told its `input_pipeline_id` of 2; replicas get their worker's batches."""
+    out = _client(
+        """
+        strategy = dpkeras.get_strategy(cluster=SPEC)
+        contexts = []
+
+        def dataset_fn(context):
+            contexts.append((context.input_pipeline_id, context.num_input_pipelines,
+                             context.num_replicas_in_sync))
+            base = 100.0 * context.input_pipeline_id
+            return tf.data.Dataset.range(8).map(lambda i: tf.cast(i, tf.float32) + base).batch(
+                context.get_per_replica_batch_size(8))
+
+        dataset = strategy.distribute_datasets_from_function(dataset_fn)
+
+        @tf.function
+        def step(batch):
+            return strategy.run(lambda b: tf.reduce_sum(b), args=(batch,))
+
+        sums = strategy.experimental_local_results(step(next(iter(dataset))))
+        print(json.dumps({"contexts": sorted(contexts),
+                          "sums": [float(s) for s in sums],
+                          "devices": [s.device for s in sums]}))
+        """,
+        local.spec,
+    )
+    assert out["contexts"] == [[0, 2, 4], [1, 2, 4]]
+    # Per replica batch 2: worker 0's replicas get 0+1 and 2+3, worker 1's 100+101, 102+103.
+    assert out["sums"] == [1.0, 5.0, 201.0, 205.0]
+    assert [d.rsplit("/device:", 1)[0] for d in out["devices"]] == [
+        "/job:worker/replica:0/task:0"
+    ] * 2 + ["/job:worker/replica:0/task:1"] * 2
