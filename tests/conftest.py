@@ -66,6 +66,21 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
 
 
+@pytest.fixture(autouse=True)
+def _no_tf_config(monkeypatch):
+    """No test sees a TF_CONFIG of the machine it runs on (it would name a cluster)."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+@pytest.fixture(scope="module")
+def local():
+    """A real cluster of 2 ps + 2 workers, 2 CPU devices each, shared by a module's tests."""
+    from benchmarks.local_cluster import LocalCluster
+
+    with LocalCluster(ps=2, workers=2, cpus=2) as running:
+        yield running
+
+
 def assert_weights_close(expected, actual, rtol=1e-5, atol=1e-6):
     """Asserts two lists of arrays (e.g. `model.get_weights()`) are equal within tolerance."""
     assert len(expected) == len(actual)

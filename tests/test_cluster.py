@@ -16,22 +16,10 @@ import threading
 import pytest
 import tensorflow as tf
 
-from benchmarks.local_cluster import LocalCluster, server_env
+from benchmarks.local_cluster import server_env
 from dpkeras import cluster
 
 SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
-
-
-@pytest.fixture(scope="module")
-def local():
-    """2 ps + 2 workers, 2 CPU devices each, shared by this module's tests."""
-    with LocalCluster(ps=2, workers=2, cpus=2) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _no_tf_config(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
 
 
 # --- resolve_cluster ---------------------------------------------------------------------

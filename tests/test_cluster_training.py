@@ -14,20 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from benchmarks.local_cluster import LocalCluster, server_env
+from benchmarks.local_cluster import server_env
 
 CLIENT_TIMEOUT = 300
-
-
-@pytest.fixture(scope="module")
-def local():
-    with LocalCluster(ps=2, workers=2, cpus=2) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _no_tf_config(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
 
 
 def _client(code, spec):
