@@ -13,8 +13,9 @@ import weakref
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals, placement
+from dpkeras import _tf_internals, partitioning, placement
 from dpkeras.device_names import canonical_device, short_device
+from dpkeras.sharded_variables import ShardedParameterVariable
 from dpkeras.variables import ParameterVariable
 
 __all__ = ["VariableCreator", "VALID_AGGREGATIONS"]
@@ -39,16 +40,27 @@ def _check_aggregation_dtype(name, aggregation, dtype):
 class VariableCreator:
     """Places variables by a policy and keeps a registry of what it created.
 
+    A variable the partitioner cuts (see `dpkeras.partitioning`) becomes a
+    `ShardedParameterVariable`: every shard's device is chosen (each shard is its own
+    `VariableSpec`, path `<path>/part_<i>`) before any shard is created, the initial value is
+    computed once, whole (so a sharded variable starts with the numbers an unsharded one would)
+    and each shard receives only its rows. Optimizer slots of a sharded variable are sharded
+    like it, shard by shard on the same devices.
+
     Args:
         policy: callable `(VariableSpec) -> device`; see `dpkeras.placement`.
         available: set of canonical device names the policy may choose from.
         wrap: callable `(variable, spec) -> ParameterVariable`.
+        partitioner: the strategy's partitioner for layer weights, or None.
+        wrap_sharded: callable `(shards, spec, kwargs) -> ShardedParameterVariable`.
     """
 
-    def __init__(self, policy, available, wrap):
+    def __init__(self, policy, available, wrap, partitioner=None, wrap_sharded=None):
         self.policy = policy
+        self.partitioner = partitioner
         self._available = frozenset(available)
         self._wrap = wrap
+        self._wrap_sharded = wrap_sharded
         self._lock = threading.Lock()
         self._variables = weakref.WeakValueDictionary()  # creation order -> ParameterVariable
         self._order = itertools.count()
@@ -103,6 +115,9 @@ class VariableCreator:
         if dtype is not None:
             _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
         spec = placement.describe_variable(kwargs)
+        rows = self._rows_per_shard(spec, kwargs, colocate_with)
+        if rows is not None:
+            return self._create_sharded(next_creator, kwargs, spec, rows, colocate_with)
         # Optimizer slots are created under colocate_vars_with(variable): they follow it.
         device = self.place(spec) if colocate_with is None else colocate_with.device
         with _tf_internals.no_colocation(), tf.device(device):
@@ -122,3 +137,75 @@ class VariableCreator:
         with self._lock:
             self._variables[next(self._order)] = wrapped
         return wrapped
+
+    def _rows_per_shard(self, spec, kwargs, colocate_with):
+        """Rows per shard for the variable `spec` describes, or None to keep it whole."""
+        if isinstance(colocate_with, ShardedParameterVariable):
+            if spec.shape is not None and tuple(spec.shape) != tuple(colocate_with.shape):
+                raise ValueError(
+                    f"Variable {spec.path!r} (shape {spec.shape}) is created beside sharded "
+                    f"variable {colocate_with.name[:-2]!r} (shape "
+                    f"{tuple(colocate_with.shape.as_list())}); dpkeras shards optimizer state "
+                    f"like its variable, so it needs the variable's shape. Optimizers whose "
+                    f"state has the shape of the variable (SGD, Adam, AdamW, Adagrad, RMSprop, "
+                    f"Adadelta, Adamax, Nadam, Ftrl, Lion) work with sharded variables."
+                )
+            return list(colocate_with.rows)
+        if colocate_with is not None:
+            return None
+        explicit, partitioner = partitioning.explicit_partitioner()
+        if not explicit:
+            if spec.kind not in ("weight", "other") or spec.shape is None:
+                return None
+            partitioner = self.partitioner
+        if (
+            partitioner is None
+            or kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ
+        ):
+            return None
+        return partitioning.row_split(partitioner, spec.shape, spec.dtype, spec.path, explicit)
+
+    def _create_sharded(self, next_creator, kwargs, spec, rows, colocate_with):
+        n = len(rows)
+        offsets = partitioning.offsets(rows)
+        specs = [
+            dataclasses.replace(
+                spec,
+                path=f"{spec.path}/part_{i}",
+                shape=(r,) + tuple(spec.shape[1:]),
+                shard=(i, n),
+            )
+            for i, r in enumerate(rows)
+        ]
+        if colocate_with is not None:
+            devices = [s.device for s in colocate_with.shards]
+        else:
+            devices = [self.place(s) for s in specs]  # every device is known before creating
+        name = (kwargs.get("name") or "Variable").split(":")[0]
+        initial_value = kwargs.get("initial_value")
+        with _tf_internals.no_colocation(), tf.init_scope(), tf.device(devices[0]):
+            value = initial_value() if callable(initial_value) else initial_value
+            value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+            if tuple(value.shape.as_list()) != tuple(spec.shape):
+                raise ValueError(
+                    f"Variable {spec.path!r}: the initial value has shape "
+                    f"{tuple(value.shape.as_list())}, expected {spec.shape}."
+                )
+            pieces = [value[offsets[i] : offsets[i + 1]] for i in range(n)]
+        shards = []
+        for i, (piece, device) in enumerate(zip(pieces, devices)):
+            shard_kwargs = dict(kwargs, initial_value=piece, name=f"{name}/part_{i}")
+            shard_kwargs.update(trainable=False, shape=None, dtype=value.dtype)
+            with _tf_internals.no_colocation(), tf.device(device):
+                variable = next_creator(**shard_kwargs)
+            if not _tf_internals.is_resource_variable(variable):
+                raise TypeError(
+                    f"dpkeras places resource variables only; the variable creators below "
+                    f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
+                )
+            shards.append(self._wrap(variable, specs[i]))
+        sharded = self._wrap_sharded(shards, spec, kwargs)
+        with self._lock:
+            for shard in shards:
+                self._variables[next(self._order)] = shard
+        return sharded

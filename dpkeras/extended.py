@@ -26,6 +26,7 @@ from dpkeras.creator import VariableCreator
 from dpkeras.device_names import canonical_device, short_device
 from dpkeras.distributed_input import InputPlan
 from dpkeras.reductions import ReductionLedger, normalize_op
+from dpkeras.sharded_variables import ShardedParameterVariable, shard_arguments, shard_focus
 from dpkeras.variables import ParameterVariable
 
 __all__ = ["ParameterDeviceExtended"]
@@ -47,7 +48,12 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     """
 
     def __init__(
-        self, container_strategy, compute_devices=None, parameter_device=None, cluster_spec=None
+        self,
+        container_strategy,
+        compute_devices=None,
+        parameter_device=None,
+        cluster_spec=None,
+        partitioner=None,
     ):
         super().__init__(container_strategy)
         self._cluster_spec = cluster_spec
@@ -62,7 +68,11 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         self._device_reason = reason
         available = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
         self._creator = VariableCreator(
-            policy, available, lambda variable, spec: ParameterVariable(self, variable, spec)
+            policy,
+            available,
+            lambda variable, spec: ParameterVariable(self, variable, spec),
+            partitioner,
+            self._wrap_sharded,
         )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
@@ -156,8 +166,25 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
             optimizer_apply.attach(optimizer, self)
         return variable
 
+    @property
+    def partitioner(self):
+        """The partitioner of layer weights (`dpkeras.partitioning`), or None."""
+        return self._creator.partitioner
+
+    def _wrap_sharded(self, shards, spec, kwargs):
+        return ShardedParameterVariable(
+            self,
+            shards,
+            spec,
+            name=kwargs.get("name") or "Variable",
+            trainable=True if kwargs.get("trainable") is None else kwargs["trainable"],
+            synchronization=kwargs.get("synchronization") or tf.VariableSynchronization.AUTO,
+            aggregation=kwargs.get("aggregation") or tf.VariableAggregation.NONE,
+            constraint=kwargs.get("constraint"),
+        )
+
     def _validate_colocate_with_variable(self, colocate_with_variable):
-        if not isinstance(colocate_with_variable, ParameterVariable):
+        if not isinstance(colocate_with_variable, (ParameterVariable, ShardedParameterVariable)):
             raise ValueError(
                 f"colocate_vars_with() needs a variable created under this strategy's scope. "
                 f"Received: {colocate_with_variable!r}"
@@ -289,6 +316,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
     def _update(self, var, fn, args, kwargs, group):
         if isinstance(var, keras.Variable):
             var = var.value
+        if isinstance(var, ShardedParameterVariable):
+            return self._update_sharded(var, fn, args, kwargs, group)
         if not isinstance(var, ParameterVariable):
             raise ValueError(
                 f"Variable {getattr(var, 'name', var)!r} was not created under this "
@@ -300,6 +329,28 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         with tf.device(var.device), _tf_internals.UpdateContext(var.device):
             result = fn(var, *select(args, var.device), **select(kwargs, var.device))
         return result if group else tf.nest.map_structure(self._local_results, result)
+
+    def _update_sharded(self, var, fn, args, kwargs, group):
+        """`fn` once per shard, on its device, with the shard's rows of full-shape arguments.
+
+        Inside, `var` and every variable sharded like it (its slots) act as that shard, so
+        Keras's update step runs unchanged on shard-sized tensors (`shard_focus`).
+        """
+        select = self._ledger.select_single_value
+        results = []
+        for i, shard in enumerate(var.shards):
+            shard_args = shard_arguments(var, i, select(args, var.device))
+            shard_kwargs = shard_arguments(var, i, select(kwargs, var.device))
+            with (
+                tf.device(shard.device),
+                _tf_internals.UpdateContext(shard.device),
+                shard_focus(var, i),
+            ):
+                results.append(fn(var, *shard_args, **shard_kwargs))
+        if group:
+            ops = [r for r in tf.nest.flatten(results) if isinstance(r, (tf.Tensor, tf.Operation))]
+            return tf.group(*ops) if ops and not tf.executing_eagerly() else None
+        return tuple(results)
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         device = colocate_with if isinstance(colocate_with, str) else colocate_with.device

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals
-from dpkeras.variables import ParameterVariable
+from dpkeras.sharded_variables import PLACED_TYPES
 
 __all__ = [
     "step_model",
@@ -54,7 +54,7 @@ def check_model_variables(model, extended):
     """Raises ValueError naming the first variable of `model` not created under `extended`."""
     for v in model.variables:
         value = getattr(v, "value", v)
-        if not (isinstance(value, ParameterVariable) and value.extended is extended):
+        if not (isinstance(value, PLACED_TYPES) and value.extended is extended):
             raise ValueError(
                 f"Model {model.name!r} has variable {getattr(v, 'path', v.name)!r} that was "
                 f"not created under this strategy's scope ({type(value).__name__} on "

@@ -4,15 +4,16 @@ Keras's `ops.take` (which `Embedding` uses) calls `tf.gather` on the Keras varia
 would convert the variable to a dense tensor first, copying the whole table to every replica on
 every step. dpkeras registers a `tf.gather` dispatcher for Keras variables (public API:
 `tf.experimental.dispatch_for_api`): inside a dpkeras replica, a gather along axis 0 from a
-`ParameterVariable` runs where the table is, and only its rows are sent. Everywhere else the
-dispatcher does exactly what `tf.gather` did.
+`ParameterVariable` runs where the table is, and only its rows are sent; from a sharded table
+(`ShardedParameterVariable`) each shard gathers its own ids. Everywhere else the dispatcher
+does exactly what `tf.gather` did.
 """
 
 import keras
 import tensorflow as tf
 
 from dpkeras import _tf_internals, replica_step
-from dpkeras.variables import ParameterVariable
+from dpkeras.sharded_variables import PLACED_TYPES
 
 __all__ = []
 
@@ -23,7 +24,7 @@ _tf_internals.register_dispatchable_type(keras.Variable)
 def _gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
     table = params.value  # the tf.Variable itself unless Keras autocasts this variable
     if (
-        isinstance(table, ParameterVariable)
+        isinstance(table, PLACED_TYPES)
         and batch_dims == 0
         and tf.get_static_value(axis if axis is not None else 0) == 0
         and replica_step.current(table.extended) is not None

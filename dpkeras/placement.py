@@ -61,6 +61,8 @@ class VariableSpec:
         kind: one of `KINDS`: `"weight"` (a layer's variable), `"optimizer"` (an optimizer's own
             state, such as its iteration count; slots follow their variable), `"metric"`,
             `"seed"` (random-number state) or `"other"`.
+        shard: `(i, n)` when this is shard i of a variable cut into n shards (its path is
+            then `<variable path>/part_<i>` and its shape the shard's), else None.
     """
 
     path: str
@@ -68,6 +70,7 @@ class VariableSpec:
     dtype: str
     trainable: bool
     kind: str
+    shard: tuple = None
 
     @property
     def nbytes(self):
@@ -127,10 +130,19 @@ class _GreedyBySize(Policy):
     def __init__(self, device_list):
         super().__init__(device_list, "greedy_by_size")
         self.loads = {d: 0 for d in self.devices}
+        self._taken = []  # devices holding earlier shards of the variable being sharded
 
     def place(self, spec):
-        device = min(self.devices, key=lambda d: self.loads[d])  # first on ties
+        candidates = self.devices
+        if spec.shard is not None:
+            index, _ = spec.shard
+            if index == 0 or len(self._taken) == len(self.devices):
+                self._taken = []
+            candidates = [d for d in self.devices if d not in self._taken]
+        device = min(candidates, key=lambda d: self.loads[d])  # first on ties
         self.loads[device] += spec.nbytes
+        if spec.shard is not None:
+            self._taken.append(device)
         return device
 
 
@@ -187,7 +199,9 @@ def greedy_by_size(device_list):
 
     Decided as variables are created, so the largest load is at most the ideal (total / number
     of devices) plus the largest variable. Optimizer slots follow their variable and are not
-    counted.
+    counted. The shards of a partitioned variable go to distinct devices, each to the least
+    loaded device its variable's earlier shards do not use (round-robin by load), so a table
+    in as many shards as devices is spread over all of them.
     """
     return _GreedyBySize(device_list)
 

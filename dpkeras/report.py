@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from dpkeras import sizes
 from dpkeras.device_names import short_device
+from dpkeras.sharded_variables import PLACED_TYPES, ShardedParameterVariable
 from dpkeras.strategy import ParameterDeviceStrategy
-from dpkeras.variables import ParameterVariable
 
 __all__ = ["PlacementRow", "PlacementReport", "placement_report"]
 
@@ -79,7 +79,7 @@ class PlacementReport:
 
 def _row(variable, path=None):
     value = variable.value if isinstance(variable, keras.Variable) else variable
-    kind = value.kind if isinstance(value, ParameterVariable) else "-"
+    kind = value.kind if isinstance(value, PLACED_TYPES) else "-"
     shape = tuple(value.shape.as_list())
     dtype = tf.as_dtype(value.dtype)
     size = sizes.nbytes(value.shape, dtype)
@@ -91,6 +91,15 @@ def _row(variable, path=None):
         size,
         short_device(value.device) if value.device else "-",
     )
+
+
+def _rows(variable):
+    """One row, or one per shard (path `<path>/part_<i>`) for a sharded variable."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    if not isinstance(value, ShardedParameterVariable):
+        return [_row(variable)]
+    path = getattr(variable, "path", None) or value.name.split(":")[0]
+    return [_row(shard, f"{path}/part_{i}") for i, shard in enumerate(value.shards)]
 
 
 def _model_variables(model):
@@ -113,6 +122,7 @@ def placement_report(model_or_strategy):
 
     For a model: its weights, its optimizer's variables (slots appear once the optimizer is
     built, i.e. after the first training step or `optimizer.build`) and its metrics' state.
+    A sharded variable has one row per shard (`<path>/part_<i>`).
     For a `ParameterDeviceStrategy`: every live variable created under it, in creation order.
 
     Args:
@@ -128,7 +138,7 @@ def placement_report(model_or_strategy):
         rows = tuple(_row(v, v.spec.path) for v in model_or_strategy.extended.variables())
         return PlacementReport(rows, f"Placement: {model_or_strategy!r}")
     if isinstance(model_or_strategy, keras.Model):
-        rows = tuple(_row(v) for v in _model_variables(model_or_strategy))
+        rows = tuple(row for v in _model_variables(model_or_strategy) for row in _rows(v))
         return PlacementReport(rows, f'Placement: model "{model_or_strategy.name}"')
     raise TypeError(
         f"placement_report() takes a keras.Model or a dpkeras.ParameterDeviceStrategy. "

@@ -58,7 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals, atomic_files
-from dpkeras.variables import ParameterVariable
+from dpkeras.sharded_variables import PLACED_TYPES
 
 __all__ = ["built_under_dpkeras", "restore_seed_states", "seed_states"]
 
@@ -79,7 +79,7 @@ def built_under_dpkeras(model):
         True if a variable of `model` is a `dpkeras.ParameterVariable`.
     """
     return any(
-        isinstance(_keras_internals.underlying_variable(v), ParameterVariable)
+        isinstance(_keras_internals.underlying_variable(v), PLACED_TYPES)
         for v in getattr(model, "variables", ())
     )
 
@@ -92,7 +92,7 @@ def _seed_variables(model):
     found = []
     for v in model.variables:
         underlying = _keras_internals.underlying_variable(v)
-        if isinstance(underlying, ParameterVariable) and underlying.kind == "seed":
+        if isinstance(underlying, PLACED_TYPES) and underlying.kind == "seed":
             found.append((v.path, v))
     return found
 

@@ -6,6 +6,7 @@ from dpkeras import keras_patches
 from dpkeras.cluster import resolve_cluster
 from dpkeras.device_names import short_device
 from dpkeras.extended import ParameterDeviceExtended
+from dpkeras.partitioning import as_partitioner
 
 __all__ = ["ParameterDeviceStrategy"]
 
@@ -52,19 +53,27 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             workers' GPUs (else their CPUs) for compute and the ps tasks' CPUs for variables,
             and `/job:...` devices may be named. Defaults to `$TF_CONFIG` if it names a `ps`
             or `worker` job, else no cluster. See docs/cluster.md.
+        partitioner: cut large layer weights into shards spread over the parameter devices:
+            one of TensorFlow's `tf.distribute.experimental.partitioners` (such as
+            `MinSizePartitioner(min_shard_bytes=1 << 20, max_shards=2)`) or any callable with
+            their signature. Keras still sees one variable of the full shape; optimizer slots
+            are sharded like their variable. See docs/sharding.md. Default: no sharding.
 
     Raises:
         TimeoutError: when a task of the cluster does not answer (it names the task).
         ValueError: for an invalid cluster, an unparseable, absent or duplicated device, an
-            empty list, or a parameter_device of another type, before anything is created. A
+            empty list, a parameter_device of another type, or a partitioner that is not
+            callable, before anything is created. A partitioner's invalid answer raises
+            ValueError naming the variable, before any of its shards is created. A
             policy that fails or returns a bad device raises ValueError when the variable is
             created, naming it.
     """
 
-    def __init__(self, compute_devices=None, parameter_device=None, cluster=None):
+    def __init__(self, compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+        partitioner = as_partitioner(partitioner)
         super().__init__(
             ParameterDeviceExtended(
-                self, compute_devices, parameter_device, resolve_cluster(cluster)
+                self, compute_devices, parameter_device, resolve_cluster(cluster), partitioner
             )
         )
 
@@ -78,13 +87,19 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         """Canonical name of the (first) device that holds variables."""
         return self.extended.parameter_devices[0]
 
+    @property
+    def partitioner(self):
+        """The partitioner of layer weights, or None (no sharding)."""
+        return self.extended.partitioner
+
     def scope(self):
         """`tf.distribute.Strategy.scope`, with dpkeras's Keras patches (dpkeras.keras_patches)."""
         return keras_patches.installed_during(super().scope(), self.extended.variables)
 
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)
+        partitioner = "" if self.partitioner is None else f", partitioner={self.partitioner!r}"
         return (
             f"ParameterDeviceStrategy(compute_devices=[{compute}], "
-            f"parameter_device={short_device(self.parameter_device)!r})"
+            f"parameter_device={short_device(self.parameter_device)!r}{partitioner})"
         )

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from dpkeras import devices
 from dpkeras.cluster import resolve_cluster
+from dpkeras.partitioning import as_partitioner
 from dpkeras.strategy import ParameterDeviceStrategy
 
 __all__ = ["scope", "get_strategy"]
@@ -15,14 +16,15 @@ _lock = threading.Lock()
 _strategies = {}  # (compute devices, parameter devices, cluster jobs) -> strategy
 
 
-def get_strategy(compute_devices=None, parameter_device=None, cluster=None):
+def get_strategy(compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
     """Returns the `ParameterDeviceStrategy` for these devices, creating it once.
 
     Equal arguments (after defaults, environment settings and device-name canonicalisation)
     give the same strategy object, so models built in two `dpkeras.scope()` blocks can be
-    trained together; a placement policy object is equal only to itself. Arguments are those
-    of `ParameterDeviceStrategy`.
+    trained together; a placement policy object or partitioner is equal only to itself.
+    Arguments are those of `ParameterDeviceStrategy`.
     """
+    as_partitioner(partitioner)
     spec = resolve_cluster(cluster)
     compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
     jobs = (
@@ -33,19 +35,19 @@ def get_strategy(compute_devices=None, parameter_device=None, cluster=None):
     if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
         placed = tuple(getattr(policy, "devices", (home,)))
         parameter_device = placed[0] if len(placed) == 1 else list(placed)
-        key = (compute, placed, jobs)
+        key = (compute, placed, jobs, partitioner)
     else:
-        key = (compute, parameter_device, jobs)  # a policy object: equal only to itself
+        key = (compute, parameter_device, jobs, partitioner)  # a policy: equal only to itself
     with _lock:
         strategy = _strategies.get(key)
         if strategy is None:
-            strategy = ParameterDeviceStrategy(list(compute), parameter_device, spec)
+            strategy = ParameterDeviceStrategy(list(compute), parameter_device, spec, partitioner)
             _strategies[key] = strategy
         return strategy
 
 
 @contextlib.contextmanager
-def scope(compute_devices=None, parameter_device=None, cluster=None):
+def scope(compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
     """Builds and trains Keras models with variables on a parameter device.
 
     Enters the scope of the `ParameterDeviceStrategy` for these devices (created once per
@@ -66,6 +68,9 @@ def scope(compute_devices=None, parameter_device=None, cluster=None):
         parameter_device: str or None; see `ParameterDeviceStrategy`.
         cluster: a dict of jobs, `tf.train.ClusterSpec`, cluster resolver or None; see
             `ParameterDeviceStrategy` (with None, `$TF_CONFIG` may name a cluster).
+        partitioner: a `tf.distribute.experimental.partitioners` partitioner (or a callable
+            like one) that cuts large layer weights into shards; see
+            `ParameterDeviceStrategy`.
 
     Yields:
         The `ParameterDeviceStrategy`.
@@ -74,7 +79,7 @@ def scope(compute_devices=None, parameter_device=None, cluster=None):
         ValueError: for bad devices (see `ParameterDeviceStrategy`), or when entered inside
             the scope of a different `tf.distribute` strategy.
     """
-    strategy = get_strategy(compute_devices, parameter_device, cluster)
+    strategy = get_strategy(compute_devices, parameter_device, cluster, partitioner)
     if tf.distribute.has_strategy():
         current = tf.distribute.get_strategy()
         if current is not strategy:

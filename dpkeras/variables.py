@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals, device_names, replica_step
 
-__all__ = ["ParameterVariable"]
+__all__ = ["ParameterVariable", "scale_gradient"]
 
 # Added to the first seed component on replica k, times k, so that replicas draw different
 # (but reproducible) random numbers: Dropout masks differ across replicas.
@@ -72,7 +72,8 @@ def _delta(new_value, read):
     return new_value - read if delta is None else delta
 
 
-def _scale_gradient(grad, weight):
+def scale_gradient(grad, weight):
+    """`grad` times `weight` (None: unchanged), keeping `tf.IndexedSlices` sparse."""
     if weight is None or grad is None:
         return grad
     if isinstance(grad, tf.IndexedSlices):
@@ -186,7 +187,7 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
                 "ReadVariableOp",
                 [value],
                 [self.handle],
-                backward_function=lambda g: [_scale_gradient(g, weight)],
+                backward_function=lambda g: [scale_gradient(g, weight)],
                 forward_function=lambda x: [x],
             )
         return value
