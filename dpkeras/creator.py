@@ -13,9 +13,9 @@ import weakref
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals, partitioning, placement
+from dpkeras import _keras_internals, _tf_internals, partitioning, placement
 from dpkeras.device_names import canonical_device, short_device
-from dpkeras.sharded_variables import ShardedParameterVariable
+from dpkeras.sharded_variables import ROW_WISE_OPTIMIZERS, ShardedParameterVariable
 from dpkeras.variables import ParameterVariable
 
 __all__ = ["VariableCreator", "VALID_AGGREGATIONS"]
@@ -141,14 +141,18 @@ class VariableCreator:
     def _rows_per_shard(self, spec, kwargs, colocate_with):
         """Rows per shard for the variable `spec` describes, or None to keep it whole."""
         if isinstance(colocate_with, ShardedParameterVariable):
-            if spec.shape is not None and tuple(spec.shape) != tuple(colocate_with.shape):
+            optimizer = _keras_internals.creating_optimizer()
+            if (optimizer is not None and not isinstance(optimizer, ROW_WISE_OPTIMIZERS)) or (
+                spec.shape is not None and tuple(spec.shape) != tuple(colocate_with.shape)
+            ):
                 raise ValueError(
-                    f"Variable {spec.path!r} (shape {spec.shape}) is created beside sharded "
-                    f"variable {colocate_with.name[:-2]!r} (shape "
-                    f"{tuple(colocate_with.shape.as_list())}); dpkeras shards optimizer state "
-                    f"like its variable, so it needs the variable's shape. Optimizers whose "
-                    f"state has the shape of the variable (SGD, Adam, AdamW, Adagrad, RMSprop, "
-                    f"Adadelta, Adamax, Nadam, Ftrl, Lion) work with sharded variables."
+                    f"{type(optimizer).__name__} cannot update sharded variable "
+                    f"{colocate_with.name[:-2]!r}: dpkeras shards optimizer state like its "
+                    f"variable and updates shard by shard, which equals updating the whole "
+                    f"variable only for optimizers whose update is row by row. Those are "
+                    f"{', '.join(o.__name__ for o in ROW_WISE_OPTIMIZERS)} (and their "
+                    f"subclasses). Received a slot {spec.path!r} of shape {spec.shape} for a "
+                    f"variable of shape {tuple(colocate_with.shape.as_list())}."
                 )
             return list(colocate_with.rows)
         if colocate_with is not None:

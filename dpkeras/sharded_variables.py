@@ -27,12 +27,20 @@ import itertools
 import threading
 import weakref
 
+import keras
+import numpy as np
 import tensorflow as tf
 
 from dpkeras import _tf_internals, replica_step
 from dpkeras.variables import ParameterVariable, scale_gradient
 
-__all__ = ["ShardedParameterVariable", "PLACED_TYPES", "shard_focus", "shard_arguments"]
+__all__ = [
+    "ShardedParameterVariable",
+    "PLACED_TYPES",
+    "ROW_WISE_OPTIMIZERS",
+    "shard_focus",
+    "shard_arguments",
+]
 
 _focus = threading.local()
 _ids = itertools.count()
@@ -252,6 +260,9 @@ class ShardedParameterVariable(tf.Variable):
     def numpy(self):
         return self.value().numpy()
 
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.numpy(), dtype=dtype)
+
     def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
         value = self.value()
         if dtype is not None and not dtype.is_compatible_with(value.dtype):
@@ -372,6 +383,22 @@ class ShardedParameterVariable(tf.Variable):
             f"dtype={self._dtype.name} shards={list(self._rows)} devices=[{devices}]>"
         )
 
+
+# Optimizers whose update of a variable is row by row (elementwise, with scalar state), so that
+# updating shard by shard equals updating the whole variable. Not Adafactor, Lamb or Muon: they
+# factor or normalise over the whole variable.
+ROW_WISE_OPTIMIZERS = (
+    keras.optimizers.SGD,
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.Adagrad,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adadelta,
+    keras.optimizers.Adamax,
+    keras.optimizers.Nadam,
+    keras.optimizers.Ftrl,
+    keras.optimizers.Lion,
+)
 
 # What a variable created under a dpkeras strategy is: whole, or cut into shards.
 PLACED_TYPES = (ParameterVariable, ShardedParameterVariable)
