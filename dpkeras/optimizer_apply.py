@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals, replica_step
+from dpkeras.sharded_variables import ShardedParameterVariable, sum_by_shard
 
 __all__ = ["attach"]
 
@@ -53,12 +54,7 @@ def attach(optimizer, extended):
             if trainable_variables is not None
             else optimizer.trainable_variables
         )
-        summed = [
-            None
-            if g is None
-            else extended.aggregate("SUM", g, _device_of(v), from_every_replica=False)
-            for g, v in zip(grads, variables)
-        ]
+        summed = [_sum(g, v) for g, v in zip(grads, variables)]
         # Ops Keras does not place (the iteration count's `+ 1`, the clipping norm) run on the
         # home parameter device, not wherever the placer would put them.
         with (
@@ -66,6 +62,15 @@ def attach(optimizer, extended):
             replica_step.state_of(extended).after_inputs(0),
         ):
             return keras_apply(summed, trainable_variables)
+
+    def _sum(grad, variable):
+        if grad is None:
+            return None
+        sharded = getattr(variable, "value", variable)
+        if isinstance(sharded, ShardedParameterVariable):
+            components = extended.reductions.components(grad, from_every_replica=False)
+            return sum_by_shard(sharded, components, extended.reductions.reduce_components)
+        return extended.aggregate("SUM", grad, _device_of(variable), from_every_replica=False)
 
     _keras_internals.route_optimizer_apply(optimizer, apply)
 

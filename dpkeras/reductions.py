@@ -118,6 +118,16 @@ class ReductionLedger:
         components = self.components(value, from_every_replica)
         if how == "ONLY_FIRST_REPLICA":
             return components[0]
+        result = self.reduce_components(how, components, device)
+        self._remember(result, (how, value, from_every_replica))
+        return result
+
+    def reduce_components(self, how, components, device):
+        """SUM or MEAN of a list of components onto `device` (kept sparse if all are sparse).
+
+        Components on other tasks of a cluster are first summed on their task's host.
+        """
+        how = normalize_op(how)
         if how not in ("SUM", "MEAN"):
             raise ValueError(
                 f"Cannot reduce with {how!r}; expected SUM, MEAN or ONLY_FIRST_REPLICA."
@@ -141,7 +151,6 @@ class ReductionLedger:
                         if result.dtype.is_integer
                         else result / tf.cast(n, result.dtype)
                     )
-        self._remember(result, (how, value, from_every_replica))
         return result
 
     def _remember(self, result, recipe):

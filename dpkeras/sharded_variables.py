@@ -40,6 +40,7 @@ __all__ = [
     "ROW_WISE_OPTIMIZERS",
     "shard_focus",
     "shard_arguments",
+    "sum_by_shard",
 ]
 
 _focus = threading.local()
@@ -72,12 +73,69 @@ def _row_slice(x, lo, hi):
         return x[lo:hi]
 
 
+_sums = weakref.WeakKeyDictionary()  # graph -> {tensor name: (rows, per-shard sums)}
+
+
+def _key(x):
+    return x.values if isinstance(x, tf.IndexedSlices) else x
+
+
+def sum_by_shard(variable, components, reduce_components):
+    """The sum of per-replica gradients of `variable`, made shard by shard where each lives.
+
+    Each replica cuts its gradient into the shards' rows (sparse: each shard's ids) on its own
+    device, and each shard's rows are summed on the shard's device: a row travels once, from
+    the replica to the device that holds it. The result is one full-shape gradient (what
+    Keras's clipping and update see); `shard_arguments` hands each shard its own sum, so an
+    update uses the per-shard sums and the joined one is only computed if something else
+    (clipping) reads it.
+
+    Args:
+        variable: the `ShardedParameterVariable`.
+        components: list of per-replica gradients (tensors or `tf.IndexedSlices`).
+        reduce_components: `ReductionLedger.reduce_components`.
+    """
+    sums = []
+    for i, shard in enumerate(variable.shards):
+        lo, hi = variable.offsets[i], variable.offsets[i + 1]
+        sums.append(
+            reduce_components("SUM", [_row_slice(c, lo, hi) for c in components], shard.device)
+        )
+    if all(isinstance(s, tf.IndexedSlices) for s in sums):
+        joined = tf.IndexedSlices(
+            tf.concat([s.values for s in sums], 0),
+            tf.concat([s.indices + lo for s, lo in zip(sums, variable.offsets)], 0),
+            tf.constant(variable.shape.as_list()),
+        )
+    else:
+        joined = tf.concat([tf.convert_to_tensor(s) for s in sums], 0)
+    if not tf.executing_eagerly():
+        key = _key(joined)
+        _sums.setdefault(key.graph, {})[key.name] = (variable.rows, sums)
+    return joined
+
+
+def _own_sum(x, rows, index):
+    key = _key(x)
+    if not isinstance(key, tf.Tensor) or tf.executing_eagerly():
+        return None
+    found = _sums.get(key.graph, {}).get(key.name)
+    return found[1][index] if found is not None and found[0] == rows else None
+
+
 def shard_arguments(variable, index, structure):
     """`structure` with each full-variable-shaped tensor or gradient cut to shard `index`."""
     lo, hi = variable.offsets[index], variable.offsets[index + 1]
     full = variable.shape
 
     def cut(x):
+        own = (
+            _own_sum(x, variable.rows, index)
+            if isinstance(x, (tf.Tensor, tf.IndexedSlices))
+            else None
+        )
+        if own is not None:
+            return own
         if isinstance(x, tf.IndexedSlices):
             return _row_slice(x, lo, hi)
         if isinstance(x, tf.Tensor) and x.shape.rank and x.shape.is_compatible_with(full):

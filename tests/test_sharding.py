@@ -287,6 +287,16 @@ def test_a_step_moves_looked_up_rows_never_the_table_or_a_shard():
     # time, so shaped (None, 16)).
     rows = [t for t in report.transfers if t.destination in ("/cpu:1", "/cpu:2")]
     assert any(t.shape == (None, 16) for t in rows)
+    # Each replica sends each shard its own gradient rows: no rows pass between the two
+    # parameter devices on their way to the shard that holds them.
+    between = [
+        t
+        for t in report.transfers
+        if {t.source, t.destination} == {"/cpu:0", "/cpu:3"} and t.shape == (None, 16)
+    ]
+    assert between == []
+    to_shards = [t for t in report.transfers if t.destination in ("/cpu:0", "/cpu:3")]
+    assert {t.destination for t in to_shards if t.shape == (None, 16)} == {"/cpu:0", "/cpu:3"}
 
 
 # -- files -----------------------------------------------------------------------------------
