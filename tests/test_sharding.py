@@ -215,11 +215,17 @@ def test_training_a_sharded_table_equals_one_unsharded_device(optimizer, shards)
     )
 
 
-def test_weight_decay_ema_and_clipping_run_shard_by_shard_and_equal_one_device():
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1, use_ema=True, global_clipnorm=0.5),
+        lambda: keras.optimizers.SGD(0.5, clipnorm=0.01),
+        lambda: keras.optimizers.Adam(0.05, gradient_accumulation_steps=2),
+    ],
+    ids=["adamw-ema-global-clipnorm", "sgd-clipnorm", "adam-accumulation"],
+)
+def test_decay_ema_clipping_and_accumulation_equal_one_device_when_sharded(optimizer):
     x, y = _data()
-
-    def optimizer():
-        return keras.optimizers.AdamW(0.05, weight_decay=0.1, use_ema=True, global_clipnorm=0.5)
 
     plain = _build(optimizer=optimizer())
     initial = plain.get_weights()
