@@ -40,8 +40,9 @@ flags.DEFINE_list(
 )
 flags.DEFINE_list(
     "strategies",
-    list(STRATEGIES),
+    [s for s in STRATEGIES if s != "dpkeras_sharded"],
     f"Comma-separated strategies to run, of: {', '.join(STRATEGIES)}. "
+    f"dpkeras_sharded (added by --partition) is dpkeras with large weights in shards. "
     f"one_device is the baseline of the ratios and of the loss check.",
 )
 flags.DEFINE_integer(
@@ -121,6 +122,15 @@ flags.DEFINE_string(
     "central_storage takes the first. On simulated devices, an index beyond "
     "the replicas adds a device that only holds variables.",
 )
+flags.DEFINE_integer(
+    "partition",
+    0,
+    "Also run dpkeras_sharded: dpkeras with every weight of 256 KiB or more cut into at most "
+    "this many shards (tf.distribute.experimental.partitioners.MinSizePartitioner), spread "
+    "over the --parameter_device list, such as --parameter_device=/cpu:0,/cpu:4 on simulated "
+    "devices. 0: off.",
+    lower_bound=0,
+)
 flags.DEFINE_bool("chart", True, "Draw the PNG chart (needs matplotlib).")
 
 DEFAULT_CPU_REPLICAS = 3
@@ -146,6 +156,7 @@ class Config:
     parameter_device: str
     devices: str  # "gpu" or "simulated"
     chart: bool = True
+    partition: int = 0
 
 
 def _choices(values, valid, flag):
@@ -180,6 +191,15 @@ def config_from_flags(f, gpus):
     if f.scaling and not f["models"].present:
         models = ["mlp"]
     strategies = _choices(f.strategies, list(STRATEGIES), "strategies")
+    if f.partition and "dpkeras_sharded" not in strategies:
+        strategies.insert(
+            strategies.index("dpkeras") + 1 if "dpkeras" in strategies else 0, "dpkeras_sharded"
+        )
+    if "dpkeras_sharded" in strategies and f.partition < 2:
+        raise app.UsageError(
+            f"dpkeras_sharded needs --partition=N with N >= 2 (the most shards per weight). "
+            f"Received: --partition={f.partition}"
+        )
     if gpus and f.replicas is not None and f.replicas > len(gpus):
         raise app.UsageError(
             f"--replicas={f.replicas} but only {len(gpus)} GPU(s) were found: {', '.join(gpus)}."
@@ -209,6 +229,7 @@ def config_from_flags(f, gpus):
         parameter_device=f.parameter_device,
         devices="gpu" if gpus else "simulated",
         chart=f.chart,
+        partition=f.partition,
     )
     _check_batches(config)
     return config
@@ -253,7 +274,10 @@ def plan(config):
             for n in config.replica_counts:
                 for s in config.strategies:
                     if s != "one_device":
-                        pairs.append(PairSpec(strategy=s, replicas=n, **common))
+                        partition = config.partition if s == "dpkeras_sharded" else 0
+                        pairs.append(
+                            PairSpec(strategy=s, replicas=n, partition=partition, **common)
+                        )
     return pairs
 
 

@@ -27,7 +27,9 @@ import traceback
 
 RESULT_PREFIX = "DPKERAS_BENCH_RESULT "
 
-STRATEGIES = ("dpkeras", "mirrored", "central_storage", "one_device")
+STRATEGIES = ("dpkeras", "mirrored", "central_storage", "one_device", "dpkeras_sharded")
+# dpkeras_sharded: dpkeras with large weights cut into shards over the parameter devices
+# (`PairSpec.partition`); run only when asked for (`compare.py --partition`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,8 @@ class PairSpec:
         seed: int, seed of the weights, the data and Dropout.
         devices: `"simulated"` (logical CPU devices) or `"gpu"`.
         parameter_device: str, where dpkeras and central_storage keep variables.
+        partition: int, for `dpkeras_sharded`: the most shards a weight is cut into (a
+            `MinSizePartitioner` with 256 KiB shards at least); 0 for the other strategies.
         data_examples: int, distinct synthetic examples (at least 2 batches), cycled.
     """
 
@@ -64,6 +68,7 @@ class PairSpec:
     seed: int = 1234
     devices: str = "simulated"
     parameter_device: str = "/cpu:0"
+    partition: int = 0
     data_examples: int = 4096
 
     @property
@@ -134,10 +139,17 @@ def make_strategy(spec):
 
     compute = compute_devices(spec)
     parameter_devices = parameter_device_list(spec.parameter_device)
-    if spec.strategy == "dpkeras":
+    if spec.strategy in ("dpkeras", "dpkeras_sharded"):
         # Several devices: variables spread over them by dpkeras.placement.greedy_by_size.
+        partitioner = None
+        if spec.strategy == "dpkeras_sharded":
+            partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+                min_shard_bytes=256 << 10, max_shards=max(spec.partition, 2)
+            )
         return dpkeras.ParameterDeviceStrategy(
-            compute, parameter_devices if len(parameter_devices) > 1 else parameter_devices[0]
+            compute,
+            parameter_devices if len(parameter_devices) > 1 else parameter_devices[0],
+            partitioner=partitioner,
         )
     if spec.strategy == "mirrored":
         return tf.distribute.MirroredStrategy(compute)
@@ -160,7 +172,7 @@ def _components(variable):
     value = variable.value if isinstance(variable, keras.Variable) else variable
     if isinstance(value, tf.distribute.DistributedValues):
         return list(value.values)
-    return [value]
+    return list(getattr(value, "shards", [value]))  # a sharded dpkeras variable: its shards
 
 
 def variable_bytes_by_device(variables):
@@ -322,8 +334,11 @@ def _run(spec, progress):
     out = {
         "compute_devices": replica_devices,
         "parameter_device": (
-            spec.parameter_device if spec.strategy in ("dpkeras", "central_storage") else None
+            spec.parameter_device
+            if spec.strategy in ("dpkeras", "dpkeras_sharded", "central_storage")
+            else None
         ),
+        "partition": spec.partition or None,
     }
 
     progress.phase = "build"

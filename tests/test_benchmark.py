@@ -341,7 +341,7 @@ class _Flags(dict):
 def _flags(present=(), **kw):
     values = dict(
         models=list(MODELS),
-        strategies=list(worker.STRATEGIES),
+        strategies=[s for s in worker.STRATEGIES if s != "dpkeras_sharded"],
         replicas=None,
         steps=None,
         check_steps=5,
@@ -357,6 +357,7 @@ def _flags(present=(), **kw):
         seed=1,
         parameter_device="/cpu:0",
         chart=False,
+        partition=0,
     )
     values.update(kw)
     return _Flags(values, present)
@@ -379,6 +380,28 @@ def test_config_defaults_on_cpu_and_gpu():
         compare.app.UsageError, match="--strategies must be .*Received: --strategies=horovod"
     ):
         compare.config_from_flags(_flags(strategies=["horovod"]), gpus=[])
+
+
+def test_partition_adds_the_sharded_dpkeras_beside_dpkeras():
+    config = compare.config_from_flags(_flags(partition=3), gpus=[])
+    assert config.strategies == [
+        "dpkeras",
+        "dpkeras_sharded",
+        "mirrored",
+        "central_storage",
+        "one_device",
+    ]
+    pairs = compare.plan(config)
+    assert {(p.strategy, p.partition) for p in pairs if p.model == "mlp"} == {
+        ("one_device", 0),
+        ("dpkeras", 0),
+        ("dpkeras_sharded", 3),
+        ("mirrored", 0),
+        ("central_storage", 0),
+    }
+    assert "dpkeras_sharded" not in compare.config_from_flags(_flags(), gpus=[]).strategies
+    with pytest.raises(compare.app.UsageError, match="needs --partition=N with N >= 2"):
+        compare.config_from_flags(_flags(strategies=["dpkeras_sharded"]), gpus=[])
 
 
 # -- derived columns, targets, files ------------------------------------------------------------
@@ -552,6 +575,53 @@ def test_smoke_one_tiny_pair_end_to_end(tmp_path):
     assert dp["variable_bytes_by_device"].keys() == {"/cpu:0"}
     assert abs(dp["loss_vs_one_device"]) < 1e-3
     assert (out / "bench.md").exists() and (out / "logs").is_dir()
+
+
+def test_the_sharded_recommender_spreads_its_table_and_equals_one_device(tmp_path):
+    out = tmp_path / "results"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.compare",
+            "--models=recommender",
+            "--strategies=one_device,dpkeras",
+            "--partition=2",
+            "--parameter_device=/cpu:0,/cpu:3",
+            "--replicas=2",
+            "--size=0.05",
+            "--batch_size=96",
+            "--steps=2",
+            "--repeats=1",
+            "--check_steps=2",
+            "--warmup_steps=0",
+            "--pair_timeout=240",
+            f"--out={out}",
+            "--nochart",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {r["strategy"]: r for r in results.read_jsonl(out / "bench.jsonl")}
+    assert {s: r["status"] for s, r in lines.items()} == {
+        "one_device": "ok",
+        "dpkeras": "ok",
+        "dpkeras_sharded": "ok",
+    }
+    sharded, whole = lines["dpkeras_sharded"], lines["dpkeras"]
+    assert sharded["partition"] == 2
+    held = sharded["variable_bytes_by_device"]
+    assert held.keys() == {"/cpu:0", "/cpu:3"}
+    # The 5000 x 32 item table and its Adagrad slot are halved; greedy placement alone,
+    # with whole variables, leaves one device holding most of the bytes.
+    assert max(held.values()) / sum(held.values()) < 0.6
+    assert max(whole["variable_bytes_by_device"].values()) / sum(held.values()) > 0.7
+    assert abs(sharded["loss_vs_one_device"]) < 1e-4
 
 
 # -- GPU arithmetic and the command line --------------------------------------------------------
