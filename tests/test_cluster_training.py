@@ -310,3 +310,46 @@ def test_datasets_from_function_run_one_pipeline_per_worker_with_its_input_conte
     assert [d.rsplit("/device:", 1)[0] for d in out["devices"]] == [
         "/job:worker/replica:0/task:0"
     ] * 2 + ["/job:worker/replica:0/task:1"] * 2
+
+
+def test_a_table_sharded_over_both_ps_tasks_trains_to_one_process(local):
+    out = _client(
+        """
+        def build():
+            keras.utils.set_random_seed(4)
+            model = keras.Sequential([
+                keras.Input((4,), dtype="int32"), keras.layers.Embedding(2001, 16),
+                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
+            model.compile(optimizer=keras.optimizers.Adagrad(0.2), loss="mse")
+            return model
+
+        rng = np.random.RandomState(3)
+        x = rng.randint(0, 2001, (64, 4)).astype("int32")
+        y = rng.normal(size=(64, 3)).astype("float32")
+        reference = build()
+        expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+        with dpkeras.scope(cluster=SPEC, partitioner=partitioner):
+            model = build()
+        history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        table = model.layers[0].embeddings.value
+        print(json.dumps({
+            "shards": [[int(s.shape[0]), s.device] for s in table.shards],
+            "slot_shards": [s.device for v in model.optimizer.variables
+                            for s in getattr(v.value, "shards", [])],
+            "max_diff": max(float(np.abs(a - b).max())
+                            for a, b in zip(reference.get_weights(), model.get_weights())),
+            "history": history.history["loss"], "expected": expected.history["loss"],
+        }))
+        """,
+        local.spec,
+    )
+    rows = [r for r, _ in out["shards"]]
+    tasks = [d.rsplit("/device:", 1)[0] for _, d in out["shards"]]
+    assert rows == [1001, 1000]
+    assert tasks == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
+    # The Adagrad accumulators of the table (and of the other weights, each sharded in two)
+    # live with their shards: one on each ps task.
+    assert {d.rsplit("/device:", 1)[0] for d in out["slot_shards"]} == set(tasks)
+    assert out["max_diff"] < 1e-5
+    assert out["history"] == pytest.approx(out["expected"], rel=1e-5)
