@@ -26,7 +26,7 @@ from dpkeras.creator import VariableCreator
 from dpkeras.device_names import canonical_device, short_device
 from dpkeras.distributed_input import InputPlan
 from dpkeras.reductions import ReductionLedger, normalize_op
-from dpkeras.sharded_variables import ShardedParameterVariable, shard_arguments, shard_focus
+from dpkeras.sharded_variables import ShardedParameterVariable, update_by_shard
 from dpkeras.variables import ParameterVariable
 
 __all__ = ["ParameterDeviceExtended"]
@@ -72,7 +72,7 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
             available,
             lambda variable, spec: ParameterVariable(self, variable, spec),
             partitioner,
-            self._wrap_sharded,
+            lambda shards, spec, kwargs: ShardedParameterVariable.of(self, shards, spec, kwargs),
         )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
@@ -171,18 +171,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         """The partitioner of layer weights (`dpkeras.partitioning`), or None."""
         return self._creator.partitioner
 
-    def _wrap_sharded(self, shards, spec, kwargs):
-        return ShardedParameterVariable(
-            self,
-            shards,
-            spec,
-            name=kwargs.get("name") or "Variable",
-            trainable=True if kwargs.get("trainable") is None else kwargs["trainable"],
-            synchronization=kwargs.get("synchronization") or tf.VariableSynchronization.AUTO,
-            aggregation=kwargs.get("aggregation") or tf.VariableAggregation.NONE,
-            constraint=kwargs.get("constraint"),
-        )
-
     def _validate_colocate_with_variable(self, colocate_with_variable):
         if not isinstance(colocate_with_variable, (ParameterVariable, ShardedParameterVariable)):
             raise ValueError(
@@ -259,19 +247,8 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
                 f"one replica or all). Received: {value!r}. Return it from strategy.run to "
                 f"get a per-replica value, or reduce with MEAN."
             )
-        self._check_same_shapes(value)
+        self._ledger.check_same_shapes(value)
         return self._ledger.aggregate(reduce_op, value, self._reduction_device(destinations))
-
-    def _check_same_shapes(self, value):
-        shapes = [getattr(c, "shape", None) for c in self._local_results(value)]
-        known = [s for s in shapes if s is not None and s.is_fully_defined()]
-        if len(known) == len(shapes) and len({tuple(s) for s in known}) > 1:
-            raise ValueError(
-                f"Cannot reduce per-replica values of different shapes "
-                f"{[tuple(s) for s in known]} element-wise. With uneven per-replica batches, "
-                f"reduce along the batch axis (strategy.reduce(op, value, axis=0)) or use a "
-                f"global batch size divisible by {self._num_replicas_in_sync}."
-            )
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         """`ReplicaContext.all_reduce`'s merge: as MirroredStrategy, a value that is not
@@ -281,7 +258,7 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         results = []
         for value, destinations in value_destination_pairs:
             if isinstance(value, tf.distribute.DistributedValues):
-                self._check_same_shapes(value)
+                self._ledger.check_same_shapes(value)
             results.append(
                 self._ledger.aggregate(
                     reduce_op, value, self._reduction_device(destinations), from_every_replica=False
@@ -317,7 +294,9 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         if isinstance(var, keras.Variable):
             var = var.value
         if isinstance(var, ShardedParameterVariable):
-            return self._update_sharded(var, fn, args, kwargs, group)
+            select = self._ledger.select_single_value
+            results = update_by_shard(var, fn, select(args, var.device), select(kwargs, var.device))
+            return (None if tf.executing_eagerly() else tf.group(*results)) if group else results
         if not isinstance(var, ParameterVariable):
             raise ValueError(
                 f"Variable {getattr(var, 'name', var)!r} was not created under this "
@@ -329,28 +308,6 @@ class ParameterDeviceExtended(_tf_internals.StrategyExtendedV1):
         with tf.device(var.device), _tf_internals.UpdateContext(var.device):
             result = fn(var, *select(args, var.device), **select(kwargs, var.device))
         return result if group else tf.nest.map_structure(self._local_results, result)
-
-    def _update_sharded(self, var, fn, args, kwargs, group):
-        """`fn` once per shard, on its device, with the shard's rows of full-shape arguments.
-
-        Inside, `var` and every variable sharded like it (its slots) act as that shard, so
-        Keras's update step runs unchanged on shard-sized tensors (`shard_focus`).
-        """
-        select = self._ledger.select_single_value
-        results = []
-        for i, shard in enumerate(var.shards):
-            shard_args = shard_arguments(var, i, select(args, var.device))
-            shard_kwargs = shard_arguments(var, i, select(kwargs, var.device))
-            with (
-                tf.device(shard.device),
-                _tf_internals.UpdateContext(shard.device),
-                shard_focus(var, i),
-            ):
-                results.append(fn(var, *shard_args, **shard_kwargs))
-        if group:
-            ops = [r for r in tf.nest.flatten(results) if isinstance(r, (tf.Tensor, tf.Operation))]
-            return tf.group(*ops) if ops and not tf.executing_eagerly() else None
-        return tuple(results)
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         device = colocate_with if isinstance(colocate_with, str) else colocate_with.device

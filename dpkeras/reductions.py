@@ -87,6 +87,18 @@ class ReductionLedger:
         with self._lock:
             return len(self._made)
 
+    def check_same_shapes(self, value):
+        """Raises ValueError if the components of per-replica `value` differ in shape."""
+        shapes = [getattr(c, "shape", None) for c in self._local_results(value)]
+        known = [s for s in shapes if s is not None and s.is_fully_defined()]
+        if len(known) == len(shapes) and len({tuple(s) for s in known}) > 1:
+            raise ValueError(
+                f"Cannot reduce per-replica values of different shapes "
+                f"{[tuple(s) for s in known]} element-wise. With uneven per-replica batches, "
+                f"reduce along the batch axis (strategy.reduce(op, value, axis=0)) or use a "
+                f"global batch size divisible by {self._n}."
+            )
+
     def components(self, value, from_every_replica):
         """Per-replica components of `value`.
 

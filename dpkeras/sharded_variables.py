@@ -41,6 +41,7 @@ __all__ = [
     "shard_focus",
     "shard_arguments",
     "sum_by_shard",
+    "update_by_shard",
 ]
 
 _focus = threading.local()
@@ -145,6 +146,30 @@ def shard_arguments(variable, index, structure):
     return tf.nest.map_structure(cut, structure)
 
 
+def update_by_shard(variable, fn, args, kwargs):
+    """`fn(variable, *args, **kwargs)` once per shard, on its device, in update context.
+
+    Full-shape tensors and gradients in `args`/`kwargs` are cut to the shard's rows
+    (`shard_arguments`), and inside, `variable` and every variable sharded like it (its
+    optimizer slots) act as that shard (`shard_focus`), so Keras's update step, weight decay
+    and EMA run unchanged on shard-sized tensors.
+
+    Returns:
+        A tuple of what `fn` returned for each shard, with TensorFlow ops and tensors only.
+    """
+    results = []
+    for i, shard in enumerate(variable.shards):
+        shard_args = shard_arguments(variable, i, args)
+        shard_kwargs = shard_arguments(variable, i, kwargs)
+        with (
+            tf.device(shard.device),
+            _tf_internals.UpdateContext(shard.device),
+            shard_focus(variable, i),
+        ):
+            results.append(fn(variable, *shard_args, **shard_kwargs))
+    return tuple(r for r in tf.nest.flatten(results) if isinstance(r, (tf.Tensor, tf.Operation)))
+
+
 def _partition(flat_ids, offsets):
     """Per shard: the local ids of `flat_ids` it holds, and their positions in `flat_ids`."""
     n = len(offsets) - 1
@@ -225,6 +250,20 @@ class ShardedParameterVariable(tf.Variable):
     op = property(lambda self: self._shards[0].op)
     _shared_name = property(lambda self: self._name[:-2])
     _in_graph_mode = False
+
+    @classmethod
+    def of(cls, extended, shards, spec, kwargs):
+        """The variable over `shards`, from the keyword arguments its creator received."""
+        return cls(
+            extended,
+            shards,
+            spec,
+            name=kwargs.get("name") or "Variable",
+            trainable=True if kwargs.get("trainable") is None else kwargs["trainable"],
+            synchronization=kwargs.get("synchronization") or tf.VariableSynchronization.AUTO,
+            aggregation=kwargs.get("aggregation") or tf.VariableAggregation.NONE,
+            constraint=kwargs.get("constraint"),
+        )
 
     def get_shape(self):
         return self._shape
