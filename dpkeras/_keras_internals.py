@@ -229,3 +229,15 @@ def tensorflow_trainer():
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
     return TensorFlowTrainer
+
+
+def is_functional(model):
+    """Whether `model` is a functional model (`keras.Model(inputs, outputs)`, not Sequential).
+
+    A `.keras` file stores a functional model's layers one by one, with the graph between
+    them; two distinct layers sharing variables load unshared (dpkeras.resume warns). Keras's
+    `Functional` class is not public (`keras.Model(inputs, outputs)` returns one).
+    """
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional) and not isinstance(model, keras.Sequential)

@@ -53,6 +53,7 @@ import json
 import logging
 import math
 import os
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -174,8 +175,53 @@ def _write(write_to, path, suffix):
     return atomic_files.write(write_to, path, suffix)
 
 
+def layers_sharing_variables(model):
+    """Groups of names of distinct layers of `model` that hold the same variables.
+
+    TF1-style towers (`dpkeras.variable_scope` with reuse) give each tower its own layer
+    object over one set of variables. A `.keras` file stores a functional model's layers one
+    by one, so such layers load as separate layers with equal, no longer shared, variables.
+    One layer called in each tower is stored once, with both calls, and stays shared.
+    """
+    holders = {}
+    for layer in _all_layers(model):
+        for v in layer.weights:
+            names = holders.setdefault(id(v), [])
+            if layer.name not in names:
+                names.append(layer.name)
+    groups = {tuple(names) for names in holders.values() if len(names) > 1}
+    return sorted(list(g) for g in groups)
+
+
+def _all_layers(model):
+    for layer in getattr(model, "layers", ()):
+        yield layer
+        yield from _all_layers(layer)
+
+
+def _warn_if_sharing_is_lost(model):
+    if _keras_internals.is_functional(model):
+        groups = layers_sharing_variables(model)
+        if groups:
+            warnings.warn(
+                f"Model {model.name!r}: layers {groups} are distinct layers that share their "
+                f"variables (towers built in a reusing dpkeras.variable_scope). A .keras file "
+                f"stores them as separate layers: loaded, each has its own copy of the "
+                f"variables, equal but no longer shared. save_weights and tf.train.Checkpoint "
+                f"into a model built the same way keep the sharing; to keep it in .keras, "
+                f"call one layer in every tower (see docs/migrating-from-tf1.md, 'Towers').",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
 def save_model(original, model, filepath, *args, **kwargs):
-    """Keras's `saving_lib.save_model`, writing a dpkeras model's `.keras` file atomically."""
+    """Keras's `saving_lib.save_model`, writing a dpkeras model's `.keras` file atomically.
+
+    It warns when the file cannot keep layers' shared variables (`layers_sharing_variables`).
+    """
+    if built_under_dpkeras(model):
+        _warn_if_sharing_is_lost(model)
     suffix = _local_suffix(filepath)
     if suffix != ".keras" or not built_under_dpkeras(model) or not kwargs.get("zipped", True):
         return original(model, filepath, *args, **kwargs)

@@ -158,6 +158,10 @@ class _Entry:
     keras_variable: object = None
     # What get_variable & co. return for the path (a LocalVariable for local variables).
     wrapper: object = None
+    # A weak reference to the Keras layer that created the variable, and how many other
+    # layers have reused it (see _name_apart).
+    owner: object = None
+    sharers: int = 0
 
     @property
     def variable(self):
@@ -555,6 +559,7 @@ def _create_scoped_variable(next_creator, kwargs):
                 strategy=tf.distribute.get_strategy(),
                 raw=variable,
             )
+            entry.owner = weakref.ref(layer)
             store._add(entry)
             _add_pending(_Share(entry, layer))
             return variable
@@ -574,8 +579,30 @@ def _create_scoped_variable(next_creator, kwargs):
                 "Keras traced a model symbolically. Build the model before reusing its "
                 "variables (call `model.build(input_shape)` or the model on a batch)."
             )
+        _name_apart(entry, layer)
         _add_pending(_Share(entry, layer))
         return variable
+
+
+def _name_apart(entry, layer):
+    """Renames `layer` `<name>_<k>` when it reuses the variables of a layer of its own name.
+
+    TF1 towers build "the same" layer once per tower, under one reusing scope and a name scope
+    per tower (`Replica1/conv`, `Replica2/conv`). Keras names have no name scopes, and a
+    functional model refuses two layers of one name, so the second tower's layer is renamed
+    `conv_1` (the third `conv_2`, ...): the model builds, and the layers share one set of
+    variables. Keras's own suffix for duplicate names is the same.
+    """
+    owner = entry.owner() if entry.owner is not None else None
+    if owner is None or owner is layer or owner.name != layer.name:
+        return
+    entry.sharers += 1
+    _SHARED_NAMES[layer] = layer.name  # its later weights keep the shared path
+    layer.name = f"{owner.name}_{entry.sharers}"
+
+
+# A layer renamed by _name_apart -> the name its variables' paths keep using.
+_SHARED_NAMES = weakref.WeakKeyDictionary()
 
 
 def _creating_layer(scope):
@@ -598,9 +625,11 @@ def _creating_layer(scope):
     for entry in stack[start:]:
         if entry.caller is None:
             continue
+        if entry.caller is innermost:
+            continue  # a layer renamed by _name_apart: Keras pushed its scope again
         innermost = entry.caller
         if isinstance(innermost, keras.layers.Layer):
-            names.append(entry.name)
+            names.append(_SHARED_NAMES.get(innermost, entry.name))
     if not isinstance(innermost, keras.layers.Layer):
         return None
     return innermost, "/".join(names)
