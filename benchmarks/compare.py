@@ -467,6 +467,18 @@ def report(records, config, info):
     title = "dpkeras scaling run" if config.scaling else "dpkeras benchmark"
     run_line = f"Command: {info.get('command')}  ({elapsed / 60:.1f} min, {len(records)} pairs)"
     print("\n" + results.format_table(records))
+    runtime = [r for r in records if r.get("runtime_size_tensors_to_replicas_per_step")]
+    if runtime:
+        print(
+            "\n->repl MB counts tensors of a size known when the step is traced; "
+            + ", ".join(
+                f"{r['strategy']} ({r['model']}) also sends each replica "
+                f"{r['runtime_size_tensors_to_replicas_per_step']:g} tensor(s) per step of "
+                f"run-time size (a sharded lookup's rows), not counted"
+                for r in runtime
+            )
+            + "."
+        )
     if targets:
         print("\nTargets (dpkeras on the MLP):")
         print("\n".join(results.format_targets(targets)))

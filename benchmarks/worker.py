@@ -219,7 +219,10 @@ def peak_memory_by_device(devices):
 def transfer_fields(report, replica_devices):
     """The per-step transfer numbers of a record, from a `dpkeras.transfers.TransferReport`.
 
-    "Per replica" is the average over the compute devices. `tensors_to_each_replica` splits the
+    "Per replica" is the average over the compute devices. Bytes count tensors whose shape is
+    known when the step is traced; a sharded lookup's rows (a count known only when the step
+    runs) are counted in `runtime_size_tensors_to_replicas_per_step`, not in the bytes.
+    `tensors_to_each_replica` splits the
     tensors each replica receives by shape, `{device: [all, arrays, scalars, unknown]}`:
     arrays are variable values (or rows gathered from them) and batches; scalars are metric
     state, counters and flags (a Keras `Mean` or `Accuracy` is two scalar variables); unknown
@@ -245,6 +248,13 @@ def transfer_fields(report, replica_devices):
         "max_tensors_to_a_replica_per_step": max(t for t, _ in to),
         "scalar_tensors_to_replicas_per_step": sum(v[2] for v in split.values()) / n,
         "unknown_shape_tensors_to_replicas_per_step": sum(v[3] for v in split.values()) / n,
+        "runtime_size_tensors_to_replicas_per_step": sum(
+            1
+            for d in replica_devices
+            for t in report.transfers
+            if t.destination == _short(d) and t.shape is not None and None in t.shape
+        )
+        / n,
         "tensors_to_each_replica": split,
         "transfers": {k: list(v) for k, v in report.summary().items()},
     }

@@ -622,6 +622,9 @@ def test_the_sharded_recommender_spreads_its_table_and_equals_one_device(tmp_pat
     assert max(held.values()) / sum(held.values()) < 0.6
     assert max(whole["variable_bytes_by_device"].values()) / sum(held.values()) > 0.7
     assert abs(sharded["loss_vs_one_device"]) < 1e-4
+    # The looked-up rows have a size known only when the step runs: said, not counted as 0.
+    assert sharded["runtime_size_tensors_to_replicas_per_step"] > 0
+    assert "of run-time size (a sharded lookup's rows), not counted" in proc.stdout
 
 
 # -- GPU arithmetic and the command line --------------------------------------------------------
