@@ -157,11 +157,11 @@ class VariableCreator:
             return list(colocate_with.rows)
         if colocate_with is not None:
             return None
-        explicit, partitioner = partitioning.explicit_partitioner()
-        if not explicit:
-            if spec.kind not in ("weight", "other") or spec.shape is None:
-                return None
+        scoped, partitioner, explicit = partitioning.current_partitioner()
+        if not scoped:
             partitioner = self.partitioner
+        if not explicit and (spec.kind not in ("weight", "other") or spec.shape is None):
+            return None
         if (
             partitioner is None
             or kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ

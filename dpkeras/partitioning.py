@@ -18,7 +18,7 @@ import threading
 
 import tensorflow as tf
 
-__all__ = ["as_partitioner", "partitioner_scope", "explicit_partitioner", "row_split", "offsets"]
+__all__ = ["as_partitioner", "partitioner_scope", "current_partitioner", "row_split", "offsets"]
 
 _state = threading.local()
 
@@ -35,24 +35,29 @@ def as_partitioner(partitioner, what="partitioner"):
 
 
 @contextlib.contextmanager
-def partitioner_scope(partitioner):
+def partitioner_scope(partitioner, explicit=False):
     """Variables created in this block (on this thread) are cut by `partitioner`.
 
-    `None` inside an outer scope turns partitioning off for the block.
+    Args:
+        partitioner: the partitioner, or None (no partitioning in the block).
+        explicit: True when one variable is asked for by name (`get_variable(partitioner=)`):
+            it is cut whatever its kind, and a scalar is an error. False for a scope
+            (`variable_scope(partitioner=)`), which cuts layer weights of rank 1 or more, as
+            the strategy's partitioner does.
     """
     as_partitioner(partitioner)
     saved = getattr(_state, "stack", ())
-    _state.stack = saved + ((partitioner,),)
+    _state.stack = saved + ((partitioner, explicit),)
     try:
         yield
     finally:
         _state.stack = saved
 
 
-def explicit_partitioner():
-    """`(True, P)` inside a `partitioner_scope(P)`, else `(False, None)`."""
+def current_partitioner():
+    """`(True, P, explicit)` inside a `partitioner_scope`, else `(False, None, False)`."""
     stack = getattr(_state, "stack", ())
-    return (True, stack[-1][0]) if stack else (False, None)
+    return (True, *stack[-1]) if stack else (False, None, False)
 
 
 def row_split(partitioner, shape, dtype, path, explicit):

@@ -60,6 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals as internals
+from dpkeras import partitioning
 
 __all__ = [
     "AUTO_REUSE",
@@ -103,6 +104,8 @@ class VariableScope:
         name: str, the full path of the scope, such as `"model/conv1"`.
         reuse: `True` (only reuse), `False` (only create) or `AUTO_REUSE` (create when missing).
         store: the `VariableStore` the scope's variables live in.
+        partitioner: the partitioner of the variables created in it (see `dpkeras.partitioning`),
+            or None.
 
     Example:
 
@@ -116,11 +119,12 @@ class VariableScope:
     ```
     """
 
-    def __init__(self, name, reuse, store, parent=None):
+    def __init__(self, name, reuse, store, parent=None, partitioner=None):
         self._name = name
         self._reuse = reuse
         self._store = store
         self._parent = parent
+        self._partitioner = partitioner
 
     @property
     def name(self):
@@ -133,6 +137,10 @@ class VariableScope:
     @property
     def store(self):
         return self._store
+
+    @property
+    def partitioner(self):
+        return self._partitioner
 
     def reuse_variables(self):
         """Makes this scope reuse variables from now on, as `reuse=True` would have."""
@@ -303,7 +311,7 @@ def get_variable_store():
 
 
 @contextlib.contextmanager
-def variable_scope(name_or_scope, reuse=None):
+def variable_scope(name_or_scope, reuse=None, partitioner=None):
     """Opens a variable scope: prefixes names, and decides whether variables are reused.
 
     Inside the scope, `get_variable(name)` names its variable `<scope>/<name>`, and a Keras
@@ -320,6 +328,11 @@ def variable_scope(name_or_scope, reuse=None):
             when its name is new and reuses it otherwise; `None` inherits: from the scope
             object when one is given, else from the enclosing scope (outermost: `False`).
             Defaults to `None`.
+        partitioner: cut the variables created in the scope (layer weights and
+            `get_variable`s of rank 1 or more) into shards over the parameter devices: one of
+            `tf.distribute.experimental.partitioners` or a callable like one (TF1's
+            `partitioner=`). Needs `dpkeras.scope()`. `None` inherits the enclosing scope's
+            (or the scope object's). See docs/sharding.md. Defaults to `None`.
 
     Yields:
         The `VariableScope`, with `.name`, `.reuse` and `.reuse_variables()`.
@@ -350,7 +363,11 @@ def variable_scope(name_or_scope, reuse=None):
     ```
     """
     reuse = _validate_reuse(reuse)
+    partitioner = partitioning.as_partitioner(partitioner)
     parent = _current_scope()
+    if partitioner is None:
+        inherited = name_or_scope if isinstance(name_or_scope, VariableScope) else parent
+        partitioner = inherited.partitioner if inherited is not None else None
     if isinstance(name_or_scope, VariableScope):
         path = name_or_scope.name
         store = name_or_scope.store
@@ -369,7 +386,7 @@ def variable_scope(name_or_scope, reuse=None):
             f"re-enter. Received: name_or_scope={name_or_scope!r} "
             f"(of type {type(name_or_scope).__name__})"
         )
-    scope = VariableScope(path, mode, store, parent=parent)
+    scope = VariableScope(path, mode, store, parent=parent, partitioner=partitioner)
 
     stateless = internals.in_stateless_scope()
     deferred_before = set()
@@ -385,6 +402,8 @@ def variable_scope(name_or_scope, reuse=None):
         context.enter_context(tf.variable_creator_scope(_create_variable))
         # Also a Keras name scope, so that `keras.Variable.path` shows the variable's name.
         context.enter_context(keras.name_scope(leaf, caller=scope, override_parent=parent_path))
+        if partitioner is not None:
+            context.enter_context(partitioning.partitioner_scope(partitioner))
         _STATE.scopes.append(scope)
         try:
             yield scope
@@ -406,6 +425,7 @@ def get_variable(
     regularizer=None,
     trainable=True,
     device=None,
+    partitioner=None,
 ):
     """Creates a variable named `<current scope>/<name>`, or returns it when the scope reuses.
 
@@ -431,14 +451,20 @@ def get_variable(
         trainable: bool. Defaults to `True`.
         device: str, a device for the new variable, such as `"/CPU:0"`. Defaults to `None`
             (wherever variables go: the parameter device under `dpkeras.scope()`).
+        partitioner: cut the new variable along axis 0 into shards on the parameter devices
+            (TF1's `partitioner=`): one of `tf.distribute.experimental.partitioners` or a
+            callable like one. Needs `dpkeras.scope()`. The result is still one
+            `keras.Variable` of the full shape (see docs/sharding.md). Defaults to `None`: the
+            scope's partitioner, if any (which leaves scalars whole).
 
     Returns:
         The `keras.Variable` for the path.
 
     Raises:
         ValueError: when reusing a name that does not exist (listing close names), creating
-            one that exists without reuse, reusing with another shape or dtype, or creating a
-            variable whose shape is unknown.
+            one that exists without reuse, reusing with another shape or dtype, creating a
+            variable whose shape is unknown, or partitioning a scalar, by an invalid split or
+            outside `dpkeras.scope()` (before anything is created).
 
     Example:
 
@@ -461,6 +487,7 @@ def get_variable(
         trainable=trainable,
         device=device,
         kind=REGULAR,
+        partitioner=partitioner,
     )
 
 
@@ -544,6 +571,8 @@ def _create_scoped_variable(next_creator, kwargs):
     layer, layer_path = found
     path = _join(_join(scope.name, layer_path), leaf)
     what = f"Keras layer '{layer.name}' ({type(layer).__name__}) creating weight '{leaf}'"
+    if scope.partitioner is not None:
+        _check_can_partition(what, scope.partitioner)
     store = scope.store
     with store._lock:
         entry = store._lookup(path)
@@ -773,10 +802,12 @@ def _get_or_create(
     device,
     kind,
     wrap=None,
+    partitioner=None,
 ):
     """Creates or reuses the variable `<scope>/<name>` of the given kind (see get_variable)."""
     _process_pending()
     _validate_name(name, "get_variable", "name")
+    partitioner = partitioning.as_partitioner(partitioner, "get_variable(partitioner=...)")
     scope = _current_scope()
     store = scope.store if scope is not None else _implicit_store()
     mode = scope.reuse if scope is not None else False
@@ -789,9 +820,10 @@ def _get_or_create(
             if mode is True:
                 raise _missing_error(what, path, scope)
             value, shape = _resolve_initializer(what, initializer, shape, dtype)
-            keras_variable = _new_keras_variable(
-                path, value, shape, dtype, trainable and kind != LOCAL, device
-            )
+            with _partitioned(what, path, partitioner, shape, dtype):
+                keras_variable = _new_keras_variable(
+                    path, value, shape, dtype, trainable and kind != LOCAL, device
+                )
             if regularizer is not None:
                 keras_variable.regularizer = _as_regularizer(what, regularizer)
             entry = _Entry(
@@ -823,6 +855,32 @@ def _get_or_create(
             # wrapper now; the layer's own is swapped for it when it is tracked (see _Share).
             entry.keras_variable = keras.Variable(entry.variable)
         return entry.public
+
+
+def _partitioned(what, path, partitioner, shape, dtype):
+    """The context a new variable is created in: cut by `partitioner` if one applies.
+
+    Its own `partitioner=` (explicit: a scalar is an error) or else its scope's. The split is
+    checked here, before anything is created; outside `dpkeras.scope()` nothing would place
+    the shards, so a partitioner there is an error.
+    """
+    explicit = partitioner is not None
+    if partitioner is None:
+        scoped, partitioner, _ = partitioning.current_partitioner()
+        if not scoped or partitioner is None:
+            return contextlib.nullcontext()
+    _check_can_partition(what, partitioner)
+    partitioning.row_split(partitioner, shape, dtype, path, explicit)  # raises if invalid
+    return partitioning.partitioner_scope(partitioner, explicit=explicit)
+
+
+def _check_can_partition(what, partitioner):
+    if getattr(tf.distribute.get_strategy().extended, "partitioner", False) is False:
+        raise ValueError(
+            f"{what}: partitioner={partitioner!r} needs dpkeras.scope() (or a "
+            f"ParameterDeviceStrategy's scope), which places the shards on the parameter "
+            f"devices. Received it under {tf.distribute.get_strategy()!r}."
+        )
 
 
 def _new_keras_variable(path, value, shape, dtype, trainable, device):

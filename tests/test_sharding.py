@@ -395,3 +395,61 @@ def test_writes_and_scatters_reach_the_right_shards():
         v.assign(tf.zeros([6, 2]))
     with pytest.raises(NotImplementedError, match="scatter_nd_update is not supported"):
         v.scatter_nd_update([[0, 0]], [1.0])
+
+
+# -- TF1's partitioner= ----------------------------------------------------------------------
+
+
+def test_get_variable_partitioner_cuts_that_variable():
+    with dpkeras.scope(REPLICAS, PARAMETER_DEVICES), dpkeras.VariableStore():
+        with dpkeras.variable_scope("emb"):
+            table = dpkeras.get_variable(
+                "table", [10, 4], partitioner=P.FixedShardsPartitioner(3), initializer="ones"
+            )
+            whole = dpkeras.get_variable("bias", [10], initializer="zeros")
+    assert table.path == "emb/table" and tuple(table.shape) == (10, 4)
+    assert table.value.rows == (4, 3, 3)
+    assert not isinstance(whole.value, ShardedParameterVariable)
+    np.testing.assert_array_equal(table.numpy(), np.ones((10, 4)))
+
+
+def test_variable_scope_partitioner_cuts_layers_and_get_variables_but_not_scalars():
+    with dpkeras.scope(REPLICAS, PARAMETER_DEVICES), dpkeras.VariableStore():
+        with dpkeras.variable_scope("net", partitioner=P.FixedShardsPartitioner(2)) as scope:
+            layer = keras.layers.Dense(3, name="fc")
+            layer.build((None, 6))
+            step = dpkeras.get_variable("step", [], dtype="int64", initializer="zeros")
+            with dpkeras.variable_scope("inner"):
+                inner = dpkeras.get_variable("w", [4, 2])
+        with dpkeras.variable_scope(scope, reuse=dpkeras.AUTO_REUSE):
+            again = dpkeras.get_variable("fc_like", [4], initializer="zeros", partitioner=None)
+    assert scope.partitioner is not None
+    assert layer.kernel.value.rows == (3, 3) and layer.bias.value.rows == (2, 1)
+    assert not isinstance(step.value, ShardedParameterVariable)  # scalars stay whole
+    assert inner.value.rows == (2, 2)  # nested scopes inherit it
+    assert again.value.rows == (2, 2)  # so does re-entering the scope object
+
+
+def test_tf1_partitioner_errors_create_nothing():
+    with dpkeras.scope(REPLICAS, PARAMETER_DEVICES) as strategy, dpkeras.VariableStore() as store:
+        before = len(strategy.extended.variables())
+        with pytest.raises(ValueError, match="'s' is a scalar and cannot be partitioned"):
+            dpkeras.get_variable("s", [], partitioner=P.FixedShardsPartitioner(2))
+        with pytest.raises(ValueError, match="asks for 5 shards of variable 't'"):
+            dpkeras.get_variable("t", [4, 2], partitioner=lambda shape, dtype: [5, 1])
+        with pytest.raises(ValueError, match=r"get_variable\(partitioner=...\) must be one of"):
+            dpkeras.get_variable("u", [4, 2], partitioner=3)
+        with pytest.raises(ValueError, match="partitioner must be one of"):
+            with dpkeras.variable_scope("bad", partitioner="two"):
+                pass
+        assert len(strategy.extended.variables()) == before
+        assert store.paths() == []
+
+
+def test_tf1_partitioner_outside_dpkeras_is_an_error_not_ignored():
+    with dpkeras.VariableStore():
+        with pytest.raises(ValueError, match=r"partitioner=.* needs dpkeras.scope\(\)"):
+            dpkeras.get_variable("t", [4, 2], partitioner=P.FixedShardsPartitioner(2))
+        with dpkeras.variable_scope("net", partitioner=P.FixedShardsPartitioner(2)):
+            with pytest.raises(ValueError, match=r"needs dpkeras.scope\(\)"):
+                keras.layers.Dense(3).build((None, 4))
