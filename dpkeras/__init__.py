@@ -15,26 +15,24 @@ from dpkeras.devices import simulate_cpu_devices
 from dpkeras.report import PlacementReport, placement_report
 from dpkeras.strategy import ParameterDeviceStrategy
 from dpkeras.strategy_scope import get_strategy, scope
-from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
-from dpkeras.variable_collections import (
+from dpkeras.tf1 import (
+    AUTO_REUSE,
     LocalVariable,
+    VariableScope,
+    VariableStore,
     add_model_variable,
     get_local_variables,
     get_model_variables,
+    get_variable,
+    get_variable_store,
     get_variables,
     local_variable,
     model_variable,
     regularization_losses,
     variable,
-)
-from dpkeras.variable_store import (
-    AUTO_REUSE,
-    VariableScope,
-    VariableStore,
-    get_variable,
-    get_variable_store,
     variable_scope,
 )
+from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
 from dpkeras.variables import ParameterVariable
 
 __version__ = "0.1.0"

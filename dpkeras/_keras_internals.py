@@ -8,7 +8,7 @@ addition, whether Keras is tracing a model symbolically (where it defers creatin
 until after our scope has exited), and how to make a second layer hold the first layer's
 `keras.Variable` so that a shared variable is listed once in `model.trainable_weights`. Each
 function below answers one of these with Keras-private state and says why no public API does.
-They are tested against the Keras version pinned in pyproject.toml (tests/test_variable_scope.py,
+They are tested against the Keras version pinned in pyproject.toml (tests/test_tf1_*.py,
 tests/test_placement.py); if Keras changes them, those tests fail rather than placement or
 sharing silently going wrong.
 """

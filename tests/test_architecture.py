@@ -15,8 +15,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "dpkeras")
 INTERNALS = {"dpkeras._tf_internals", "dpkeras._keras_internals"}
 PRIVATE = ("tensorflow.python", "keras.src")
-# The TF1 layer is still two modules sharing one data model; issue 9 splits it into a package.
-NOT_YET_SPLIT = {"dpkeras.variable_store", "dpkeras.variable_collections"}
 
 
 def _modules():
@@ -91,11 +89,38 @@ def test_private_tensorflow_and_keras_only_in_the_internals_modules():
     assert offenders == []
 
 
+def _underscore_imports(tree, modules):
+    """`(module, name)` of each `from dpkeras.x import _name` of a dpkeras module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in modules:
+            found += [(node.module, a.name) for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_the_tf1_modules_use_each_other_through_public_names_only():
+    modules = _modules()
+    tf1 = [name for name in modules if name.startswith("dpkeras.tf1")]
+    assert {"dpkeras.tf1.store", "dpkeras.tf1.scopes", "dpkeras.tf1.collections"} <= set(tf1)
+    offenders = []
+    for name in tf1:
+        _, tree = _parse(modules[name])
+        offenders += [
+            f"{name} imports {module}.{imported}"
+            for module, imported in _underscore_imports(tree, modules)
+            if f"{module}.{imported}" not in INTERNALS  # private by design, used as modules
+        ]
+    assert offenders == []
+
+
+def test_the_underscore_import_check_sees_one():
+    tree = ast.parse("from dpkeras.tf1.store import _Blocks, VariableStore\n")
+    assert _underscore_imports(tree, {"dpkeras.tf1.store"}) == [("dpkeras.tf1.store", "_Blocks")]
+
+
 def test_no_module_over_700_lines_and_no_class_over_300():
     too_big = []
     for name, path in _modules().items():
-        if name in NOT_YET_SPLIT:
-            continue
         source, tree = _parse(path)
         if len(source.splitlines()) > 700:
             too_big.append(f"{name}: {len(source.splitlines())} lines")

@@ -9,7 +9,7 @@ back, no strategy was added to `dpkeras.get_strategy`'s cache, and a model hande
 has the weights and optimizer iteration count it had before.
 
 Some of these cases are also tested, one by one, in test_errors.py, test_placement.py and
-test_variable_scope.py; this table adds the "nothing half-done" checks to all of them. Where the
+tests/test_tf1_*.py; this table adds the "nothing half-done" checks to all of them. Where the
 error is TensorFlow's or Keras's, not dpkeras's, the case says so.
 """
 
@@ -26,8 +26,9 @@ from conftest import strategy_for
 from models import build_model, make_data
 
 import dpkeras
-from dpkeras import placement, variable_store
+from dpkeras import placement
 from dpkeras import strategy_scope as scope_module
+from dpkeras.tf1 import VariableStore, state
 
 TWO = ["/cpu:1", "/cpu:2"]
 
@@ -106,7 +107,7 @@ def variable_scope_case(match, body, reuse=None, setup_body=None):
     store of its own (after `setup_body()` ran in `variable_scope("m")`)."""
 
     def setup():
-        store = variable_store.VariableStore()
+        store = VariableStore()
         if setup_body is not None:
             with store, strategy_for(2).scope(), dpkeras.variable_scope("m"):
                 setup_body()
@@ -387,7 +388,7 @@ CASES = {
         get_w,
         reuse="yes",
     ),
-    # The message names the strategy type twice (variable_store._describe); see the report.
+    # The message names the strategy type twice (dpkeras.tf1.errors); see the report.
     "variable-shared-across-two-strategies": Case(
         lambda store: _reuse_under(store, strategy_for(3)),
         ValueError,
@@ -446,7 +447,7 @@ CASES = {
 
 
 def _store_with_w(strategy):
-    store = variable_store.VariableStore()
+    store = VariableStore()
     with store, strategy.scope(), dpkeras.variable_scope("m"):
         get_w()
     return store
@@ -526,7 +527,7 @@ def test_bad_input(case, monkeypatch):
     assert not tf.distribute.has_strategy()
     assert tf.distribute.get_strategy() is default
     assert tf.distribute.get_replica_context().strategy is default  # the default context
-    assert variable_store._current_scope() is None
+    assert state.current_scope() is None
     assert scope_module._strategies == cached
     assert {k: v for k, v in _live_variables().items() if k in live} == live
     if not case.builds:

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import strategy_for
-from test_variable_scope import INPUT_SHAPE, Towers, assert_towers_share, images, reference_like
 
 import dpkeras
-from dpkeras.variable_collections import local_variable, model_variable
-from dpkeras.variable_store import VariableStore, get_variable, variable_scope
+from dpkeras.tf1 import VariableStore, get_variable, local_variable, model_variable, variable_scope
+from tests.tf1_models import INPUT_SHAPE, Towers, assert_towers_share, images, reference_like
 
 pytestmark = pytest.mark.skipif(
     not hasattr(dpkeras, "ParameterDeviceStrategy"),

@@ -31,21 +31,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-# Names, not the module: once dpkeras/__init__.py exports the function `variable_scope`,
-# `from dpkeras import variable_scope` gives the function rather than this module.
-from dpkeras.variable_store import (
-    LOCAL,
-    MODEL,
-    REGULAR,
-    VariableScope,
-    _dtype_name,
-    _Entry,
-    _get_or_create,
-    _process_pending,
-    _same_variable,
-    _store_of_model,
-    get_variable_store,
-)
+from dpkeras.tf1.errors import dtype_name
+from dpkeras.tf1.get_variable import get_or_create
+from dpkeras.tf1.scopes import VariableScope
+from dpkeras.tf1.sharing import process_pending
+from dpkeras.tf1.state import get_variable_store
+from dpkeras.tf1.store import LOCAL, MODEL, REGULAR, Entry, same_variable, store_of_model
 
 __all__ = [
     "LocalVariable",
@@ -213,7 +204,7 @@ def variable(
         assert len(dpkeras.regularization_losses()) == 1
     ```
     """
-    return _get_or_create(
+    return get_or_create(
         name,
         shape=shape,
         dtype=dtype,
@@ -253,7 +244,7 @@ def model_variable(
         assert dpkeras.get_model_variables() == [w]
     ```
     """
-    return _get_or_create(
+    return get_or_create(
         name,
         shape=shape,
         dtype=dtype,
@@ -294,7 +285,7 @@ def local_variable(name, shape=None, dtype="float32", initializer="zeros", devic
         assert dpkeras.get_local_variables() == [total]
     ```
     """
-    return _get_or_create(
+    return get_or_create(
         name,
         shape=shape,
         dtype=dtype,
@@ -410,10 +401,10 @@ def add_model_variable(variable):
             "add_model_variable() takes a keras.Variable or a tf.Variable. Received: "
             f"variable={variable!r} (of type {type(variable).__name__})"
         )
-    _process_pending()
+    process_pending()
     store = get_variable_store()
-    with store._lock:
-        entry = store._find(variable)
+    with store.lock:
+        entry = store.find(variable)
         if entry is not None:
             entry.kind = MODEL
             return
@@ -427,18 +418,18 @@ def add_model_variable(variable):
                 f"'{path}'. Each name in a store belongs to one variable; give this one "
                 "another name."
             )
-        entry = _Entry(
+        entry = Entry(
             path=path,
             kind=MODEL,
             shape=tuple(tf.TensorShape(variable.shape).as_list()),
-            dtype=_dtype_name(variable.dtype),
+            dtype=dtype_name(variable.dtype),
             strategy=tf.distribute.get_strategy(),
         )
         if isinstance(variable, keras.Variable):
             entry.keras_variable = variable
         else:
             entry.raw = variable
-        store._add(entry)
+        store.add(entry)
 
 
 def regularization_losses(scope=None):
@@ -475,23 +466,23 @@ def regularization_losses(scope=None):
 
 def _entries(scope, kinds):
     """The store entries of the given kinds that `scope` selects (see get_variables)."""
-    _process_pending()
+    process_pending()
     if scope is None:
-        entries = get_variable_store()._all_entries()
+        entries = get_variable_store().entries()
     elif isinstance(scope, VariableScope):
-        entries = _below(scope.store._all_entries(), scope.name)
+        entries = _below(scope.store.entries(), scope.name)
     elif isinstance(scope, str):
-        entries = _below(get_variable_store()._all_entries(), scope.rstrip("/"))
+        entries = _below(get_variable_store().entries(), scope.rstrip("/"))
     elif isinstance(scope, keras.layers.Layer):
-        own = _store_of_model(scope)
+        own = store_of_model(scope)
         if own is not None:
-            entries = own._all_entries()
+            entries = own.entries()
         else:
             held = list(scope.variables)
             entries = [
                 entry
-                for entry in get_variable_store()._all_entries()
-                if any(_same_variable(entry.variable, v) for v in held)
+                for entry in get_variable_store().entries()
+                if any(same_variable(entry.variable, v) for v in held)
             ]
     else:
         raise TypeError(

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from dpkeras.variable_store import VariableStore
+from dpkeras.tf1 import VariableStore
 
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "migrating-from-tf1.md"
 

@@ -1,0 +1,146 @@
+"""dpkeras.tf1.errors: every error names the full path and what is valid."""
+
+import pytest
+
+from dpkeras.tf1 import (
+    add_model_variable,
+    get_variable,
+    get_variables,
+    variable_scope,
+)
+from tests.tf1_models import (
+    INPUT_SHAPE,
+    L,
+    _fresh_store,  # noqa: F401 (an autouse fixture)
+)
+
+# ---------------------------------------------------------------------------------------------
+# Errors: each names the full path and what is valid.
+
+
+def test_error_reusing_a_variable_that_does_not_exist_lists_close_names():
+    with variable_scope("model/conv1"):
+        get_variable("weights", (2,))
+        get_variable("biases", (2,))
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"get_variable\('model/conv1/weight'\): variable 'model/conv1/weight' does not "
+            r"exist, and scope 'model/conv1' has reuse=True.*Close names: "
+            r"'model/conv1/weights'.*reuse=dpkeras.AUTO_REUSE"
+        ),
+    ):
+        with variable_scope("model/conv1", reuse=True):
+            get_variable("weight", (2,))
+
+
+def test_error_reusing_a_layer_weight_that_does_not_exist_names_the_layer_and_path():
+    with variable_scope("towers"):
+        L.Conv2D(4, 3, name="Layer").build(INPUT_SHAPE)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"Keras layer 'Layr' \(Conv2D\) creating weight 'kernel': variable 'towers/Layr/kernel'"
+            r" does not exist.*Close names: 'towers/Layer/kernel'"
+        ),
+    ):
+        with variable_scope("towers", reuse=True):
+            L.Conv2D(4, 3, name="Layr").build(INPUT_SHAPE)
+
+
+def test_error_creating_a_variable_that_exists_without_reuse():
+    with variable_scope("model"):
+        get_variable("w", (2, 3))
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"variable 'model/w' already exists \(shape \(2, 3\), float32\), and scope 'model' "
+            r"has reuse=False.*reuse=True or dpkeras.AUTO_REUSE"
+        ),
+    ):
+        with variable_scope("model"):
+            get_variable("w", (2, 3))
+
+
+def test_error_creating_a_layer_weight_that_exists_hints_at_explicit_reuse_false():
+    with variable_scope("model"), variable_scope("towers"):
+        L.Conv2D(4, 3, name="Layer").build(INPUT_SHAPE)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"creating weight 'kernel': variable 'model/towers/Layer/kernel' already exists.*"
+            r"enclosing scope 'model' has reuse=True.*pass reuse=None to inherit"
+        ),
+    ):
+        with variable_scope("model", reuse=True), variable_scope("towers", reuse=False):
+            L.Conv2D(4, 3, name="Layer").build(INPUT_SHAPE)
+
+
+@pytest.mark.parametrize("builder", ["get_variable", "layer"])
+def test_error_reusing_with_another_shape(builder):
+    with variable_scope("model"):
+        if builder == "get_variable":
+            get_variable("w", (3, 3))
+        else:
+            L.Dense(3, name="fc").build((None, 3))
+    expected = r"'model/w' with shape \(3, 4\): it was created with shape \(3, 3\)"
+    if builder == "layer":
+        expected = r"'model/fc/kernel' with shape \(3, 4\): it was created with shape \(3, 3\)"
+    with pytest.raises(ValueError, match=expected + r".*keeps the shape and dtype"):
+        with variable_scope("model", reuse=True):
+            if builder == "get_variable":
+                get_variable("w", (3, 4))
+            else:
+                L.Dense(4, name="fc").build((None, 3))
+
+
+@pytest.mark.parametrize("builder", ["get_variable", "layer"])
+def test_error_reusing_with_another_dtype(builder):
+    with variable_scope("model"):
+        if builder == "get_variable":
+            get_variable("w", (3, 3))
+        else:
+            L.Dense(3, name="fc").build((None, 3))
+    path = "model/w" if builder == "get_variable" else "model/fc/kernel"
+    with pytest.raises(
+        ValueError,
+        match=(
+            rf"'{path}' with dtype float64: it was created with dtype float32.*keeps the shape "
+            r"and dtype"
+        ),
+    ):
+        with variable_scope("model", reuse=True):
+            if builder == "get_variable":
+                get_variable("w", (3, 3), dtype="float64")
+            else:
+                L.Dense(3, name="fc", dtype="float64").build((None, 3))
+
+
+def test_error_invalid_arguments_name_the_rule():
+    with pytest.raises(
+        ValueError,
+        match=r"reuse=\.\.\.\) must be True, False, None \(inherit\) "
+        r"or dpkeras.AUTO_REUSE. Received: reuse='yes'",
+    ):
+        with variable_scope("model", reuse="yes"):
+            pass
+    with pytest.raises(
+        ValueError,
+        match=r"name_or_scope must be a non-empty name.*"
+        r"Received: name_or_scope='a//b'",
+    ):
+        with variable_scope("a//b"):
+            pass
+    with pytest.raises(TypeError, match=r"scope name \(str\) or a VariableScope.*of type int"):
+        with variable_scope(3):
+            pass
+    with pytest.raises(ValueError, match=r"get_variable\(\): name must be a non-empty name"):
+        get_variable("", (1,))
+    with pytest.raises(TypeError, match=r"keras.Variable or a tf.Variable.*of type str"):
+        add_model_variable("w")
+    with pytest.raises(
+        TypeError,
+        match=r"scope must be None, a dpkeras VariableScope, a path "
+        r"string or a Keras layer/model. Received: scope=3",
+    ):
+        get_variables(3)
