@@ -164,7 +164,7 @@ def get_or_create(
             process_pending()
         if entry.keras_variable is None:
             # A Keras layer created it and has not tracked its wrapper yet: make the shared
-            # wrapper now; the layer's own is swapped for it when it is tracked (see _Share).
+            # wrapper now; the layer's own is swapped for it when it is tracked (see tf1.sharing).
             entry.keras_variable = keras.Variable(entry.variable)
         return entry.public
 

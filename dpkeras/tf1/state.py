@@ -21,7 +21,7 @@ class _ThreadState(threading.local):
         self.scopes = []  # the VariableScopes entered in this thread, innermost last
         self.bypass = 0  # >0 while get_variable creates its own keras.Variable
         self.creating = 0  # >0 while our creator handles a variable (lower copies pass)
-        self.late = []  # layer weights Keras created after a symbolic build (see _create...)
+        self.late = []  # layer weights Keras created after a symbolic build (tf1.sharing)
 
 
 THREAD = _ThreadState()

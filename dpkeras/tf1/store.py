@@ -60,12 +60,12 @@ class Entry:
     # What the next variable creator returned when a Keras layer created the variable.
     raw: object = None
     # The keras.Variable that every user of the path gets; for a variable that a Keras layer
-    # created, found in that layer once it has tracked it (see _Share).
+    # created, found in that layer once it has tracked it (see dpkeras.tf1.sharing).
     keras_variable: object = None
     # What get_variable & co. return for the path (a LocalVariable for local variables).
     wrapper: object = None
     # A weak reference to the Keras layer that created the variable, and how many other
-    # layers have reused it (see _name_apart).
+    # layers have reused it (see dpkeras.tf1.sharing).
     owner: object = None
     sharers: int = 0
 
