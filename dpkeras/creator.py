@@ -142,8 +142,16 @@ class VariableCreator:
         """Rows per shard for the variable `spec` describes, or None to keep it whole."""
         if isinstance(colocate_with, ShardedParameterVariable):
             optimizer = _keras_internals.creating_optimizer()
-            if (optimizer is not None and not isinstance(optimizer, ROW_WISE_OPTIMIZERS)) or (
-                spec.shape is not None and tuple(spec.shape) != tuple(colocate_with.shape)
+            full = tuple(colocate_with.shape.as_list())
+            if optimizer is None and spec.shape is not None and tuple(spec.shape) != full:
+                raise ValueError(
+                    f"Variable {spec.path!r} (shape {spec.shape}) is created beside sharded "
+                    f"variable {colocate_with.name[:-2]!r} (colocate_vars_with), so it is "
+                    f"sharded like it and needs its shape {full}."
+                )
+            if optimizer is not None and (
+                not isinstance(optimizer, ROW_WISE_OPTIMIZERS)
+                or (spec.shape is not None and tuple(spec.shape) != full)
             ):
                 raise ValueError(
                     f"{type(optimizer).__name__} cannot update sharded variable "
@@ -152,7 +160,7 @@ class VariableCreator:
                     f"variable only for optimizers whose update is row by row. Those are "
                     f"{', '.join(o.__name__ for o in ROW_WISE_OPTIMIZERS)} (and their "
                     f"subclasses). Received a slot {spec.path!r} of shape {spec.shape} for a "
-                    f"variable of shape {tuple(colocate_with.shape.as_list())}."
+                    f"variable of shape {full}."
                 )
             return list(colocate_with.rows)
         if colocate_with is not None:

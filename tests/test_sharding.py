@@ -453,3 +453,15 @@ def test_tf1_partitioner_outside_dpkeras_is_an_error_not_ignored():
         with dpkeras.variable_scope("net", partitioner=P.FixedShardsPartitioner(2)):
             with pytest.raises(ValueError, match=r"needs dpkeras.scope\(\)"):
                 keras.layers.Dense(3).build((None, 4))
+
+
+def test_a_variable_colocated_with_a_sharded_one_must_have_its_shape():
+    strategy = _strategy(P.FixedShardsPartitioner(2))
+    with strategy.scope():
+        table = tf.Variable(tf.zeros([6, 2]))
+        with strategy.extended.colocate_vars_with(table):
+            twin = tf.Variable(tf.ones([6, 2]))
+            with pytest.raises(ValueError, match=r"is created beside sharded variable .* \(6, 2\)"):
+                tf.Variable(tf.zeros([3]), name="odd")
+    assert twin.rows == table.rows
+    assert [s.device for s in twin.shards] == [s.device for s in table.shards]
