@@ -31,7 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dpkeras import _tf_internals, replica_step
+from dpkeras import _tf_internals, partitioning, replica_step
 from dpkeras.variables import ParameterVariable, scale_gradient
 
 __all__ = [
@@ -206,11 +206,8 @@ class ShardedParameterVariable(tf.Variable):
         self._shards = tuple(shards)
         self._spec = spec
         self._rows = tuple(int(s.shape[0]) for s in shards)
-        offsets = [0]
-        for r in self._rows:
-            offsets.append(offsets[-1] + r)
-        self._offsets = tuple(offsets)
-        self._shape = tf.TensorShape([offsets[-1]] + shards[0].shape.as_list()[1:])
+        self._offsets = tuple(partitioning.offsets(self._rows))
+        self._shape = tf.TensorShape([self._offsets[-1]] + shards[0].shape.as_list()[1:])
         self._dtype = shards[0].dtype
         self._name = name if name.endswith(":0") else f"{name}:0"
         self._trainable = bool(trainable)
