@@ -467,7 +467,9 @@ class ShardedParameterVariable(tf.Variable):
         raise NotImplementedError(
             f"SavedModel export (tf.saved_model.save, model.export) of sharded variable "
             f"{self._name[:-2]!r} is not supported; save a .keras file or a checkpoint, which "
-            f"hold the whole variable and load in plain Keras."
+            f"hold the whole variable and load in plain Keras. To export for serving, save "
+            f"the model as .keras, load it outside dpkeras.scope() with "
+            f"keras.models.load_model, and export that model."
         )
 
     def __repr__(self):
