@@ -534,33 +534,40 @@ def test_machine_description_says_devices_are_simulated():
 # -- end to end ---------------------------------------------------------------------------------
 
 
-def test_smoke_one_tiny_pair_end_to_end(tmp_path):
-    out = tmp_path / "results"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def _compare(out, *flags):
+    """Runs a tiny `python -m benchmarks.compare` (2 replicas, 2 steps) into `out`; asserts exit 0.
+
+    `flags` add to (or, by absl's last-wins rule, override) the tiny defaults.
+    """
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "benchmarks.compare",
-            "--models=mlp",
             "--strategies=one_device,dpkeras",
             "--replicas=2",
             "--size=0.05",
             "--steps=2",
-            "--repeats=2",
             "--check_steps=2",
             "--warmup_steps=0",
             "--pair_timeout=240",
             f"--out={out}",
             "--nochart",
+            *flags,
         ],
         cwd=ROOT,
-        env=env,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=500,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_smoke_one_tiny_pair_end_to_end(tmp_path):
+    out = tmp_path / "results"
+    proc = _compare(out, "--models=mlp", "--repeats=2")
     assert "SIMULATED" in proc.stdout
     assert "[ 2/2] mlp" in proc.stdout
     assert str(out / "bench.jsonl") in proc.stdout
@@ -579,34 +586,14 @@ def test_smoke_one_tiny_pair_end_to_end(tmp_path):
 
 def test_the_sharded_recommender_spreads_its_table_and_equals_one_device(tmp_path):
     out = tmp_path / "results"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.compare",
-            "--models=recommender",
-            "--strategies=one_device,dpkeras",
-            "--partition=2",
-            "--parameter_device=/cpu:0,/cpu:3",
-            "--replicas=2",
-            "--size=0.05",
-            "--batch_size=96",
-            "--steps=2",
-            "--repeats=1",
-            "--check_steps=2",
-            "--warmup_steps=0",
-            "--pair_timeout=240",
-            f"--out={out}",
-            "--nochart",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=500,
+    proc = _compare(
+        out,
+        "--models=recommender",
+        "--partition=2",
+        "--parameter_device=/cpu:0,/cpu:3",
+        "--batch_size=96",
+        "--repeats=1",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     lines = {r["strategy"]: r for r in results.read_jsonl(out / "bench.jsonl")}
     assert {s: r["status"] for s, r in lines.items()} == {
         "one_device": "ok",
