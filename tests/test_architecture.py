@@ -6,6 +6,7 @@ Parsed from the source with `ast`; nothing is imported.
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 
@@ -116,6 +117,16 @@ def test_the_tf1_modules_use_each_other_through_public_names_only():
 def test_the_underscore_import_check_sees_one():
     tree = ast.parse("from dpkeras.tf1.store import _Blocks, VariableStore\n")
     assert _underscore_imports(tree, {"dpkeras.tf1.store"}) == [("dpkeras.tf1.store", "_Blocks")]
+
+
+def test_every_package_is_installed_by_pyproject():
+    """A non-editable `pip install .` installs only the packages pyproject lists."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()  # tomllib is Python 3.11+; dpkeras supports 3.10
+    section = text.split("[tool.setuptools]", 1)[1].split("\n[", 1)[0]
+    listed = set(re.findall(r'"([^"]+)"', re.search(r"packages = \[(.*?)\]", section, re.S)[1]))
+    packages = {name for name, path in _modules().items() if path.endswith("__init__.py")}
+    assert listed == packages
 
 
 def test_no_module_over_700_lines_and_no_class_over_300():
