@@ -14,9 +14,13 @@ with their variables; the sum crosses once per step, not per update), EMA and th
 count then see what one device sees. With 3 replicas whose gradients are [1], [2] and [3] and
 `clipvalue=4`, the update uses clip(6) = 4, as one device would, not 1 + 2 + 3 = 6.
 
-A value that is not per-replica (one gradient tensor captured in every replica) counts once,
-as under MirroredStrategy. Keras's LossScaleOptimizer is left as it is: it already moves to
-cross-replica context and calls its inner optimizer in each replica, whose `apply` sums.
+Gradients that are not per-replica (the same tensors, captured from outside `strategy.run`,
+handed to `apply` by every replica) are not a data-parallel gradient: the replicas then run
+Keras's own `apply`, as they do under MirroredStrategy, so the numbers are Mirrored's (the
+tensor counts once; with `gradient_accumulation_steps`, each replica's accumulated average
+counts at the update step, as in Keras's tests of MirroredStrategy). Keras's
+LossScaleOptimizer is left as it is: it already moves to cross-replica context and calls its
+inner optimizer in each replica, whose `apply` sums.
 """
 
 import weakref
@@ -30,6 +34,7 @@ from dpkeras.sharded_variables import ShardedParameterVariable, sum_by_shard
 __all__ = ["attach"]
 
 _attached = weakref.WeakKeyDictionary()  # optimizer -> the extended it sums for
+_IN_EACH_REPLICA = object()  # the merge's answer when no gradient is per-replica
 
 
 def attach(optimizer, extended):
@@ -46,9 +51,17 @@ def attach(optimizer, extended):
         ctx = tf.distribute.get_replica_context()
         if ctx is None or ctx.strategy.extended is not extended:
             return keras_apply(grads, trainable_variables)
-        return ctx.merge_call(_apply_summed, args=(list(grads), trainable_variables))
+        grads = list(grads)
+        result = ctx.merge_call(_apply_summed, args=(grads, trainable_variables))
+        if result is _IN_EACH_REPLICA:
+            return keras_apply(grads, trainable_variables)
+        return result
 
     def _apply_summed(strategy, grads, trainable_variables):
+        if strategy.num_replicas_in_sync > 1 and not any(
+            isinstance(g, tf.distribute.DistributedValues) for g in grads
+        ):
+            return _IN_EACH_REPLICA
         variables = (
             trainable_variables
             if trainable_variables is not None
@@ -66,14 +79,17 @@ def attach(optimizer, extended):
     def _sum(grad, variable):
         if grad is None:
             return None
-        sharded = getattr(variable, "value", variable)
+        sharded = _tf_variable(variable)
         if isinstance(sharded, ShardedParameterVariable):
             components = extended.reductions.components(grad, from_every_replica=False)
             return sum_by_shard(sharded, components, extended.reductions.reduce_components)
-        return extended.aggregate("SUM", grad, _device_of(variable), from_every_replica=False)
+        return extended.aggregate(
+            "SUM", grad, _tf_variable(variable).device, from_every_replica=False
+        )
 
     _keras_internals.route_optimizer_apply(optimizer, apply)
 
 
-def _device_of(variable):
-    return getattr(variable, "value", variable).device
+def _tf_variable(variable):
+    """The `tf.Variable` of a `keras.Variable`; a `tf.Variable` (whose `value` is a method) as is."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
