@@ -9,7 +9,6 @@ model.fit(x, y, batch_size=256)
 ```
 """
 
-from dpkeras import lookups as _lookups  # noqa: F401  (registers the tf.gather dispatcher)
 from dpkeras import placement
 from dpkeras.devices import simulate_cpu_devices
 from dpkeras.report import PlacementReport, placement_report

@@ -50,7 +50,7 @@ from collections.abc import Callable
 
 import keras
 
-from dpkeras import _keras_internals, resume, symbolic_build, task_failures
+from dpkeras import _keras_internals, lookups, resume, symbolic_build, task_failures
 
 __all__ = [
     "PATCHES",
@@ -273,6 +273,7 @@ def install():
             original = getattr(owner, patch.name)
             _saved[patch.qualname] = (owner, original, patch.name in vars(owner))
             setattr(owner, patch.name, _wrap(patch, original))
+        lookups.register()
 
 
 def uninstall():
@@ -289,6 +290,8 @@ def uninstall():
 
 
 def _restore():
+    if _saved:
+        lookups.unregister()
     for patch in PATCHES:
         owner, original, own = _saved.pop(patch.qualname, (None, None, False))
         if owner is None:

@@ -14,9 +14,10 @@ import threading
 import keras
 import pytest
 import tensorflow as tf
+from conftest import run_python
 
 import dpkeras
-from dpkeras import _keras_internals, keras_patches, resume
+from dpkeras import _keras_internals, keras_patches, lookups, resume
 
 COMPUTE = ["/cpu:2", "/cpu:3"]
 PARAMETERS = "/cpu:1"
@@ -37,8 +38,19 @@ def originals():
     return {p.qualname: keras_patches.keras_original(p) for p in keras_patches.PATCHES}
 
 
+def gather_dispatched():
+    """Whether dpkeras's `tf.gather` dispatcher is registered with TensorFlow now."""
+    try:
+        tf.experimental.unregister_dispatch_for(lookups.gather)
+    except ValueError:  # TensorFlow: "was not registered"
+        return False
+    lookups.register()  # put it back as it was
+    return True
+
+
 def assert_keras_as_shipped(expected):
     assert not keras_patches.installed()
+    assert not gather_dispatched()
     found = current()
     for name, original in expected.items():
         assert found[name] is original, name
@@ -47,6 +59,7 @@ def assert_keras_as_shipped(expected):
 
 def assert_patched(expected):
     assert keras_patches.installed()
+    assert gather_dispatched()
     found = current()
     for name, original in expected.items():
         assert found[name] is not original, name
@@ -228,3 +241,18 @@ def test_callbacks_run_outside_the_scope_with_the_patches_installed():
     x = tf.zeros((8, 3))
     model.fit(x, tf.zeros((8, 2)), batch_size=4, epochs=2, verbose=0, callbacks=[record])
     assert seen == [(False, True), (False, True)]
+
+
+def test_importing_dpkeras_registers_no_dispatcher():
+    out = run_python(
+        """
+        import dpkeras, tensorflow as tf
+        from dpkeras import lookups
+        try:
+            tf.experimental.unregister_dispatch_for(lookups.gather)
+            print("registered")
+        except ValueError:
+            print("not registered")
+        """
+    )
+    assert out.strip() == "not registered"
