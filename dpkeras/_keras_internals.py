@@ -13,6 +13,8 @@ tests/test_placement.py); if Keras changes them, those tests fail rather than pl
 sharing silently going wrong.
 """
 
+import dataclasses
+
 import keras
 from keras.src.backend.common import global_state, stateless_scope
 
@@ -241,3 +243,45 @@ def is_functional(model):
     from keras.src.models.functional import Functional
 
     return isinstance(model, Functional) and not isinstance(model, keras.Sequential)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupFiles:
+    """The files a `keras.callbacks.BackupAndRestore` writes (see `backup_files`)."""
+
+    weights: str
+    metadata: str
+    previous_weights: str
+    previous_metadata: str
+
+
+def backup_files(callback):
+    """The paths a `BackupAndRestore` writes its backup to, as a `BackupFiles`.
+
+    dpkeras writes a backup itself for its models (atomically, with the seed states: see
+    dpkeras/resume.py) into the files Keras would read back; Keras 3.15 keeps their paths only
+    in private attributes set in `__init__`, with no public way to ask where they are.
+    """
+    return BackupFiles(
+        weights=callback._weights_path,
+        metadata=callback._training_metadata_path,
+        previous_weights=callback._prev_weights_path,
+        previous_metadata=callback._prev_training_metadata_path,
+    )
+
+
+def backup_position(callback):
+    """`(epoch, last batch seen)` a `BackupAndRestore` would record in a backup now.
+
+    Keras 3.15 tracks them in private attributes, updated by its batch and epoch hooks.
+    """
+    return callback._current_epoch, callback._last_batch_seen
+
+
+def set_backup_epoch(callback, epoch):
+    """Makes a `BackupAndRestore` count epochs from `epoch` (a restored backup's).
+
+    Keras 3.15 leaves its private epoch counter at 0 until an epoch ends, so a backup taken in
+    the first epoch after a resume would record the wrong epoch; there is no public setter.
+    """
+    callback._current_epoch = epoch

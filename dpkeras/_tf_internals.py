@@ -33,8 +33,9 @@ Why each is needed:
 - `variable_accessed`: a replica that uses the copy of a variable its task already pulled makes
   no read of its own, so it must tell its (thread-local) GradientTape that it accessed the
   variable, exactly as `ResourceVariable._read_variable_op` does; there is no public call.
-- `BaseResourceVariable`, `is_resource_variable`: the variable dpkeras hands to Keras shares the
-  handle of the one the creator chain made; only this class has a handle-taking constructor.
+- `BaseResourceVariable`, `is_resource_variable`, `handle_sharing_arguments`: the variable
+  dpkeras hands to Keras shares the handle of the one the creator chain made; only this class
+  has a handle-taking constructor, and it wants the original's private state as arguments.
 - `register_dispatchable_type`: `tf.experimental.dispatch_for_api` (public) only dispatches on
   types registered as dispatchable (ExtensionTypes register themselves); Keras variables must
   be registered for the `tf.gather` dispatcher of `dpkeras.lookups` to see them.
@@ -113,3 +114,36 @@ def no_colocation():
 def replica_spec(spec):
     """One replica's spec of a distributed dataset's element spec component."""
     return spec._component_specs[0] if isinstance(spec, PerReplicaSpec) else spec
+
+
+def handle_sharing_arguments(variable):
+    """`BaseResourceVariable.__init__` arguments for a variable sharing `variable`'s handle.
+
+    A `ParameterVariable` is a second Python object over the resource the creator chain made
+    (`dpkeras.variables`). The handle-taking constructor needs the original's initialisation
+    state (initial value and ops, caching device, graph element, unique id, distribute
+    strategy), which TensorFlow keeps only in private attributes of the variable.
+    """
+    name = variable.name
+    return dict(
+        trainable=variable.trainable,
+        shape=variable.shape,
+        dtype=variable.dtype,
+        handle=variable.handle,
+        constraint=variable.constraint,
+        synchronization=variable.synchronization,
+        aggregation=variable.aggregation,
+        distribute_strategy=variable._distribute_strategy,
+        name=name,
+        unique_id=variable._unique_id,
+        handle_name=name[:-2] if name.endswith(":0") else name,
+        graph_element=variable._graph_element,
+        initial_value=variable._initial_value,
+        initializer_op=variable._initializer_op,
+        is_initialized_op=variable._is_initialized_op,
+        cached_value=variable._cached_value,
+        save_slice_info=variable._save_slice_info,
+        caching_device=variable._caching_device,
+        in_graph_mode=variable._in_graph_mode,
+        validate_shape=variable._validate_shape,
+    )

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from dpkeras import _keras_internals, _tf_internals, partitioning, placement
 from dpkeras.device_names import canonical_device, short_device
+from dpkeras.placement import VariableKind
 from dpkeras.sharded_variables import ROW_WISE_OPTIMIZERS, ShardedParameterVariable
 from dpkeras.variables import ParameterVariable
 
@@ -168,7 +169,9 @@ class VariableCreator:
         scoped, partitioner, explicit = partitioning.current_partitioner()
         if not scoped:
             partitioner = self.partitioner
-        if not explicit and (spec.kind not in ("weight", "other") or spec.shape is None):
+        if not explicit and (
+            spec.kind not in (VariableKind.WEIGHT, VariableKind.OTHER) or spec.shape is None
+        ):
             return None
         if (
             partitioner is None

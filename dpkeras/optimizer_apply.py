@@ -91,5 +91,5 @@ def attach(optimizer, extended):
 
 
 def _tf_variable(variable):
-    """The `tf.Variable` of a `keras.Variable`; a `tf.Variable` (whose `value` is a method) as is."""
+    """The `tf.Variable` of a `keras.Variable`; a `tf.Variable` (its `value` is a method) as is."""
     return variable.value if isinstance(variable, keras.Variable) else variable

@@ -23,9 +23,11 @@ not asked: they live with the variable they belong to.
 """
 
 import dataclasses
+import enum
 import itertools
 import re
 import threading
+from typing import Protocol
 
 import keras
 import tensorflow as tf
@@ -34,7 +36,10 @@ from dpkeras import _keras_internals, sizes
 from dpkeras.device_names import canonical_device, short_device
 
 __all__ = [
+    "VariableKind",
     "VariableSpec",
+    "PlacementPolicy",
+    "Partitioner",
     "Policy",
     "single",
     "round_robin",
@@ -45,7 +50,27 @@ __all__ = [
     "KINDS",
 ]
 
-KINDS = ("weight", "optimizer", "metric", "seed", "other")
+
+class VariableKind(str, enum.Enum):
+    """What a variable is for, as a placement policy and dpkeras see it.
+
+    A `str`: `spec.kind == "weight"` holds for `VariableKind.WEIGHT`.
+    """
+
+    WEIGHT = "weight"  # a layer's variable
+    OPTIMIZER = "optimizer"  # an optimizer's own state (its slots follow their variable)
+    METRIC = "metric"  # metric state (synchronization ON_READ)
+    SEED = "seed"  # random-number state of a `keras.random.SeedGenerator`
+    OTHER = "other"  # anything else (a plain `tf.Variable`, say)
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+
+KINDS = tuple(VariableKind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +83,8 @@ class VariableSpec:
             know it (a `tf.Variable` with a callable initial value and no `shape`).
         dtype: str, such as `"float32"`.
         trainable: bool.
-        kind: one of `KINDS`: `"weight"` (a layer's variable), `"optimizer"` (an optimizer's own
-            state, such as its iteration count; slots follow their variable), `"metric"`,
-            `"seed"` (random-number state) or `"other"`.
+        kind: a `VariableKind` (a str): `"weight"`, `"optimizer"`, `"metric"`, `"seed"` or
+            `"other"`.
         shard: `(i, n)` when this is shard i of a variable cut into n shards (its path is
             then `<variable path>/part_<i>` and its shape the shard's), else None.
     """
@@ -69,13 +93,36 @@ class VariableSpec:
     shape: tuple
     dtype: str
     trainable: bool
-    kind: str
+    kind: VariableKind
     shard: tuple = None
 
     @property
     def nbytes(self):
         """Size in bytes (0 if the shape is not fully known)."""
         return sizes.nbytes(self.shape, self.dtype)
+
+
+class PlacementPolicy(Protocol):
+    """What `parameter_device=` accepts as a policy: asked once per variable for its device.
+
+    Any callable of this shape works (a function, a lambda, a `Policy`). It is called when the
+    variable is created, in creation order; it may raise, which fails the creation with a
+    ValueError naming the variable.
+    """
+
+    def __call__(self, spec: VariableSpec) -> str:
+        """Returns the device (such as `"/cpu:0"`) that holds the variable `spec` describes."""
+
+
+class Partitioner(Protocol):
+    """What `partitioner=` accepts: TensorFlow's partitioners' signature.
+
+    `tf.distribute.experimental.partitioners.FixedShardsPartitioner`, `MinSizePartitioner` and
+    `MaxSizePartitioner` are partitioners; so is any callable of this shape.
+    """
+
+    def __call__(self, shape: tf.TensorShape, dtype: tf.DType) -> list:
+        """Returns the number of partitions per axis (dpkeras cuts axis 0 only)."""
 
 
 class Policy:
@@ -239,19 +286,23 @@ def as_policy(parameter_device):
 SEED_STATE_NAME = "seed_generator_state"
 
 
+# Who creates a variable (innermost first) decides its kind.
+_KIND_OF_CALLER = (
+    (keras.random.SeedGenerator, VariableKind.SEED),
+    (keras.metrics.Metric, VariableKind.METRIC),
+    (keras.optimizers.Optimizer, VariableKind.OPTIMIZER),
+    (keras.layers.Layer, VariableKind.WEIGHT),
+)
+
+
 def _kind(leaf, synchronization, callers):
     if synchronization == tf.VariableSynchronization.ON_READ:
-        return "metric"
+        return VariableKind.METRIC
     for caller in reversed(callers):
-        if isinstance(caller, keras.random.SeedGenerator):
-            return "seed"
-        if isinstance(caller, keras.metrics.Metric):
-            return "metric"
-        if isinstance(caller, keras.optimizers.Optimizer):
-            return "optimizer"
-        if isinstance(caller, keras.layers.Layer):
-            return "weight"
-    return "seed" if leaf.startswith(SEED_STATE_NAME) else "other"
+        for owner, kind in _KIND_OF_CALLER:
+            if isinstance(caller, owner):
+                return kind
+    return VariableKind.SEED if leaf.startswith(SEED_STATE_NAME) else VariableKind.OTHER
 
 
 def describe_variable(kwargs):

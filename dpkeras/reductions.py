@@ -11,12 +11,10 @@ Example with 2 replicas, SUM: replica 0 contributes [1, 2], replica 1 [3, 4]; th
 computed on the parameter device, is [4, 6]. MEAN gives [2, 3]. ONLY_FIRST_REPLICA gives [1, 2].
 """
 
-import threading
-import weakref
-
 import tensorflow as tf
 
 from dpkeras import device_names
+from dpkeras._cache import GraphCache
 
 __all__ = ["ReductionLedger", "normalize_op"]
 
@@ -79,13 +77,11 @@ class ReductionLedger:
     def __init__(self, num_replicas, local_results):
         self._n = num_replicas
         self._local_results = local_results
-        self._lock = threading.Lock()
-        self._made = weakref.WeakKeyDictionary()  # graph -> {tensor name: aggregate() args}
+        self._made = GraphCache()  # name of a reduction's result -> aggregate()'s arguments
 
     def __len__(self):
         """How many live graphs it keeps reductions of (it must not grow over a long run)."""
-        with self._lock:
-            return len(self._made)
+        return len(self._made)
 
     def check_same_shapes(self, value):
         """Raises ValueError if the components of per-replica `value` differ in shape."""
@@ -169,12 +165,10 @@ class ReductionLedger:
         if tf.executing_eagerly():
             return
         key = result.values if isinstance(result, tf.IndexedSlices) else result
-        with self._lock:
-            self._made.setdefault(key.graph, {})[key.name] = recipe
+        self._made.set(key.name, recipe, graph=key.graph)
 
     def _lookup(self, tensor):
-        with self._lock:
-            return self._made.get(tensor.graph, {}).get(tensor.name)
+        return self._made.get(tensor.name, graph=tensor.graph)
 
     def source(self, t):
         """The reduction `t` forwards, if `t` is an identity of one this ledger made, else `t`."""

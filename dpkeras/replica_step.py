@@ -15,10 +15,10 @@ Eager steps all share the eager default graph; the strategy runs them one at a t
 
 import contextlib
 import dataclasses
-import threading
-import weakref
 
 import tensorflow as tf
+
+from dpkeras._cache import GraphCache
 
 __all__ = ["StepState", "ReplicaStep", "running", "current", "state_of"]
 
@@ -75,8 +75,7 @@ class ReplicaStep:
 
 
 _EMPTY = StepState()
-_lock = threading.Lock()
-_steps = weakref.WeakKeyDictionary()  # graph -> {id(extended): [StepState, ...] (a stack)}
+_steps = GraphCache()  # id(extended) -> the StepStates it runs in that graph, innermost last
 
 
 @contextlib.contextmanager
@@ -84,28 +83,21 @@ def running(extended, state):
     """Declares that `extended` runs a step with `state` in the current graph."""
     graph = tf.compat.v1.get_default_graph()
     key = id(extended)
-    with _lock:
-        _steps.setdefault(graph, {}).setdefault(key, []).append(state)
+    _steps.update(key, lambda stack: (stack or ()) + (state,), graph)
     try:
         yield
     finally:
-        with _lock:
-            stack = _steps[graph][key]
-            stack.pop()
-            if not stack:
-                del _steps[graph][key]
+        _steps.update(key, lambda stack: stack[:-1] or None, graph)
 
 
 def state_of(extended):
     """The `StepState` of the step `extended` runs around the current graph (or an empty one)."""
     graph = tf.compat.v1.get_default_graph()
-    key = id(extended)
-    with _lock:
-        while graph is not None:
-            stack = _steps.get(graph, {}).get(key)
-            if stack:
-                return stack[-1]
-            graph = getattr(graph, "outer_graph", None)
+    while graph is not None:
+        stack = _steps.get(id(extended), graph=graph)
+        if stack:
+            return stack[-1]
+        graph = getattr(graph, "outer_graph", None)
     return _EMPTY
 
 

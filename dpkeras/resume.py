@@ -59,6 +59,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals, atomic_files
+from dpkeras.placement import VariableKind
 from dpkeras.sharded_variables import PLACED_TYPES
 
 __all__ = ["built_under_dpkeras", "restore_seed_states", "seed_states"]
@@ -93,7 +94,7 @@ def _seed_variables(model):
     found = []
     for v in model.variables:
         underlying = _keras_internals.underlying_variable(v)
-        if isinstance(underlying, PLACED_TYPES) and underlying.kind == "seed":
+        if isinstance(underlying, PLACED_TYPES) and underlying.kind == VariableKind.SEED:
             found.append((v.path, v))
     return found
 
@@ -262,14 +263,15 @@ def _pending_name(generation):
 
 def _recover_backup(callback):
     """Finishes a backup committed but not yet renamed into place; drops uncommitted ones."""
-    metadata = _read_metadata(callback._training_metadata_path) or {}
+    files = _keras_internals.backup_files(callback)
+    metadata = _read_metadata(files.metadata) or {}
     ours = metadata.get(_KEY) or {}
     committed = _pending_name(ours["generation"]) if "generation" in ours else None
     names = os.listdir(callback.backup_dir) if os.path.isdir(callback.backup_dir) else []
     for name in names:
         path = os.path.join(callback.backup_dir, name)
         if name == committed:
-            os.replace(path, callback._weights_path)  # roll forward
+            os.replace(path, files.weights)  # roll forward
             atomic_files.fsync_dir(callback.backup_dir)
         elif (name.startswith(_PENDING_PREFIX) and name.endswith(".weights.h5")) or (
             atomic_files.TMP_TAG in name
@@ -285,10 +287,11 @@ def backup_on_train_begin(original, callback, logs=None):
         return original(callback, logs)
     metadata = _recover_backup(callback)
     result = original(callback, logs)
-    if not os.path.exists(callback._weights_path):
+    if not os.path.exists(_keras_internals.backup_files(callback).weights):
         return result
     # Keras leaves the epoch it records at 0 until an epoch ends: start from the restored one.
-    callback._current_epoch = int(metadata.get("epoch", 0))
+    epoch = int(metadata.get("epoch", 0))
+    _keras_internals.set_backup_epoch(callback, epoch)
     ours = metadata.get(_KEY)
     if ours is not None:
         restore_seed_states(callback.model, ours.get("seeds", []))
@@ -300,7 +303,7 @@ def backup_on_train_begin(original, callback, logs=None):
                 "a second time. For an exact resume use BackupAndRestore(save_freq='epoch') "
                 "or a multiple of the steps per epoch.",
                 done,
-                callback._current_epoch + 1,
+                epoch + 1,
                 done,
             )
     return result
@@ -330,7 +333,8 @@ def backup_save_model(original, callback, save_weights):
         )
         return None
     os.makedirs(callback.backup_dir, exist_ok=True)
-    epoch, batch, complete = callback._current_epoch, callback._last_batch_seen, True
+    (epoch, batch), complete = _keras_internals.backup_position(callback), True
+    files = _keras_internals.backup_files(callback)
     if callback.save_freq != "epoch":  # a save after batch `batch` of the running epoch
         steps = (callback.params or {}).get("steps")
         complete = steps is not None and batch + 1 >= steps
@@ -338,12 +342,10 @@ def backup_save_model(original, callback, save_weights):
             epoch, batch = epoch + 1, 0
     previous = _recover_backup(callback)
     generation = int((previous.get(_KEY) or {}).get("generation", 0)) + 1
-    if callback.double_checkpoint and os.path.exists(callback._weights_path):
-        atomic_files.copy(callback._weights_path, callback._prev_weights_path)
-        if os.path.exists(callback._training_metadata_path):
-            atomic_files.copy(
-                callback._training_metadata_path, callback._prev_training_metadata_path
-            )
+    if callback.double_checkpoint and os.path.exists(files.weights):
+        atomic_files.copy(files.weights, files.previous_weights)
+        if os.path.exists(files.metadata):
+            atomic_files.copy(files.metadata, files.previous_metadata)
     pending = os.path.join(callback.backup_dir, _pending_name(generation))
     save_weights(model, pending)
     atomic_files.fsync_file(pending)
@@ -352,8 +354,8 @@ def backup_save_model(original, callback, save_weights):
         "batch": batch,
         _KEY: {"generation": generation, "epoch_complete": complete, "seeds": seed_states(model)},
     }
-    atomic_files.write_json(callback._training_metadata_path, metadata)  # the commit
-    os.replace(pending, callback._weights_path)
+    atomic_files.write_json(files.metadata, metadata)  # the commit
+    os.replace(pending, files.weights)
     atomic_files.fsync_dir(callback.backup_dir)
     return None
 

@@ -25,13 +25,13 @@ to shard 0, and stitches the two rows back in order.
 import contextlib
 import itertools
 import threading
-import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from dpkeras import _tf_internals, partitioning, replica_step
+from dpkeras._cache import GraphCache
 from dpkeras.variables import ParameterVariable, scale_gradient
 
 __all__ = [
@@ -74,7 +74,7 @@ def _row_slice(x, lo, hi):
         return x[lo:hi]
 
 
-_sums = weakref.WeakKeyDictionary()  # graph -> {tensor name: (rows, per-shard sums)}
+_sums = GraphCache()  # name of a summed gradient -> (rows per shard, the per-shard sums)
 
 
 def _key(x):
@@ -112,7 +112,7 @@ def sum_by_shard(variable, components, reduce_components):
         joined = tf.concat([tf.convert_to_tensor(s) for s in sums], 0)
     if not tf.executing_eagerly():
         key = _key(joined)
-        _sums.setdefault(key.graph, {})[key.name] = (variable.rows, sums)
+        _sums.set(key.name, (variable.rows, sums), graph=key.graph)
     return joined
 
 
@@ -120,7 +120,7 @@ def _own_sum(x, rows, index):
     key = _key(x)
     if not isinstance(key, tf.Tensor) or tf.executing_eagerly():
         return None
-    found = _sums.get(key.graph, {}).get(key.name)
+    found = _sums.get(key.name, graph=key.graph)
     return found[1][index] if found is not None and found[0] == rows else None
 
 
@@ -223,7 +223,7 @@ class ShardedParameterVariable(tf.Variable):
             self._handle = tf.raw_ops.VarHandleOp(
                 dtype=self._dtype, shape=self._shape, shared_name=self._unique_id
             )
-        self._reads = weakref.WeakKeyDictionary()  # graph -> {replica id: full value}
+        self._reads = GraphCache()  # replica id -> its read of the whole variable
 
     # -- what it is ---------------------------------------------------------------------------
 
@@ -287,16 +287,22 @@ class ShardedParameterVariable(tf.Variable):
         if shard is not None:
             return shard.value()
         step = replica_step.current(self._extended)
-        cache = None
-        if step is not None and not tf.executing_eagerly():
-            cache = self._reads.setdefault(tf.compat.v1.get_default_graph(), {})
-            if step.replica_id in cache:
-                _tf_internals.variable_accessed(self)
-                return cache[step.replica_id]
+        if step is None or tf.executing_eagerly():
+            return self._read_whole(step)
+        made = []
+
+        def read():
+            made.append(True)
+            return self._read_whole(step)
+
+        value = self._reads.get_or_create(step.replica_id, read)
+        if not made:
+            _tf_internals.variable_accessed(self)  # as the read it does not make would
+        return value
+
+    def _read_whole(self, step):
         value = tf.concat([s.value() for s in self._shards], axis=0)
         self._record_read(value, step)
-        if cache is not None:
-            cache[step.replica_id] = value
         return value
 
     def read_value(self):
@@ -378,7 +384,7 @@ class ShardedParameterVariable(tf.Variable):
                 f"Cannot {method} a value of shape {value.shape} to sharded variable "
                 f"{self._name[:-2]!r} of shape {self._shape}."
             )
-        self._reads = weakref.WeakKeyDictionary()
+        self._reads.clear()
         ops = []
         for i, s in enumerate(self._shards):
             piece = _row_slice(value, self._offsets[i], self._offsets[i + 1])
@@ -403,7 +409,7 @@ class ShardedParameterVariable(tf.Variable):
             return getattr(shard, method)(sparse_delta, name=name)
         if not isinstance(sparse_delta, tf.IndexedSlices):
             raise TypeError(f"{method} needs tf.IndexedSlices. Received: {sparse_delta!r}")
-        self._reads = weakref.WeakKeyDictionary()
+        self._reads.clear()
         flat = tf.reshape(sparse_delta.indices, [-1])
         local, positions = _partition(flat, self._offsets)
         ops = []

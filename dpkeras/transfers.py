@@ -15,7 +15,6 @@ report.to_device("/cpu:1")              # (tensors, bytes) received by /cpu:1 pe
 """
 
 import collections
-import contextlib
 import dataclasses
 import re
 
@@ -189,10 +188,18 @@ def _report_from_function_graph(function_graph):
 
 
 class TransferRecorder:
-    """Holds the functions instantiated while `record_transfers()` was active."""
+    """Records, as a context manager, the functions instantiated inside its block."""
 
     def __init__(self):
         self._metadata = None
+
+    def __enter__(self):
+        _tf_internals.enable_run_metadata()
+        return self
+
+    def __exit__(self, *exc):
+        self._metadata = _tf_internals.export_and_disable_run_metadata()
+        return False
 
     def reports(self):
         """A `TransferReport` for every multi-device function recorded, largest first."""
@@ -231,19 +238,13 @@ class TransferRecorder:
         return reports[0]
 
 
-@contextlib.contextmanager
 def record_transfers():
     """Records the partitioned graphs of functions instantiated inside the block.
 
-    Yields:
-        A `TransferRecorder`; call its `report()` after the block.
+    Returns:
+        A `TransferRecorder` to use as a context manager; call its `report()` after the block.
     """
-    recorder = TransferRecorder()
-    _tf_internals.enable_run_metadata()
-    try:
-        yield recorder
-    finally:
-        recorder._metadata = _tf_internals.export_and_disable_run_metadata()
+    return TransferRecorder()
 
 
 def train_step_transfers(model, x, y=None, batch_size=None, sample_weight=None):

@@ -30,11 +30,11 @@ Example of ON_READ arithmetic with two replicas: a `Mean` metric holds total=6, 
 report 3.5, the value one device would report after seeing the same four examples.
 """
 
-import weakref
-
 import tensorflow as tf
 
 from dpkeras import _tf_internals, device_names, replica_step
+from dpkeras._cache import GraphCache
+from dpkeras.placement import VariableKind
 
 __all__ = ["ParameterVariable", "scale_gradient"]
 
@@ -98,37 +98,16 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
     """
 
     def __init__(self, extended, variable, spec):
-        super().__init__(
-            trainable=variable.trainable,
-            shape=variable.shape,
-            dtype=variable.dtype,
-            handle=variable.handle,
-            constraint=variable.constraint,
-            synchronization=variable.synchronization,
-            aggregation=variable.aggregation,
-            distribute_strategy=variable._distribute_strategy,
-            name=variable.name,
-            unique_id=variable._unique_id,
-            handle_name=variable.name[:-2] if variable.name.endswith(":0") else variable.name,
-            graph_element=variable._graph_element,
-            initial_value=variable._initial_value,
-            initializer_op=variable._initializer_op,
-            is_initialized_op=variable._is_initialized_op,
-            cached_value=variable._cached_value,
-            save_slice_info=variable._save_slice_info,
-            caching_device=variable._caching_device,
-            in_graph_mode=variable._in_graph_mode,
-            validate_shape=variable._validate_shape,
-        )
+        super().__init__(**_tf_internals.handle_sharing_arguments(variable))
         self._primary = variable  # owns the handle's deleter
         self._extended = extended
         self._spec = spec
         self._kind = spec.kind
-        self._replica_reads = weakref.WeakKeyDictionary()  # graph -> {replica_id: tensor}
+        self._replica_reads = GraphCache()  # replica id (or a task's host) -> its read
 
     @property
     def kind(self):
-        """`"weight"`, `"optimizer"`, `"metric"`, `"seed"` or `"other"`."""
+        """The `dpkeras.placement.VariableKind` it was created as."""
         return self._kind
 
     @property
@@ -150,37 +129,12 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         return self._replica_read(step)
 
     def _replica_read(self, step):
-        replica_id = step.replica_id
-        eager = tf.executing_eagerly()
-        cache = (
-            None if eager else self._replica_reads.setdefault(tf.compat.v1.get_default_graph(), {})
-        )
-        value = None if cache is None else cache.get(replica_id)
-        if value is None:
-            # The read stays on the parameter device: TensorFlow sends a tensor once to each
-            # device that consumes it, and not at all when nothing does (a read made only for
-            # `tf.shape`, say), so no replica-side copy is made here. A replica on another
-            # task (a worker of a cluster) reads the copy its task's host pulled, shared by
-            # every replica of that task.
-            host = device_names.pull_device(self.device, step.device)
-            value = None if cache is None or host is None else cache.get(host)
-            if value is not None:
-                _tf_internals.variable_accessed(self)  # as the read it does not make would
-            else:
-                with tf.device(self.device):
-                    value = super()._read_variable_op()
-                if host is not None:
-                    with tf.device(host):
-                        value = tf.identity(value)
-                    if cache is not None:
-                        cache[host] = value
-            if self._kind == "seed" and replica_id:
-                with tf.device(step.device):
-                    value = value + tf.constant(
-                        [replica_id * _REPLICA_SEED_STRIDE, 0], dtype=value.dtype
-                    )
-            if cache is not None:
-                cache[replica_id] = value
+        if tf.executing_eagerly():
+            value = self._new_replica_read(step, None)
+        else:
+            value = self._replica_reads.get_or_create(
+                step.replica_id, lambda: self._new_replica_read(step, self._replica_reads)
+            )
         if self.trainable:
             weight = step.gradient_weight
             _tf_internals.record_operation(
@@ -191,6 +145,39 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
                 forward_function=lambda x: [x],
             )
         return value
+
+    def _new_replica_read(self, step, cache):
+        """Replica `step`'s value of this variable, read where it lives.
+
+        The read stays on the parameter device: TensorFlow sends a tensor once to each device
+        that consumes it, and not at all when nothing does (a read made only for `tf.shape`,
+        say), so no replica-side copy is made here. A replica on another task (a worker of a
+        cluster) reads the copy its task's host pulled, shared by every replica of that task.
+        """
+        host = device_names.pull_device(self.device, step.device)
+        if host is None:
+            value = self._read_where_it_lives()
+        else:
+            pulled = []
+
+            def pull():
+                pulled.append(True)
+                with tf.device(host):
+                    return tf.identity(self._read_where_it_lives())
+
+            value = pull() if cache is None else cache.get_or_create(host, pull)
+            if not pulled:
+                _tf_internals.variable_accessed(self)  # as the read it does not make would
+        if self._kind == VariableKind.SEED and step.replica_id:
+            with tf.device(step.device):
+                value = value + tf.constant(
+                    [step.replica_id * _REPLICA_SEED_STRIDE, 0], dtype=value.dtype
+                )
+        return value
+
+    def _read_where_it_lives(self):
+        with tf.device(self.device):
+            return super()._read_variable_op()
 
     def sparse_read(self, indices, name=None):
         """Gathers rows; in a replica, on the parameter device, sending only the rows."""
@@ -224,7 +211,7 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         return value
 
     def _invalidate_reads(self):
-        self._replica_reads = weakref.WeakKeyDictionary()
+        self._replica_reads.clear()
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -270,7 +257,7 @@ class ParameterVariable(_tf_internals.BaseResourceVariable):
         ):
             return "assign", value
         delta = _added_delta(value, self._replica_read(step))
-        if delta is None or self._kind == "seed" and step.replica_id:
+        if delta is None or self._kind == VariableKind.SEED and step.replica_id:
             return "assign", value
         return "assign_add", delta
 

@@ -1,7 +1,8 @@
 """The shape of the package: no import cycles, private TF/Keras only in the internals
-modules, small modules and classes, one formatter.
+modules (imports, attributes and overridden hooks), small modules and classes, one formatter.
 
-Parsed from the source with `ast`; nothing is imported.
+Parsed from the source with `ast`, except the check of overridden TensorFlow and Keras hooks,
+which imports dpkeras to see its classes' bases.
 """
 
 import ast
@@ -156,3 +157,149 @@ def test_the_tree_is_formatted_and_lint_clean():
             timeout=120,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
+
+
+# `x._name` on an object other than `self`/`cls`/`super()`, outside the internals modules, is
+# allowed only here, each with its reason.
+PRIVATE_ATTRIBUTES_ALLOWED = {
+    ("dpkeras.cluster", "os._exit"): (
+        "Python's documented way to end a process at once, without waiting for threads: "
+        "TensorFlow's gRPC threads can block a normal exit"
+    ),
+    ("dpkeras.commands.serve", "os._exit"): "as above: a TensorFlow server cannot be stopped",
+    ("dpkeras.sharded_variables", "v._dense_var_to_tensor"): (
+        "the conversion function registered for dpkeras's own ShardedParameterVariable calls "
+        "that class's implementation of TensorFlow's conversion protocol"
+    ),
+}
+
+
+def _private_attributes(tree):
+    """`x._name` expressions (unparsed) whose object is not `self`, `cls` or `super()`."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+            continue
+        if node.attr.startswith("__"):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+            continue
+        if isinstance(owner, ast.Name) and owner.id in ("_tf_internals", "_keras_internals"):
+            continue  # dpkeras's own modules of private uses, named for it
+        found.append(ast.unparse(node))
+    return found
+
+
+def test_private_attributes_of_other_objects_only_in_the_internals_modules():
+    found = set()
+    for name, path in _modules().items():
+        if name not in INTERNALS:
+            _, tree = _parse(path)
+            found |= {(name, expression) for expression in _private_attributes(tree)}
+    assert found == set(PRIVATE_ATTRIBUTES_ALLOWED), (
+        "A private attribute of a TensorFlow or Keras object is used outside "
+        "dpkeras/_tf_internals.py and dpkeras/_keras_internals.py (route it through them, with "
+        "the reason), or an allowed exception is gone (remove it from the list): "
+        f"{sorted(found ^ set(PRIVATE_ATTRIBUTES_ALLOWED))}"
+    )
+
+
+def test_the_private_attribute_check_sees_one():
+    tree = ast.parse("v = variable._unique_id\nself._ok = super()._also_ok\n")
+    assert _private_attributes(tree) == ["variable._unique_id"]
+
+
+_EXTENDED_HOOKS = (
+    "a tf.distribute extended class is written by overriding these hooks: tf.distribute.Strategy "
+    "calls them (TensorFlow's own strategies override the same ones)"
+)
+_CHECKPOINT_PROTOCOL = (
+    "TensorFlow's checkpoint protocol for a Trackable: save and restore the whole value, so "
+    "files move across shard counts"
+)
+
+# TensorFlow and Keras private members that dpkeras classes override (or define because
+# TensorFlow reads them by name), each with its reason. Each must still exist in the installed
+# TensorFlow, so that an upgrade that renames one fails here, not silently in training.
+PRIVATE_HOOKS_OVERRIDDEN = {
+    "ParameterDeviceExtended": (
+        {
+            "_num_replicas_in_sync",
+            "_in_multi_worker_mode",
+            "_create_variable",
+            "_validate_colocate_with_variable",
+            "_call_for_each_replica",
+            "_use_merge_call",
+            "_reduce_to",
+            "_batch_reduce_to",
+            "_gather_to_implementation",
+            "_broadcast_to",
+            "_update",
+            "_update_non_slot",
+            "_experimental_distribute_dataset",
+            "_distribute_datasets_from_function",
+            "_experimental_distribute_values_from_function",
+        },
+        _EXTENDED_HOOKS,
+    ),
+    "ParameterVariable": (
+        {"_read_variable_op", "_strided_slice_assign"},
+        "every dense read of a resource variable goes through `_read_variable_op` (the replica "
+        "read cache hooks in there); slice assignment writes through `_strided_slice_assign`, "
+        "which must drop that cache",
+    ),
+    "ShardedParameterVariable": (
+        {"_variable_call", "_shared_name"},
+        "tf.Variable's metaclass calls `_variable_call` to construct (a subclass returns None "
+        "to be built as itself); saving names a variable by `_shared_name`",
+    ),
+    "ShardedParameterVariable ": (
+        {
+            "_serialize_to_tensors",
+            "_restore_from_tensors",
+            "_copy_trackable_to_cpu",
+            "_export_to_saved_model_graph",
+        },
+        _CHECKPOINT_PROTOCOL,
+    ),
+}
+
+
+def _dpkeras_classes_over_tf_and_keras():
+    import importlib
+    import inspect
+
+    classes = {}
+    for name in _modules():
+        if name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and cls.__module__ == name:
+                bases = [b for b in cls.__mro__[1:] if b.__module__.startswith(PRIVATE_OWNERS)]
+                if bases:
+                    classes[cls.__name__] = (cls, bases)
+    return classes
+
+
+PRIVATE_OWNERS = ("tensorflow", "keras")
+
+
+def test_overridden_private_hooks_are_listed_and_still_exist():
+    listed = {}
+    for owner, (names, _reason) in PRIVATE_HOOKS_OVERRIDDEN.items():
+        listed.setdefault(owner.strip(), set()).update(names)
+    overridden = {}
+    for class_name, (cls, bases) in _dpkeras_classes_over_tf_and_keras().items():
+        for attribute in vars(cls):
+            if attribute.startswith("_") and not attribute.startswith("__"):
+                if attribute != "_abc_impl" and any(attribute in vars(b) for b in bases):
+                    overridden.setdefault(class_name, set()).add(attribute)
+    assert overridden == listed, (
+        "dpkeras overrides a private TensorFlow/Keras member that is not listed (list it, with "
+        "the reason), or a listed one is no longer overridden or no longer exists in the "
+        f"installed TensorFlow/Keras: overridden {overridden}, listed {listed}"
+    )
