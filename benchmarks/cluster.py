@@ -29,8 +29,8 @@ from absl import app, flags
 if __package__ in (None, ""):  # run as `python benchmarks/cluster.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.local_cluster import LocalCluster, server_env
 from benchmarks.models import MODELS
+from dpkeras.testing import LocalCluster, server_env
 
 FLAGS = flags.FLAGS
 

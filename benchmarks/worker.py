@@ -181,8 +181,8 @@ def variable_bytes_by_device(variables):
     Mirrored variables count once on every replica; a variable kept on a parameter device
     counts once there.
     """
-    from dpkeras.device_names import canonical_device, short_device
-    from dpkeras.sizes import nbytes
+    from dpkeras._device_names import canonical_device, short_device
+    from dpkeras._sizes import nbytes
 
     seen, totals = set(), {}
     for v in variables:
@@ -217,7 +217,7 @@ def peak_memory_by_device(devices):
 
 
 def transfer_fields(report, replica_devices):
-    """The per-step transfer numbers of a record, from a `dpkeras.transfers.TransferReport`.
+    """The per-step transfer numbers of a record, from a `dpkeras._transfers.TransferReport`.
 
     "Per replica" is the average over the compute devices. Bytes count tensors whose shape is
     known when the step is traced; a sharded lookup's rows (a count known only when the step
@@ -261,7 +261,7 @@ def transfer_fields(report, replica_devices):
 
 
 def _short(device):
-    from dpkeras.device_names import canonical_device, short_device
+    from dpkeras._device_names import canonical_device, short_device
 
     return short_device(canonical_device(device))
 
@@ -337,7 +337,7 @@ def _run(spec, progress):
     import numpy as np
     import tensorflow as tf
 
-    from dpkeras.transfers import record_transfers
+    from dpkeras._transfers import record_transfers
 
     tf.get_logger().setLevel("ERROR")
     replica_devices = compute_devices(spec)

@@ -7,13 +7,38 @@ with dpkeras.scope():
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 model.fit(x, y, batch_size=256)
 ```
+
+The public API is the names below (`__all__`) and four public modules: `dpkeras.placement`
+(where variables live), `dpkeras.tf1` (TF1's variable scopes, re-exported here too),
+`dpkeras.cluster` (ps/worker clusters) and `dpkeras.testing` (simulated devices, a local
+cluster). Everything else is private: its names start with an underscore.
+
+The package, from the top down (each imports only what stands below it):
+
+- `_cli/`: the `dpkeras` command, one module a verb (`env`, `serve`, `bench`); `testing`;
+- `_strategy/`: `ParameterDeviceStrategy`, `dpkeras.scope()`, the placement report;
+- `_patches/`: what dpkeras installs into Keras and TensorFlow while in use (crash-safe
+  saving, exact resume, the symbolic build, naming failed tasks), checked and reversible;
+- `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
+  variable creator, reductions, the optimizer on the sum, Keras steps, input); beside it
+  `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
+- `_variables/`: `ParameterVariable` and `ShardedParameterVariable`, how replicas read and
+  write them, lookups, partitioning;
+- `placement`: placement policies; `_transfers`: counting what a step sends;
+- at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
+  connecting, devices, health), `_tf_internals` and `_keras_internals` (every private
+  TensorFlow and Keras use, each with its reason), `_cache` (the graph-keyed cache),
+  `_device_names`, `_sizes`, `_config`.
 """
 
 from dpkeras import placement
-from dpkeras.devices import simulate_cpu_devices
-from dpkeras.report import PlacementReport, placement_report
-from dpkeras.strategy import ParameterDeviceStrategy
-from dpkeras.strategy_scope import get_strategy, scope
+from dpkeras._extended.devices import simulate_cpu_devices
+from dpkeras._strategy.report import PlacementReport, placement_report
+from dpkeras._strategy.scope import get_strategy, scope
+from dpkeras._strategy.strategy import ParameterDeviceStrategy
+from dpkeras._transfers import TransferReport, record_transfers, train_step_transfers
+from dpkeras._variables.variables import ParameterVariable
+from dpkeras.cluster import TaskFailedError
 from dpkeras.tf1 import (
     AUTO_REUSE,
     LocalVariable,
@@ -31,8 +56,6 @@ from dpkeras.tf1 import (
     variable,
     variable_scope,
 )
-from dpkeras.transfers import TransferReport, record_transfers, train_step_transfers
-from dpkeras.variables import ParameterVariable
 
 __version__ = "0.1.0"
 
@@ -43,6 +66,7 @@ __all__ = [
     "get_strategy",
     "scope",
     "simulate_cpu_devices",
+    "TaskFailedError",
     # Where variables live, and what a step sends.
     "placement",
     "placement_report",

@@ -2,6 +2,6 @@
 
 import sys
 
-from dpkeras.cli import main
+from dpkeras._cli import main
 
 sys.exit(main())

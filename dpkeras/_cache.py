@@ -5,8 +5,6 @@ import weakref
 
 import tensorflow as tf
 
-__all__ = ["GraphCache"]
-
 
 def _current_graph(graph):
     return tf.compat.v1.get_default_graph() if graph is None else graph

@@ -1,24 +1,15 @@
 """Every Keras internal dpkeras relies on, in one place, each with its reason.
 
-Keras 3 has no public hook for what a `tf.variable_creator_scope` creator must know: the
-creator gets only the leaf name (`kernel`) and a callable initial value. Placement policies
-and the placement report need the Keras path, the shape, and whether a layer, an optimizer, a
-metric or a seed generator is creating the variable; the name-keyed variable scope needs, in
-addition, whether Keras is tracing a model symbolically (where it defers creating variables
-until after our scope has exited), and how to make a second layer hold the first layer's
-`keras.Variable` so that a shared variable is listed once in `model.trainable_weights`. Each
-function below answers one of these with Keras-private state and says why no public API does.
-They are tested against the Keras version pinned in pyproject.toml (tests/test_tf1_*.py,
-tests/test_placement.py); if Keras changes them, those tests fail rather than placement or
-sharing silently going wrong.
+Each function answers, from Keras-private state, a question no public API answers (mostly: what
+a `tf.variable_creator_scope` creator cannot know, such as the Keras path of the variable and
+who creates it) and says why. They are tested against the Keras version pinned in
+pyproject.toml: if Keras changes them, tests fail rather than dpkeras silently going wrong.
 """
 
 import dataclasses
 
 import keras
 from keras.src.backend.common import global_state, stateless_scope
-
-__all__ = []
 
 
 def name_scope_stack():
@@ -185,7 +176,8 @@ def route_optimizer_apply(optimizer, apply):
     optimizer.apply = apply
 
 
-# -- saving (used by dpkeras/keras_patches.py and dpkeras/resume.py) ------------------------
+# -- saving (used by dpkeras/_patches/__init__.py and dpkeras/_patches/resume.py)
+# ------------------------
 
 
 def saving_module():
@@ -194,7 +186,7 @@ def saving_module():
     `model.save` (`.keras`) and `model.save_weights` (`.weights.h5`), and so `ModelCheckpoint`
     and `BackupAndRestore`, end in `saving_lib.save_model` / `save_weights_only`, looked up on
     this module at each call. Keras offers no public hook to change how a file is written, so
-    dpkeras/keras_patches.py wraps these two functions (their signatures are checked at
+    dpkeras/_patches/__init__.py wraps these two functions (their signatures are checked at
     install, tests/test_keras_patches.py).
     """
     from keras.src.saving import saving_lib
@@ -217,17 +209,17 @@ def distributed_epoch_dataset(epoch_iterator):
     """The distributed dataset a Keras `TFEpochIterator` iterates, or None.
 
     Keras 3.15's TF trainer builds an unbuilt model by taking the first batch of the epoch's
-    iterator (`TensorFlowTrainer._maybe_symbolic_build`); a Python generator or a
-    `PyDataset` cannot give it back, so that batch is never trained or evaluated. dpkeras
-    builds from the dataset's element spec instead (`dpkeras.symbolic_build`), which only the
-    iterator's private `_distributed_dataset` exposes.
+    iterator (`TensorFlowTrainer._maybe_symbolic_build`); a Python generator or a `PyDataset` cannot
+    give it back, so that batch is never trained or evaluated. dpkeras builds from the dataset's
+    element spec instead (`dpkeras._patches.symbolic_build`), which only the iterator's private
+    `_distributed_dataset` exposes.
     """
     return getattr(epoch_iterator, "_distributed_dataset", None)
 
 
 def tensorflow_trainer():
     """Keras's `TensorFlowTrainer` class, whose `fit`/`evaluate`/`predict` and
-    `_maybe_symbolic_build` dpkeras wraps (see `dpkeras.keras_patches`)."""
+    `_maybe_symbolic_build` dpkeras wraps (see `dpkeras._patches`)."""
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
     return TensorFlowTrainer
@@ -236,8 +228,8 @@ def tensorflow_trainer():
 def is_functional(model):
     """Whether `model` is a functional model (`keras.Model(inputs, outputs)`, not Sequential).
 
-    A `.keras` file stores a functional model's layers one by one, with the graph between
-    them; two distinct layers sharing variables load unshared (dpkeras.resume warns). Keras's
+    A `.keras` file stores a functional model's layers one by one, with the graph between them; two
+    distinct layers sharing variables load unshared (dpkeras._patches.resume warns). Keras's
     `Functional` class is not public (`keras.Model(inputs, outputs)` returns one).
     """
     from keras.src.models.functional import Functional
@@ -259,8 +251,8 @@ def backup_files(callback):
     """The paths a `BackupAndRestore` writes its backup to, as a `BackupFiles`.
 
     dpkeras writes a backup itself for its models (atomically, with the seed states: see
-    dpkeras/resume.py) into the files Keras would read back; Keras 3.15 keeps their paths only
-    in private attributes set in `__init__`, with no public way to ask where they are.
+    dpkeras/_patches/resume.py) into the files Keras would read back; Keras 3.15 keeps their paths
+    only in private attributes set in `__init__`, with no public way to ask where they are.
     """
     return BackupFiles(
         weights=callback._weights_path,

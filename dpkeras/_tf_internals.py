@@ -1,55 +1,25 @@
-"""Every private TensorFlow import dpkeras makes, in one place, each with its reason.
+"""Every private TensorFlow use dpkeras makes, in one place, each with its reason.
 
 The public `tf.distribute` API lets users *use* a strategy, not *write* one: a strategy's
 extended class, its replica threads, its distributed datasets and its value containers are all
-private. Keeping those imports here means a TensorFlow upgrade breaks one file, and
-`pyproject.toml` pins the TensorFlow minor version this file was checked against.
-
-Why each is needed:
-
-- `StrategyExtendedV1`: a strategy's extended class must derive from it, because `Strategy.run`
-  and `merge_call` reach `call_for_each_replica` and `_use_merge_call`, which only V1 defines.
-- `UpdateContext`: marks "inside `extended.update`" exactly as TF's own strategies do, so code
-  that checks `tf.distribute.in_cross_replica_context()` behaves the same under dpkeras.
-- `InputContext`, `InputReplicationMode`, `ValueContext`: the objects `dataset_fn` and
-  `value_fn` receive, and the input options' enum; public only as types, not constructors.
-- `call_for_each_replica` (mirrored_run): `Strategy.run` in TF's strategies is a thread per
-  replica, lock-stepped at `merge_call`; it also turns a `tf.function` replica fn into one
-  function holding all replicas, which Keras's TF trainer relies on. Writing our own would
-  duplicate ~400 lines of delicate threading; CentralStorageStrategy reuses it the same way.
-- `get_distributed_dataset`, `get_distributed_datasets_from_function`, `InputWorkers`:
-  distributed datasets (rebatching a global batch into per-replica batches, prefetching to the
-  compute devices, DistributedIterator) have no public constructor.
-- `Mirrored`, `regroup`: the per-replica containers `strategy.run` returns and
-  `experimental_local_results` unpacks; `tf.distribute.DistributedValues` cannot be built.
-- `record_operation`: a cached replica-side read of a variable must be registered on the
-  GradientTape as a read of that variable (`ResourceVariable._read_variable_op` does the same);
-  there is no public way to add an edge to the tape.
-- `replicate` (tf.data's `distribute.replicate`): on a cluster each worker runs its own copy
-  of the input pipeline; a dataset made on the client must be serialised and rebuilt on each
-  worker's host, as TF's own distributed datasets do (`input_lib`); there is no public call.
-- `PerReplicaSpec`: a distributed dataset's element spec holds one spec per replica; building a
-  Keras model from the spec alone needs one replica's.
-- `variable_accessed`: a replica that uses the copy of a variable its task already pulled makes
-  no read of its own, so it must tell its (thread-local) GradientTape that it accessed the
-  variable, exactly as `ResourceVariable._read_variable_op` does; there is no public call.
-- `BaseResourceVariable`, `is_resource_variable`, `handle_sharing_arguments`: the variable
-  dpkeras hands to Keras shares the handle of the one the creator chain made; only this class
-  has a handle-taking constructor, and it wants the original's private state as arguments.
-- `register_dispatchable_type`: `tf.experimental.dispatch_for_api` (public) only dispatches on
-  types registered as dispatchable (ExtensionTypes register themselves); Keras variables must
-  be registered for the `tf.gather` dispatcher of `dpkeras.lookups` to see them.
-- `ops.colocate_with`: a variable is created under `tf.device(chosen device)` with any
-  enclosing colocation constraint cleared (Keras may create optimizer state inside a
-  colocation scope of the graph being traced); `tf.compat.v1.colocate_with` does the same but
-  is deprecated and logs a warning each time, and TF's own "internal interface" is this one.
-- `context`: counting the tensors a step sends between devices needs the partitioned graphs TF
-  runs; only the eager context's run-metadata switch exposes them. It also tells whether TF has
-  initialised its devices (for `simulate_cpu_devices`).
+private. Keeping those uses here means a TensorFlow upgrade breaks one file, and
+`pyproject.toml` pins the TensorFlow minor version this file was checked against. Each import
+below says why no public API does it; `tests/test_architecture.py` checks that no other module
+imports TensorFlow's private modules or reads private attributes of its objects.
 """
 
 # ruff: noqa: F401
+# On a cluster each worker runs its own copy of the input pipeline: a dataset made on the
+# client must be serialised and rebuilt on each worker's host, as TF's own distributed datasets
+# do (`input_lib`); there is no public call.
 from tensorflow.python.data.experimental.ops.distribute import replicate
+
+# A strategy's extended class must derive from StrategyExtendedV1: `Strategy.run` and
+# `merge_call` reach `call_for_each_replica` and `_use_merge_call`, which only V1 defines.
+# UpdateContext marks "inside `extended.update`" as TF's own strategies do, so code that checks
+# `tf.distribute.in_cross_replica_context()` behaves the same. InputContext,
+# InputReplicationMode and ValueContext are what `dataset_fn` and `value_fn` receive, and the
+# input options' enum: public only as types, not constructors.
 from tensorflow.python.distribute.distribute_lib import (
     InputContext,
     InputReplicationMode,
@@ -57,22 +27,56 @@ from tensorflow.python.distribute.distribute_lib import (
     UpdateContext,
     ValueContext,
 )
+
+# The per-replica containers `strategy.run` returns and `experimental_local_results` unpacks
+# (`tf.distribute.DistributedValues` cannot be built); a distributed dataset's element spec
+# holds one spec per replica (PerReplicaSpec), and building a Keras model from the spec alone
+# needs one replica's.
 from tensorflow.python.distribute.distribute_utils import regroup
+
+# Distributed datasets (rebatching a global batch into per-replica batches, prefetching to the
+# compute devices, DistributedIterator) have no public constructor.
 from tensorflow.python.distribute.input_lib import InputWorkers
 from tensorflow.python.distribute.input_util import (
     get_distributed_dataset,
     get_distributed_datasets_from_function,
 )
+
+# `Strategy.run` in TF's strategies is a thread per replica, lock-stepped at `merge_call`; it
+# also turns a `tf.function` replica fn into one function holding all replicas, which Keras's
+# TF trainer relies on. Writing our own would duplicate ~400 lines of delicate threading;
+# CentralStorageStrategy reuses it the same way.
 from tensorflow.python.distribute.mirrored_run import call_for_each_replica
 from tensorflow.python.distribute.values import Mirrored, PerReplicaSpec
+
+# Counting the tensors a step sends needs the partitioned graphs TF runs; only the eager
+# context's run-metadata switch exposes them. It also tells whether TF has initialised its
+# devices (for `simulate_cpu_devices`).
 from tensorflow.python.eager import context as _context
+
+# A cached replica-side read of a variable must be registered on the GradientTape as a read of
+# that variable (`ResourceVariable._read_variable_op` does the same), and a replica that uses
+# the copy its task already pulled must tell its (thread-local) tape that it accessed the
+# variable (`variable_accessed`); there is no public way to add an edge to the tape.
 from tensorflow.python.eager.record import record_operation
+
+# A variable is created under `tf.device(chosen device)` with any enclosing colocation
+# constraint cleared (Keras may create optimizer state inside a colocation scope of the graph
+# being traced); `tf.compat.v1.colocate_with` does the same but is deprecated and logs a
+# warning each time, and TF's own "internal interface" is this one.
 from tensorflow.python.framework import ops as _ops
+
+# The variable dpkeras hands to Keras shares the handle of the one the creator chain made; only
+# BaseResourceVariable has a handle-taking constructor (see `handle_sharing_arguments`).
 from tensorflow.python.ops.resource_variable_ops import (
     BaseResourceVariable,
     is_resource_variable,
     variable_accessed,
 )
+
+# `tf.experimental.dispatch_for_api` (public) only dispatches on types registered as
+# dispatchable (ExtensionTypes register themselves); Keras variables must be registered for
+# the `tf.gather` dispatcher of `dpkeras._variables.lookups` to see them.
 from tensorflow.python.util.dispatch import register_dispatchable_type
 
 
@@ -120,9 +124,9 @@ def handle_sharing_arguments(variable):
     """`BaseResourceVariable.__init__` arguments for a variable sharing `variable`'s handle.
 
     A `ParameterVariable` is a second Python object over the resource the creator chain made
-    (`dpkeras.variables`). The handle-taking constructor needs the original's initialisation
-    state (initial value and ops, caching device, graph element, unique id, distribute
-    strategy), which TensorFlow keeps only in private attributes of the variable.
+    (`dpkeras._variables.variables`). The handle-taking constructor needs the original's
+    initialisation state (initial value and ops, caching device, graph element, unique id,
+    distribute strategy), which TensorFlow keeps only in private attributes of the variable.
     """
     name = variable.name
     return dict(

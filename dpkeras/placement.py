@@ -32,8 +32,9 @@ from typing import Protocol
 import keras
 import tensorflow as tf
 
-from dpkeras import _keras_internals, sizes
-from dpkeras.device_names import canonical_device, short_device
+from dpkeras import _keras_internals
+from dpkeras import _sizes as sizes
+from dpkeras._device_names import canonical_device, short_device
 
 __all__ = [
     "VariableKind",

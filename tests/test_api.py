@@ -3,11 +3,11 @@
 import keras
 import pytest
 import tensorflow as tf
-from conftest import run_python, strategy_for
-from models import build_model, make_data
 
 import dpkeras
 from dpkeras import _tf_internals
+from dpkeras.testing import cpu_strategy, run_python
+from tests.models import build_model, make_data
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 
@@ -23,6 +23,7 @@ def test_public_names():
             "record_transfers",
             "scope",
             "simulate_cpu_devices",
+            "TaskFailedError",
             "train_step_transfers",
             "placement",
             "placement_report",
@@ -50,7 +51,7 @@ def test_public_names():
 
 
 def test_strategy_is_a_real_tf_distribute_strategy():
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     assert isinstance(strategy, tf.distribute.Strategy)
     assert isinstance(strategy.extended, _tf_internals.StrategyExtendedV1)
     assert type(strategy.extended).__name__ == "ParameterDeviceExtended"

@@ -103,7 +103,7 @@ def _underscore_imports(tree, modules):
 def test_the_tf1_modules_use_each_other_through_public_names_only():
     modules = _modules()
     tf1 = [name for name in modules if name.startswith("dpkeras.tf1")]
-    assert {"dpkeras.tf1.store", "dpkeras.tf1.scopes", "dpkeras.tf1.collections"} <= set(tf1)
+    assert {"dpkeras.tf1._store", "dpkeras.tf1._scopes", "dpkeras.tf1._collections"} <= set(tf1)
     offenders = []
     for name in tf1:
         _, tree = _parse(modules[name])
@@ -116,8 +116,8 @@ def test_the_tf1_modules_use_each_other_through_public_names_only():
 
 
 def test_the_underscore_import_check_sees_one():
-    tree = ast.parse("from dpkeras.tf1.store import _Blocks, VariableStore\n")
-    assert _underscore_imports(tree, {"dpkeras.tf1.store"}) == [("dpkeras.tf1.store", "_Blocks")]
+    tree = ast.parse("from dpkeras.tf1._store import _Blocks, VariableStore\n")
+    assert _underscore_imports(tree, {"dpkeras.tf1._store"}) == [("dpkeras.tf1._store", "_Blocks")]
 
 
 def test_every_package_is_installed_by_pyproject():
@@ -162,12 +162,12 @@ def test_the_tree_is_formatted_and_lint_clean():
 # `x._name` on an object other than `self`/`cls`/`super()`, outside the internals modules, is
 # allowed only here, each with its reason.
 PRIVATE_ATTRIBUTES_ALLOWED = {
-    ("dpkeras.cluster", "os._exit"): (
+    ("dpkeras.cluster._health", "os._exit"): (
         "Python's documented way to end a process at once, without waiting for threads: "
         "TensorFlow's gRPC threads can block a normal exit"
     ),
-    ("dpkeras.commands.serve", "os._exit"): "as above: a TensorFlow server cannot be stopped",
-    ("dpkeras.sharded_variables", "v._dense_var_to_tensor"): (
+    ("dpkeras._cli.serve", "os._exit"): "as above: a TensorFlow server cannot be stopped",
+    ("dpkeras._variables.sharded", "v._dense_var_to_tensor"): (
         "the conversion function registered for dpkeras's own ShardedParameterVariable calls "
         "that class's implementation of TensorFlow's conversion protocol"
     ),
@@ -294,7 +294,8 @@ def test_overridden_private_hooks_are_listed_and_still_exist():
         listed.setdefault(owner.strip(), set()).update(names)
     overridden = {}
     for class_name, (cls, bases) in _dpkeras_classes_over_tf_and_keras().items():
-        for attribute in vars(cls):
+        own = [k for k in cls.__mro__ if k.__module__.startswith("dpkeras")]  # mixins too
+        for attribute in {a for k in own for a in vars(k)}:
             if attribute.startswith("_") and not attribute.startswith("__"):
                 if attribute != "_abc_impl" and any(attribute in vars(b) for b in bases):
                     overridden.setdefault(class_name, set()).add(attribute)
@@ -303,3 +304,92 @@ def test_overridden_private_hooks_are_listed_and_still_exist():
         "the reason), or a listed one is no longer overridden or no longer exists in the "
         f"installed TensorFlow/Keras: overridden {overridden}, listed {listed}"
     )
+
+
+# -- the public API: stated once ------------------------------------------------------------
+
+PUBLIC_MODULES = {
+    "dpkeras",
+    "dpkeras.placement",
+    "dpkeras.tf1",
+    "dpkeras.cluster",
+    "dpkeras.testing",
+}
+
+
+def _declares_all(tree):
+    return any(
+        isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+        for node in tree.body
+    )
+
+
+def test_public_modules_declare_their_names_and_every_other_module_is_private():
+    wrong = []
+    for name, path in _modules().items():
+        _, tree = _parse(path)
+        if name in PUBLIC_MODULES:
+            if not _declares_all(tree):
+                wrong.append(f"{name} is public but has no __all__")
+            continue
+        parts = name.split(".")[1:]
+        if name != "dpkeras.__main__" and not any(p.startswith("_") for p in parts):
+            wrong.append(f"{name} is neither public nor underscore-named")
+        if _declares_all(tree):
+            wrong.append(f"{name} is private but declares __all__")
+    assert wrong == []
+    assert PUBLIC_MODULES <= set(_modules())
+
+
+_DOTTED = re.compile(r"(?<![\w/.])dpkeras(?:\.[A-Za-z_]\w*)+")
+
+
+def _public_path(dotted):
+    """None if `dpkeras.a.b...` names something public, else why not."""
+    import importlib
+
+    import dpkeras
+
+    parts = dotted.split(".")[1:]
+    obj, where = dpkeras, "dpkeras"
+    for part in parts:
+        if part.startswith("_") and not part.startswith("__"):
+            return f"{dotted}: {part} is private"
+        if part in ("__all__", "__version__"):
+            return None
+        if isinstance(obj, type(dpkeras)) and where in PUBLIC_MODULES:
+            if part not in getattr(obj, "__all__", ()) and f"{where}.{part}" not in PUBLIC_MODULES:
+                return f"{dotted}: {part} is not in {where}.__all__"
+        if f"{where}.{part}" in PUBLIC_MODULES:
+            obj = importlib.import_module(f"{where}.{part}")
+        elif hasattr(obj, part):
+            obj = getattr(obj, part)
+        else:
+            return f"{dotted}: {where} has no {part}"
+        where = f"{where}.{part}"
+    return None
+
+
+def test_the_readme_and_docs_name_only_public_things():
+    documents = ["README.md"] + [
+        os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+    ]
+    found = []
+    for document in documents:
+        if not document.endswith(".md"):
+            continue
+        with open(os.path.join(ROOT, document), encoding="utf-8") as f:
+            text = f.read()
+        for dotted in sorted(set(_DOTTED.findall(text))):
+            why = _public_path(dotted.rstrip("."))
+            if why is not None:
+                found.append(f"{document}: {why}")
+    assert found == []
+
+
+def test_the_public_name_check_sees_a_private_one():
+    assert _public_path("dpkeras.scope") is None
+    assert _public_path("dpkeras.cluster.TaskFailedError") is None
+    assert "private" in _public_path("dpkeras._patches.uninstall")
+    assert "not in dpkeras.cluster.__all__" in _public_path("dpkeras.cluster.watch")

@@ -1,8 +1,8 @@
-"""dpkeras/atomic_files.py: the target is always its old or its new content.
+"""dpkeras/_patches/atomic_files.py: the target is always its old or its new content.
 
 The module imports only the standard library, so it is loaded here by path (importing it as
-`dpkeras.atomic_files` would run dpkeras/__init__.py, which imports TensorFlow), and the kill
-test runs it in a fresh Python that imports neither TensorFlow nor Keras nor dpkeras.
+`dpkeras._patches.atomic_files` would run dpkeras/__init__.py, which imports TensorFlow), and the
+kill test runs it in a fresh Python that imports neither TensorFlow nor Keras nor dpkeras.
 """
 
 import importlib.util
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-MODULE = Path(__file__).resolve().parent.parent / "dpkeras" / "atomic_files.py"
+MODULE = Path(__file__).resolve().parent.parent / "dpkeras" / "_patches" / "atomic_files.py"
 
 
 def _load():

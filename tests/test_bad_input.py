@@ -22,13 +22,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import strategy_for
-from models import build_model, make_data
 
 import dpkeras
 from dpkeras import placement
-from dpkeras import strategy_scope as scope_module
-from dpkeras.tf1 import VariableStore, state
+from dpkeras._strategy import scope as scope_module
+from dpkeras.testing import cpu_strategy
+from dpkeras.tf1 import VariableStore
+from dpkeras.tf1 import _state as state
+from tests.models import build_model, make_data
 
 TWO = ["/cpu:1", "/cpu:2"]
 
@@ -109,12 +110,12 @@ def variable_scope_case(match, body, reuse=None, setup_body=None):
     def setup():
         store = VariableStore()
         if setup_body is not None:
-            with store, strategy_for(2).scope(), dpkeras.variable_scope("m"):
+            with store, cpu_strategy(2).scope(), dpkeras.variable_scope("m"):
                 setup_body()
         return store
 
     def action(store):
-        with store, strategy_for(2).scope(), dpkeras.variable_scope("m", reuse=reuse):
+        with store, cpu_strategy(2).scope(), dpkeras.variable_scope("m", reuse=reuse):
             body()
 
     return Case(action, ValueError, match, setup=setup)
@@ -280,7 +281,7 @@ CASES = {
     ),
     # -- scopes and strategies ----------------------------------------------------------------
     "dpkeras-scope-inside-another-dpkeras-scope": Case(
-        _mixed_scopes(lambda: strategy_for(3), lambda: dpkeras.scope(TWO)),
+        _mixed_scopes(lambda: cpu_strategy(3), lambda: dpkeras.scope(TWO)),
         ValueError,
         r"dpkeras.scope\(\) cannot be entered inside the scope of another strategy: "
         r"ParameterDeviceStrategy\(compute_devices=\[/cpu:1, /cpu:2, /cpu:3\].* is active and "
@@ -295,14 +296,14 @@ CASES = {
     # TensorFlow's message (the other strategy's scope refuses): it names both strategies.
     "other-scope-inside-dpkeras-scope": Case(
         _mixed_scopes(
-            lambda: strategy_for(2), lambda: tf.distribute.OneDeviceStrategy("/cpu:1").scope()
+            lambda: cpu_strategy(2), lambda: tf.distribute.OneDeviceStrategy("/cpu:1").scope()
         ),
         RuntimeError,
         r"Mixing different tf.distribute.Strategy objects: .*ParameterDeviceStrategy"
         r"\(compute_devices=\[/cpu:1, /cpu:2\].* is not .*OneDeviceStrategy",
     ),
     "model-built-without-strategy-trained-in-scope": Case(
-        lambda model: _fit_in(strategy_for(2), model),
+        lambda model: _fit_in(cpu_strategy(2), model),
         ValueError,
         r"Model 'sequential' has variable 'sequential/dense/kernel' that was not created under "
         r"this strategy's scope.*Create the model \(and compile it\) inside `with "
@@ -311,7 +312,7 @@ CASES = {
     ),
     # Keras hands strategy.run a closure for predict, not a bound step: checked all the same.
     "model-built-without-strategy-predicted-in-scope": Case(
-        lambda model: _predict_in(strategy_for(2), model),
+        lambda model: _predict_in(cpu_strategy(2), model),
         ValueError,
         r"Model 'sequential' has variable 'sequential/dense/kernel' that was not created under "
         r"this strategy's scope",
@@ -319,12 +320,12 @@ CASES = {
     ),
     # TensorFlow's message, raised when Keras distributes the data: it names both strategies.
     "model-built-under-another-dpkeras-strategy": Case(
-        lambda model: _fit_in(strategy_for(3), model),
+        lambda model: _fit_in(cpu_strategy(3), model),
         RuntimeError,
         r"Mixing different tf.distribute.Strategy objects: ParameterDeviceStrategy\("
         r"compute_devices=\[/cpu:1, /cpu:2, /cpu:3\].* is not ParameterDeviceStrategy\("
         r"compute_devices=\[/cpu:1, /cpu:2\]",
-        setup=lambda: dense_model(strategy_for(2)),
+        setup=lambda: dense_model(cpu_strategy(2)),
     ),
     # TensorFlow's message: the optimizer was created outside, under the default strategy.
     "model-compiled-outside-the-scope": Case(
@@ -357,7 +358,7 @@ CASES = {
         setup=lambda: tf.Variable(1.0, name="foreign"),
     ),
     "reduce-sum-of-a-value-that-is-not-per-replica": Case(
-        lambda _: strategy_for(2).reduce("SUM", tf.constant(1.0), axis=None),
+        lambda _: cpu_strategy(2).reduce("SUM", tf.constant(1.0), axis=None),
         ValueError,
         r"cannot be reduced with SUM over 2 replicas.*Received: <tf.Tensor: .*numpy=1.0>. Return "
         r"it from "
@@ -388,14 +389,14 @@ CASES = {
         get_w,
         reuse="yes",
     ),
-    # The message names the strategy type twice (dpkeras.tf1.errors); see the report.
+    # The message names the strategy type twice (dpkeras.tf1._errors); see the report.
     "variable-shared-across-two-strategies": Case(
-        lambda store: _reuse_under(store, strategy_for(3)),
+        lambda store: _reuse_under(store, cpu_strategy(3)),
         ValueError,
         r"variable 'm/w' was created under .*ParameterDeviceStrategy.* and is being reused "
         r"under .*ParameterDeviceStrategy.*Variables shared by name must live under one "
         r"strategy: build every user of it inside the same dpkeras.scope\(\)",
-        setup=lambda: _store_with_w(strategy_for(2)),
+        setup=lambda: _store_with_w(cpu_strategy(2)),
     ),
     "get-variable-without-a-shape": variable_scope_case(
         r"the shape of a new variable must be known. Pass shape=..., or an initializer that "
@@ -409,17 +410,17 @@ CASES = {
         ValueError,
         r"Cannot distribute an empty dataset: it yields no batch \(cardinality 0\).*Received: "
         r"<_BatchDataset element_spec=.*Give it at least one batch",
-        setup=lambda: dense_model(strategy_for(2)),
+        setup=lambda: dense_model(cpu_strategy(2)),
     ),
     "fewer-examples-than-one-batch-with-drop-remainder": Case(
         fit(dataset(10, drop_remainder=True)),
         ValueError,
         r"Cannot distribute an empty dataset.*TensorSpec\(shape=\(24, 12\).*drop_remainder=True"
         r"\) on fewer examples than one batch",
-        setup=lambda: dense_model(strategy_for(2)),
+        setup=lambda: dense_model(cpu_strategy(2)),
     ),
     "per-replica-input-pipelines": Case(
-        lambda _: strategy_for(2).experimental_distribute_dataset(
+        lambda _: cpu_strategy(2).experimental_distribute_dataset(
             dataset(96),
             tf.distribute.InputOptions(
                 experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA
@@ -435,13 +436,13 @@ CASES = {
         ValueError,
         r"Input 0 .* of layer 'dense' is incompatible with the layer: expected axis -1 of input "
         r"shape to have value 12, but received input with shape \(12, 13\)",
-        setup=lambda: dense_model(strategy_for(2)),
+        setup=lambda: dense_model(cpu_strategy(2)),
     ),
     "x-and-y-of-different-lengths": Case(
         fit((X, Y[:90])),
         ValueError,
         r"Data cardinality is ambiguous.*'x' sizes: 96\s+'y' sizes: 90",
-        setup=lambda: dense_model(strategy_for(2)),
+        setup=lambda: dense_model(cpu_strategy(2)),
     ),
 }
 
@@ -469,19 +470,19 @@ def _predict_in(strategy, model):
 
 
 def _compiled_outside():
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
     model.compile(optimizer="adam", loss="mse")
     return model
 
 
 def _variable(value, **kwargs):
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         tf.Variable(value, **kwargs)
 
 
 def _update(foreign):
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with strategy.scope():
         strategy.extended.update(foreign, lambda v, d: v.assign_add(d), args=(1.0,))
 
@@ -508,7 +509,7 @@ def test_the_table_has_at_least_25_cases():
 def test_bad_input(case, monkeypatch):
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
-    strategy_for(2), strategy_for(3)  # the strategies cases use exist beforehand
+    cpu_strategy(2), cpu_strategy(3)  # the strategies cases use exist beforehand
     target = case.setup() if case.setup else None
     default = tf.distribute.get_strategy()
     cached = dict(scope_module._strategies)
@@ -559,7 +560,7 @@ def test_a_dataset_of_unknown_size_trains_without_steps_per_epoch():
     known = tf.data.Dataset.from_tensor_slices((x, y)).batch(24)  # 24, 24, 10
     unknown = known.unbatch().filter(lambda a, b: True).batch(24)
     assert unknown.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
-    with strategy_for(3).scope():
+    with cpu_strategy(3).scope():
         model = build_model("dense")
     model.fit(unknown, epochs=2, verbose=0)
     reference = build_model("dense")
@@ -581,7 +582,7 @@ def test_an_infinite_dataset_without_steps_per_epoch_is_one_endless_epoch():
             if batch == 4:
                 self.model.stop_training = True
 
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = build_model("dense")
     history = model.fit(data, epochs=3, verbose=0, callbacks=[StopAfter()])
     assert model.optimizer.iterations.numpy() == 5 and len(history.history["loss"]) == 1

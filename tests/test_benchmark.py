@@ -16,7 +16,7 @@ if ROOT not in sys.path:
 
 from benchmarks import compare, machine, results, worker  # noqa: E402
 from benchmarks.models import MODELS  # noqa: E402
-from dpkeras.transfers import Transfer, TransferReport  # noqa: E402
+from dpkeras._transfers import Transfer, TransferReport  # noqa: E402
 
 
 def _record(strategy, model="mlp", replicas=3, sps=10.0, loss=1.0, status="ok", **extra):
@@ -130,11 +130,10 @@ def test_transfer_fields_average_over_replicas():
 
 
 def test_transfer_fields_of_a_real_dpkeras_step():
-    from conftest import strategy_for
+    from dpkeras._transfers import train_step_transfers
+    from dpkeras.testing import cpu_strategy
 
-    from dpkeras.transfers import train_step_transfers
-
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
         model.compile(optimizer="sgd", loss="mse")
     x = tf.random.normal((8, 8))
@@ -629,7 +628,7 @@ def test_pcie_arithmetic():
 
 
 def test_cli_env_prints_versions_devices_and_the_default_choice(capsys, monkeypatch):
-    from dpkeras import cli
+    from dpkeras import _cli as cli
 
     monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", "/cpu:0")
     assert cli.main(["env", "--simulate_cpu_devices", "4"]) == 0
@@ -642,7 +641,7 @@ def test_cli_env_prints_versions_devices_and_the_default_choice(capsys, monkeypa
 
 
 def test_cli_usage_and_unknown_command(capsys):
-    from dpkeras import cli
+    from dpkeras import _cli as cli
 
     assert cli.main(["--help"]) == 0
     assert "bench" in capsys.readouterr().out
@@ -651,8 +650,8 @@ def test_cli_usage_and_unknown_command(capsys):
 
 
 def test_cli_bench_outside_a_checkout_says_what_to_do(capsys, monkeypatch):
-    from dpkeras import cli
-    from dpkeras.commands import bench
+    from dpkeras import _cli as cli
+    from dpkeras._cli import bench
 
     monkeypatch.setattr(bench, "_checkout_root", lambda: None)
     assert cli.main(["bench"]) == 2

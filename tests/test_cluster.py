@@ -16,8 +16,9 @@ import threading
 import pytest
 import tensorflow as tf
 
-from benchmarks.local_cluster import server_env
 from dpkeras import cluster
+from dpkeras.cluster import _connect, _health
+from dpkeras.testing import server_env
 
 SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
 
@@ -182,8 +183,8 @@ def test_probe_tells_refused_and_silent_ports():
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        assert cluster.probe(address, timeout=0.5) == "no answer within 0.5 s"
-    assert cluster.probe(address, timeout=0.5) == "Connection refused"
+        assert _health.probe(address, timeout=0.5) == "no answer within 0.5 s"
+    assert _health.probe(address, timeout=0.5) == "Connection refused"
 
 
 def test_connect_names_a_task_that_does_not_answer_within_the_timeout():
@@ -200,7 +201,7 @@ def test_connect_names_a_task_that_does_not_answer_within_the_timeout():
         rf"worker --task 0`, or check the address and the firewall\.",
         str(error),
     ), str(error)
-    assert cluster.connected_cluster() is None  # TensorFlow was never asked to connect
+    assert _connect.connected_cluster() is None  # TensorFlow was never asked to connect
 
 
 def test_connect_argument_errors():
@@ -276,7 +277,7 @@ class _Answering:
 def test_probe_accepts_an_answering_server():
     server = _Answering()
     try:
-        assert cluster.probe(server.address, timeout=2.0) is None
+        assert _health.probe(server.address, timeout=2.0) is None
     finally:
         server.close()
 
@@ -401,6 +402,7 @@ def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
         """
         import tensorflow as tf
         from dpkeras import cluster
+        from dpkeras.cluster import _connect, _devices, _health
         spec = cluster.resolve_cluster(SPEC)
         cluster.connect(spec, timeout=60)
         cluster.connect(SPEC, timeout=60)  # the same cluster again: a no-op
@@ -408,10 +410,10 @@ def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
             cluster.connect({"worker": SPEC["worker"][:1]})
         except RuntimeError as e:
             error = str(e)
-        compute, parameter, reason = cluster.default_cluster_devices(spec)
+        compute, parameter, reason = _devices.default_cluster_devices(spec)
         print(json.dumps({
             "logical": [d.name for d in tf.config.list_logical_devices()],
-            "tasks": cluster.task_devices(spec), "compute": compute,
+            "tasks": _devices.task_devices(spec), "compute": compute,
             "parameter": parameter, "reason": reason, "error": error,
             "streaming": os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"]}))
         """,
@@ -453,6 +455,7 @@ _TRAIN = """
     import signal, sys
     import tensorflow as tf
     from dpkeras import cluster
+    from dpkeras.cluster import _connect, _devices, _health
     spec = cluster.resolve_cluster(SPEC)
     cluster.connect(spec, timeout=60)
     with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
@@ -558,6 +561,7 @@ def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
         import signal
         import keras, numpy as np, tensorflow as tf
         from dpkeras import cluster
+        from dpkeras.cluster import _connect, _devices, _health
         spec = cluster.resolve_cluster(SPEC)
         cluster.connect(spec, timeout=60)
         with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):

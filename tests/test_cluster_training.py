@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from benchmarks.local_cluster import server_env
+from dpkeras.testing import server_env
 
 CLIENT_TIMEOUT = 300
 

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_weights_close, strategy_for
 
 import dpkeras
+from dpkeras.testing import assert_weights_close, cpu_strategy
 
 L = keras.layers
 AGG = tf.VariableAggregation
@@ -117,7 +117,7 @@ def _assert_same_training(reference, distributed, steps=STEPS):
 def test_custom_loop_equals_one_device(replicas, optimizer):
     reference = train_one_device(optimizer)
     keras.backend.clear_session()
-    distributed = train_distributed(strategy_for(replicas), optimizer, _global_batches)
+    distributed = train_distributed(cpu_strategy(replicas), optimizer, _global_batches)
     _assert_same_training(reference, distributed)
 
 
@@ -127,7 +127,7 @@ def test_custom_loop_short_last_batch_equals_one_device():
     n = GB * STEPS + 2
     reference = train_one_device("adam", n=n)
     keras.backend.clear_session()
-    distributed = train_distributed(strategy_for(3), "adam", lambda s: _global_batches(s, n=n))
+    distributed = train_distributed(cpu_strategy(3), "adam", lambda s: _global_batches(s, n=n))
     _assert_same_training(reference, distributed, steps=STEPS + 1)
 
 
@@ -138,7 +138,7 @@ def test_custom_loop_uneven_global_batch_equals_one_device():
     reference = train_one_device("sgd", n=n, global_batch=global_batch)
     keras.backend.clear_session()
     distributed = train_distributed(
-        strategy_for(3),
+        cpu_strategy(3),
         "sgd",
         lambda s: _global_batches(s, n=n, global_batch=global_batch),
         global_batch=global_batch,
@@ -153,14 +153,14 @@ def test_distribute_datasets_from_function_equals_one_device(replicas):
     as one device's step k, and the results must match."""
     reference = train_one_device("adam")
     keras.backend.clear_session()
-    distributed = train_distributed(strategy_for(replicas), "adam", _from_function)
+    distributed = train_distributed(cpu_strategy(replicas), "adam", _from_function)
     _assert_same_training(reference, distributed)
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_distributed_datasets_split_global_batches_in_order(replicas):
     """Which examples each replica sees, for both distribution APIs, on the replica's device."""
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
     b = GB // replicas
     ids = tf.data.Dataset.range(GB * 2)
 
@@ -190,7 +190,7 @@ def test_distributed_datasets_split_global_batches_in_order(replicas):
 def test_input_options_without_fetch_to_device():
     """`InputOptions(experimental_fetch_to_device=False)` keeps batches on the host and trains;
     CentralStorageStrategy raises AttributeError on the same call (a typo in TF)."""
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
     x, y = make_data()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GB)
@@ -227,7 +227,7 @@ def _in_mode(fn, mode):
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_reduce_gather_local_results(replicas, mode):
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
     n = replicas
     ids = np.arange(1, n + 1, dtype="float32")  # replica i contributes i + 1
 
@@ -274,7 +274,7 @@ def test_reduce_gather_local_results(replicas, mode):
 
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_replica_context_all_reduce_and_all_gather(replicas):
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
 
     @tf.function
     def run():
@@ -298,7 +298,7 @@ def test_replica_context_all_reduce_and_all_gather(replicas):
 
 
 def test_reduce_uneven_shapes_without_axis_raises():
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     u = strategy.run(lambda: tf.range(_replica_id() + 1, dtype=tf.float32))
     with pytest.raises(ValueError, match="different shapes"):
         strategy.reduce("SUM", u, axis=None)
@@ -306,7 +306,7 @@ def test_reduce_uneven_shapes_without_axis_raises():
 
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_distribute_values_from_function(replicas):
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
 
     def value_fn(ctx):
         assert ctx.num_replicas_in_sync == replicas
@@ -337,7 +337,7 @@ def test_distribute_values_from_function(replicas):
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_aggregated_variable_writes(replicas, mode):
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
     n = replicas
     with strategy.scope():
         summed = tf.Variable(5.0, aggregation=AGG.SUM)
@@ -374,7 +374,7 @@ def test_aggregated_variable_writes(replicas, mode):
 def test_none_aggregation_write_inside_cond(replicas):
     """NONE-aggregated writes need no synchronisation, so they are legal in `tf.cond` (as
     Keras's LossScaleOptimizer does); replica 0's write wins."""
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
     with strategy.scope():
         v = tf.Variable(0.0)
         counter = tf.Variable(0, dtype=tf.int64)  # NONE, like LossScaleOptimizer's step_counter
@@ -400,7 +400,7 @@ def test_none_aggregation_write_inside_cond(replicas):
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_on_read_sum_variable(replicas, mode):
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
     with strategy.scope():
         total = tf.Variable(
             0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=AGG.SUM
@@ -430,7 +430,7 @@ class _CreationSpy:
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
 def test_int_mean_variable_raises_before_creation(dtype):
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     spy = _CreationSpy()
     # A creator entered before the strategy scope sits below dpkeras's creator: it sees every
     # variable dpkeras lets through.
@@ -446,13 +446,13 @@ def test_int_mean_variable_raises_before_creation(dtype):
 
 
 def test_int_mean_variable_with_inferred_dtype_raises():
-    with strategy_for(2).scope(), pytest.raises(ValueError, match=r"int32 and aggregation=MEAN"):
+    with cpu_strategy(2).scope(), pytest.raises(ValueError, match=r"int32 and aggregation=MEAN"):
         tf.Variable(3, aggregation=AGG.MEAN)
 
 
 def test_int_mean_variable_with_inferred_dtype_raises_before_creation():
     spy = _CreationSpy()
-    with tf.variable_creator_scope(spy), strategy_for(2).scope():
+    with tf.variable_creator_scope(spy), cpu_strategy(2).scope():
         with pytest.raises(ValueError, match=r"int32 and aggregation=MEAN"):
             tf.Variable(3, aggregation=AGG.MEAN)
     assert spy.calls == 0
@@ -462,7 +462,7 @@ def test_int_mean_variable_with_inferred_dtype_raises_before_creation():
 
 
 def test_optimizer_iterations_count_steps_with_three_replicas():
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     with strategy.scope():
         model, opt = build("adam")
     step_fn = make_step_fn(model, opt)
@@ -489,7 +489,7 @@ def test_eager_custom_loop_without_tf_function():
     """`strategy.run` outside any `tf.function` (eager replica threads) trains too."""
     reference = train_one_device("sgd")
     keras.backend.clear_session()
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with strategy.scope():
         model, opt = build("sgd")
     step_fn = make_step_fn(model, opt)

@@ -12,8 +12,9 @@ import functools
 import keras
 import numpy as np
 import pytest
-from conftest import assert_weights_close, strategy_for
-from models import make_data, train
+
+from dpkeras.testing import assert_weights_close, cpu_strategy
+from tests.models import make_data, train
 
 KINDS = ["dense", "conv2d", "embedding", "lstm", "gru"]
 
@@ -39,13 +40,13 @@ def _assert_same_run(expected, actual):
 @pytest.mark.parametrize("kind", KINDS)
 def test_replicas_equal_one_device(kind, optimizer, replicas):
     expected = _one_device(kind, optimizer)
-    _assert_same_run(expected, train(kind, strategy_for(replicas), optimizer=optimizer))
+    _assert_same_run(expected, train(kind, cpu_strategy(replicas), optimizer=optimizer))
 
 
 @pytest.mark.parametrize("n", [250, 290], ids=["last-batch-58-over-3", "last-batch-2-over-3"])
 def test_uneven_last_batch_equals_one_device(n):
     expected = _one_device("dense", "adam", n=n)
-    _assert_same_run(expected, train("dense", strategy_for(3), n=n))
+    _assert_same_run(expected, train("dense", cpu_strategy(3), n=n))
 
 
 @pytest.mark.parametrize("batch_size", [10, 100], ids=["4-3-3", "34-33-33"])
@@ -54,7 +55,7 @@ def test_global_batch_not_divisible_by_replicas_equals_one_device(batch_size):
     one_device = train("dense", None, n=200, batch_size=batch_size)
     _assert_same_run(
         (one_device[0].get_weights(),) + one_device[1:],
-        train("dense", strategy_for(3), n=200, batch_size=batch_size),
+        train("dense", cpu_strategy(3), n=200, batch_size=batch_size),
     )
 
 
@@ -74,7 +75,7 @@ def test_unbuilt_model_with_uneven_batches_equals_one_device():
         model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
         return model.get_weights()
 
-    assert_weights_close(fit(None), fit(strategy_for(3)))
+    assert_weights_close(fit(None), fit(cpu_strategy(3)))
 
 
 def test_training_actually_moves_the_weights():

@@ -4,11 +4,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import strategy_for
-from models import build_model, make_data
 
 import dpkeras
-from dpkeras import strategy_scope as scope_module
+from dpkeras._strategy import scope as scope_module
+from dpkeras.testing import cpu_strategy
+from tests.models import build_model, make_data
 
 BAD_DEVICES = [
     # (compute_devices, parameter_device, message regex)
@@ -79,7 +79,7 @@ def test_simulate_cpu_devices_after_initialisation():
 
 @pytest.mark.parametrize("outer", ["one_device", "other_dpkeras"])
 def test_scope_inside_another_strategy_scope(outer):
-    other = tf.distribute.OneDeviceStrategy("/cpu:1") if outer == "one_device" else strategy_for(3)
+    other = tf.distribute.OneDeviceStrategy("/cpu:1") if outer == "one_device" else cpu_strategy(3)
     with other.scope():
         with pytest.raises(
             ValueError,
@@ -89,9 +89,9 @@ def test_scope_inside_another_strategy_scope(outer):
             with dpkeras.scope(["/cpu:1", "/cpu:2"]):
                 pass
         assert tf.distribute.get_strategy() is other
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         with dpkeras.scope(["/cpu:1", "/cpu:2"]) as same:  # re-entering the same one is fine
-            assert same is strategy_for(2)
+            assert same is cpu_strategy(2)
 
 
 def test_model_built_outside_the_scope_fails_before_training():
@@ -111,14 +111,14 @@ def test_model_built_outside_the_scope_fails_before_training():
 
 
 def test_integer_variable_with_mean_aggregation():
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         with pytest.raises(ValueError, match=r"'counter' has dtype int32 and aggregation=MEAN"):
             tf.Variable(0, dtype=tf.int32, name="counter", aggregation=tf.VariableAggregation.MEAN)
 
 
 def test_update_of_a_foreign_variable_in_a_custom_loop():
     foreign = tf.Variable(1.0)
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with pytest.raises(ValueError, match=r"was not created under this strategy's scope"):
         with strategy.scope():
             strategy.extended.update(foreign, lambda v, d: v.assign_add(d), args=(1.0,))

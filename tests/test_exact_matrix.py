@@ -8,9 +8,10 @@ pinned, so a TensorFlow or Keras change to them fails here and the README is upd
 
 import json
 
-import exact_features
 import pytest
-from conftest import run_python, strategy_for
+
+from dpkeras.testing import cpu_strategy, run_python
+from tests import exact_features
 
 # Measured on TF 2.21 / Keras 3.15, 3 replicas on logical CPU devices.
 MIRRORED = {
@@ -41,7 +42,7 @@ def test_the_table_covers_every_feature():
 @pytest.mark.parametrize("feature", sorted(exact_features.FEATURES))
 def test_dpkeras_is_exact(feature):
     expected = exact_features.run(feature)
-    actual = exact_features.run(feature, strategy_for(3))
+    actual = exact_features.run(feature, cpu_strategy(3))
     verdict, worst = exact_features.compare(feature, expected, actual)
     assert verdict == "exact", (feature, worst)
 
@@ -49,10 +50,9 @@ def test_dpkeras_is_exact(feature):
 def test_mirrored_strategy_verdicts():
     out = run_python(
         """
-        import json, sys
-        sys.path.insert(0, "tests")
+        import json
         import tensorflow as tf
-        import exact_features as F
+        from tests import exact_features as F
         mirrored = tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2", "/cpu:3"])
         verdicts = {}
         for feature in F.FEATURES:

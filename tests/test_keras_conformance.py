@@ -18,8 +18,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import strategy_for
-from keras_distribute_plugin import EXPECTED_FAILURES, MODULES
+
+from dpkeras.testing import cpu_strategy
+from tests.keras_distribute_plugin import EXPECTED_FAILURES, MODULES
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 KERAS_TIMEOUT = 600
@@ -79,7 +80,7 @@ def test_keras_distribute_tests_pass_under_dpkeras(tmp_path):
 
 
 def test_strategy_run_gives_each_replica_its_own_result():
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with strategy.scope():
         inputs = keras.Input(shape=[4])
         model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
@@ -94,7 +95,7 @@ def test_strategy_run_gives_each_replica_its_own_result():
 
 
 def test_seed_state_lives_once_and_replicas_draw_differently():
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with strategy.scope():
         seed_generator = keras.random.SeedGenerator(42)
     assert tuple(seed_generator.state.numpy()) == (42, 0)
@@ -125,7 +126,7 @@ def test_fit_with_a_regularizer_equals_one_device(replicas):
     x, y = np.ones((12, 1), "float32"), np.zeros((12, 1), "float32")
     expected = _regularized_model()
     expected_loss = expected.fit(x, y, batch_size=12, epochs=1, verbose=0).history["loss"]
-    with strategy_for(replicas).scope():
+    with cpu_strategy(replicas).scope():
         model = _regularized_model()
     loss = model.fit(x, y, batch_size=12, epochs=1, verbose=0).history["loss"]
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)

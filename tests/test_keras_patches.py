@@ -1,4 +1,4 @@
-"""dpkeras/keras_patches.py: named, checked, installed by a scope, and reversible.
+"""dpkeras/_patches/__init__.py: named, checked, installed by a scope, and reversible.
 
 Each test starts from `uninstall()` (Keras's own functions in place, nothing leased) and uses
 strategies made here, on devices no other test file uses, so no variable of another test keeps
@@ -14,10 +14,13 @@ import threading
 import keras
 import pytest
 import tensorflow as tf
-from conftest import run_python
 
 import dpkeras
-from dpkeras import _keras_internals, keras_patches, lookups, resume
+from dpkeras import _keras_internals
+from dpkeras._patches import resume
+from dpkeras._patches import table as keras_patches
+from dpkeras._variables import lookups
+from dpkeras.testing import run_python
 
 COMPUTE = ["/cpu:2", "/cpu:3"]
 PARAMETERS = "/cpu:1"
@@ -202,8 +205,8 @@ def test_the_keras_originals_dpkeras_reimplements_are_unchanged():
         assert found == patch.source_sha256, (
             f"Keras {keras.__version__} changed {patch.qualname} (source SHA-256 {found}, "
             f"pinned {patch.source_sha256}). Read the new Keras source, make "
-            f"dpkeras.resume.backup_save_model do everything it now does, then update "
-            f"source_sha256 in dpkeras/keras_patches.py."
+            f"dpkeras._patches.resume.backup_save_model do everything it now does, then update "
+            f"source_sha256 in dpkeras/_patches/__init__.py."
         )
 
 
@@ -247,7 +250,7 @@ def test_importing_dpkeras_registers_no_dispatcher():
     out = run_python(
         """
         import dpkeras, tensorflow as tf
-        from dpkeras import lookups
+        from dpkeras._variables import lookups
         try:
             tf.experimental.unregister_dispatch_for(lookups.gather)
             print("registered")

@@ -15,10 +15,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import strategy_for
-from models import make_data
 
 import dpkeras
+from dpkeras.testing import cpu_strategy
+from tests.models import make_data
 
 EPOCHS = 15
 
@@ -130,7 +130,7 @@ def test_epochs_of_unknown_size_do_not_drift():
     count ran ahead, the random stream shifted, and runs differed. (Plain Keras is always one
     ahead per epoch.) Under dpkeras they count exactly the steps trained."""
     x, y = make_data("dense", 58)
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(24)
     with strategy.scope():
         keras.utils.set_random_seed(5)

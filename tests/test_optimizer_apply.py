@@ -1,4 +1,4 @@
-"""The optimizer applies the summed gradient once (`dpkeras.optimizer_apply`).
+"""The optimizer applies the summed gradient once (`dpkeras._extended.optimizer_apply`).
 
 One device clips, decays and accumulates the whole batch's gradient; so must N replicas.
 Each case: 3 replicas against one device, same initial weights, same global batches.
@@ -10,10 +10,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_weights_close, strategy_for
-from models import build_model, make_data
 
 from dpkeras import _keras_internals
+from dpkeras.testing import assert_weights_close, cpu_strategy
+from tests.models import build_model, make_data
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(64, 6).astype("float32")
@@ -35,7 +35,7 @@ def _compare(optimizer, batch_size=16, epochs=4, x=X, y=Y):
     expected = reference.fit(
         x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0
     ).history
-    with strategy_for(3).scope():
+    with cpu_strategy(3).scope():
         model = _build(optimizer)
     history = model.fit(
         x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0
@@ -95,7 +95,7 @@ def test_loss_scale_optimizer_with_clipping():
         x, y = make_data("dense", 288)
         reference = build_model("dense", keras.optimizers.SGD(0.1, clipnorm=0.05))
         reference.fit(x, y, batch_size=96, epochs=2, shuffle=False, verbose=0)
-        with strategy_for(3).scope():
+        with cpu_strategy(3).scope():
             model = build_model("dense", keras.optimizers.SGD(0.1, clipnorm=0.05))
         model.fit(x, y, batch_size=96, epochs=2, shuffle=False, verbose=0)
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
@@ -131,7 +131,7 @@ def test_accumulation_in_a_custom_loop():
         return model
 
     reference = run(None)
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     with strategy.scope():
         model = run(strategy)
     assert_weights_close(reference.get_weights(), model.get_weights())
@@ -141,7 +141,7 @@ def test_keras_apply_gradients_calls_apply():
     """dpkeras routes an optimizer's `apply`; Keras's `apply_gradients` must go through it."""
     source = inspect.getsource(keras.optimizers.Optimizer.apply_gradients)
     assert "self.apply(grads, trainable_variables)" in source, (
-        "Keras changed Optimizer.apply_gradients: re-check dpkeras.optimizer_apply"
+        "Keras changed Optimizer.apply_gradients: re-check dpkeras._extended.optimizer_apply"
     )
 
 
@@ -160,7 +160,7 @@ def test_creating_optimizer_is_found_on_keras_name_scope_stack():
 
 
 def test_other_optimizers_and_the_class_are_untouched():
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = _build(lambda: keras.optimizers.SGD(0.1))
     outside = keras.optimizers.SGD(0.1)
     assert "apply" in vars(model.optimizer)

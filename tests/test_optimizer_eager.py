@@ -8,7 +8,8 @@ itself), so the result equals the same calls with no strategy.
 import keras
 import numpy as np
 import tensorflow as tf
-from conftest import strategy_for
+
+from dpkeras.testing import cpu_strategy
 
 
 def _run(strategy, make, steps):
@@ -50,7 +51,7 @@ def _weight_decay():
 
 def test_ema_with_overwrite_frequency():
     expected, _ = _run(None, _ema, steps=3)
-    actual, optimizer = _run(strategy_for(2), _ema, steps=3)
+    actual, optimizer = _run(cpu_strategy(2), _ema, steps=3)
     for e, a in zip(expected, actual):
         np.testing.assert_allclose(a, e, rtol=1e-6)
     assert int(optimizer.iterations.numpy()) == 3
@@ -60,7 +61,7 @@ def test_ema_with_overwrite_frequency():
 
 def test_weight_decay_with_excluded_variables():
     expected, _ = _run(None, _weight_decay, steps=2)
-    actual, _ = _run(strategy_for(3), _weight_decay, steps=2)
+    actual, _ = _run(cpu_strategy(3), _weight_decay, steps=2)
     for e, a in zip(expected, actual):
         np.testing.assert_allclose(a, e, rtol=1e-6)
     # The excluded variable moved by the gradient only: 2 - 1 - 1.

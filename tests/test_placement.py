@@ -5,11 +5,11 @@ import json
 import keras
 import numpy as np
 import pytest
-from conftest import assert_weights_close, run_python
-from models import build_model, make_data
 
 import dpkeras
 from dpkeras import placement
+from dpkeras.testing import assert_weights_close, run_python
+from tests.models import build_model, make_data
 
 L = keras.layers
 REPLICAS = ["/cpu:1", "/cpu:2"]
@@ -38,7 +38,7 @@ def _uneven_model():
 def _weight_loads(model):
     loads = {}
     for v in model.weights:
-        device = dpkeras.device_names.short_device(v.value.device)
+        device = dpkeras._device_names.short_device(v.value.device)
         loads[device] = loads.get(device, 0) + v.value.shape.num_elements() * 4
     return loads
 
@@ -64,7 +64,7 @@ def test_a_list_of_devices_means_greedy_by_size():
     strategy = dpkeras.get_strategy(REPLICAS, SPREAD)
     assert "greedy_by_size" in repr(strategy.extended.placement_policy)
     assert strategy.extended.parameter_devices == tuple(
-        dpkeras.device_names.canonical_device(d) for d in SPREAD
+        dpkeras._device_names.canonical_device(d) for d in SPREAD
     )
 
 
@@ -128,7 +128,7 @@ def test_gradients_are_reduced_where_each_variable_lives():
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
     home = {
-        v.path.split("/", 1)[1]: dpkeras.device_names.short_device(v.value.device)
+        v.path.split("/", 1)[1]: dpkeras._device_names.short_device(v.value.device)
         for v in model.trainable_weights
     }
     grads = [t for t in report.transfers if "gradient_tape" in t.tensor]

@@ -20,12 +20,13 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import resume_worker as worker
 import tensorflow as tf
-from conftest import strategy_for
 from keras.src.saving import saving_lib
 
-from dpkeras import atomic_files, keras_patches, resume
+from dpkeras._patches import atomic_files, resume
+from dpkeras._patches import table as keras_patches
+from dpkeras.testing import cpu_strategy
+from tests import resume_worker as worker
 
 WORKER = Path(worker.__file__)
 
@@ -52,7 +53,7 @@ def reference(replicas, epochs=worker.EPOCHS, dropout=True):
     the paths of `model.variables`.
     """
     x, y = worker.make_data()
-    with strategy_for(replicas).scope() if replicas else contextlib.nullcontext():
+    with cpu_strategy(replicas).scope() if replicas else contextlib.nullcontext():
         model = worker.build_model(dropout)
     model.fit(x, y, batch_size=worker.BATCH_SIZE, epochs=epochs, shuffle=False, verbose=0)
     return model.get_weights(), worker.state_arrays(model), [v.path for v in model.variables]
@@ -72,7 +73,7 @@ def load_npz(path):
 def restore_backup(directory, strategy="default", dropout=True):
     """What a restarted job does first: build the model, restore the backup. Returns the
     model and the epoch training resumes at."""
-    strategy = strategy_for(3) if strategy == "default" else strategy
+    strategy = cpu_strategy(3) if strategy == "default" else strategy
     with strategy.scope() if strategy else contextlib.nullcontext():  # as in `fit`
         model = worker.build_model(dropout)
         callback = keras.callbacks.BackupAndRestore(str(directory))
@@ -167,7 +168,7 @@ def test_integer_save_freq_resumes_exactly(strategy, tmp_path):
             if self.epoch == self.at and batch == 1:
                 raise RuntimeError("interrupted")
 
-    scope = strategy_for(2) if strategy == "dpkeras" else None
+    scope = cpu_strategy(2) if strategy == "dpkeras" else None
     x, y = worker.make_data()
     directory = str(tmp_path / "backup")
     epochs_run = 0
@@ -208,7 +209,7 @@ def test_a_mid_epoch_backup_is_restored_with_a_warning(tmp_path, caplog):
     """A backup from the middle of an epoch cannot be resumed exactly (Keras restarts the
     epoch); dpkeras restores it as Keras does and says what will happen."""
     directory = str(tmp_path / "backup")
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = worker.build_model()
     x, y = worker.make_data()
 
@@ -229,7 +230,7 @@ def test_a_mid_epoch_backup_is_restored_with_a_warning(tmp_path, caplog):
     with open(os.path.join(directory, "training_metadata.json")) as f:
         assert json.load(f)["dpkeras"]["epoch_complete"] is False
     with caplog.at_level("WARNING", logger="dpkeras"):
-        _, epoch = restore_backup(directory, strategy_for(2))
+        _, epoch = restore_backup(directory, cpu_strategy(2))
     assert epoch == 0
     assert "after 2 batch(es) of epoch 1" in caplog.text
     assert "trained a second time" in caplog.text
@@ -265,7 +266,7 @@ def test_checkpoint_manager_killed_during_save(kill, tmp_path):
     )
     latest = tf.train.latest_checkpoint(tmp_path / "manager")
     assert latest.endswith("ckpt-1")
-    with strategy_for(3).scope():
+    with cpu_strategy(3).scope():
         model = worker.build_model()
         model.optimizer.build(model.trainable_variables)
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
@@ -282,7 +283,7 @@ def test_terminate_on_nan_keeps_the_last_good_checkpoint(strategy, tmp_path):
     """The loss turns NaN at step 6 (epoch 1). TerminateOnNaN stops the run; Keras still calls
     on_epoch_end, so ModelCheckpoint and BackupAndRestore save the NaN weights, and
     BackupAndRestore then deletes its backup. Under dpkeras both keep epoch 0's state."""
-    scope = strategy_for(2) if strategy == "dpkeras" else None
+    scope = cpu_strategy(2) if strategy == "dpkeras" else None
     with scope.scope() if scope else contextlib.nullcontext():
         model = worker.build_model(dropout=False)
         poisoned = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -332,7 +333,7 @@ def test_a_failed_save_leaves_the_previous_file(suffix, tmp_path):
     """A write that fails half-way (as a kill would stop it) leaves the old file intact and no
     temporary file behind; without dpkeras, Keras has already truncated the file."""
     path = tmp_path / f"model{suffix}"
-    for scope in (strategy_for(2), None):
+    for scope in (cpu_strategy(2), None):
         if scope is None:
             model = worker.build_model()
         else:
@@ -357,7 +358,7 @@ def test_models_not_built_under_dpkeras_are_saved_as_keras_saves_them(tmp_path, 
     monkeypatch.setattr(os, "replace", lambda *a: (renames.append(a), replace(*a)))
     worker.build_model().save(tmp_path / "plain.keras")
     assert renames == []
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = worker.build_model()
     model.save(tmp_path / "dp.keras")
     assert [Path(target).name for _, target in renames] == ["dp.keras"]
@@ -365,7 +366,7 @@ def test_models_not_built_under_dpkeras_are_saved_as_keras_saves_them(tmp_path, 
 
 
 def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = worker.build_model()
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -377,7 +378,7 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
 
 
 def test_seed_states_round_trip():
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = worker.build_model()
     states = resume.seed_states(model)
     assert [s["path"] for s in states] == ["seed_generator/seed_generator_state"]
@@ -394,7 +395,7 @@ def test_a_backup_write_that_fails_half_way(strategy, tmp_path):
     Under dpkeras the restart resumes from epoch 0's backup; plain Keras has overwritten its
     only backup and cannot restart."""
     directory = str(tmp_path / "backup")
-    scope = strategy_for(2) if strategy == "dpkeras" else None
+    scope = cpu_strategy(2) if strategy == "dpkeras" else None
     x, y = worker.make_data()
     with scope.scope() if scope else contextlib.nullcontext():
         model = worker.build_model()
@@ -413,7 +414,7 @@ def test_a_backup_write_that_fails_half_way(strategy, tmp_path):
 
 def test_double_checkpoint_keeps_the_previous_backup(tmp_path):
     directory = tmp_path / "backup"
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = worker.build_model()
     x, y = worker.make_data()
     model.fit(

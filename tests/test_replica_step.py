@@ -1,4 +1,4 @@
-"""The per-step state replicas read (`dpkeras.replica_step`) belongs to one traced step.
+"""The per-step state replicas read (`dpkeras._variables.replica_step`) belongs to one traced step.
 
 A cached strategy is shared: two threads may trace steps under it at the same time. Each
 step's gradient weights (uneven batches) and inputs must reach that step's replicas only.
@@ -9,9 +9,9 @@ import threading
 import keras
 import numpy as np
 import tensorflow as tf
-from conftest import assert_weights_close, strategy_for
 
-from dpkeras import replica_step
+from dpkeras._variables import replica_step
+from dpkeras.testing import assert_weights_close, cpu_strategy
 
 TIMEOUT = 120
 
@@ -61,7 +61,7 @@ def test_two_threads_tracing_under_one_cached_strategy_get_their_own_gradient_we
     concurrent `fit`s mix their batches, under MirroredStrategy too), which is not what this
     test is about.
     """
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     rng = np.random.RandomState(0)
     # Global batches of 10 and 8 over 3 replicas: splits 4/3/3 and 3/3/2, so the two steps'
     # gradient weights differ (1.2, 0.9, 0.9 against 1.125, 1.125, 0.75).
@@ -107,14 +107,14 @@ def test_two_threads_tracing_under_one_cached_strategy_get_their_own_gradient_we
 
 
 def test_no_replica_step_outside_a_replica():
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     assert replica_step.current(strategy.extended) is None
     with strategy.scope():
         assert replica_step.current(strategy.extended) is None  # cross-replica context
 
 
 def test_replica_step_names_the_replica_and_its_device():
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     seen = []
 
     @tf.function
@@ -134,7 +134,7 @@ def test_replica_step_names_the_replica_and_its_device():
 
 
 def test_state_is_found_from_a_nested_function_graph_and_not_after_the_step():
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     state = replica_step.StepState(gradient_weights=["w0", "w1"])
     outer = tf.Graph()
     with outer.as_default(), replica_step.running(strategy.extended, state):

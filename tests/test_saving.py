@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPLICA_DEVICES, assert_weights_close, run_python, strategy_for
 
 import dpkeras
+from dpkeras.testing import assert_weights_close, cpu_strategy, run_python
 
 L = keras.layers
 
@@ -24,6 +24,8 @@ PARAMETER_DEVICE = "/cpu:0"
 BATCH = 16  # even over 2 replicas
 DPKERAS_STEPS = 4
 PLAIN_STEPS = 3
+
+TWO_REPLICAS = ["/cpu:1", "/cpu:2"]
 
 
 def make_data(n=64, seed=0):
@@ -50,7 +52,7 @@ def build_model(kind="bn", seed=7):
 def train_under_dpkeras(kind="bn", steps=DPKERAS_STEPS):
     """A model built and trained `steps` steps under dpkeras with 2 replicas."""
     x, y = make_data()
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = build_model(kind)
     model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0)
     return model
@@ -157,7 +159,7 @@ def dpkeras_bn(tmp_path_factory):
     keras.backend.clear_session()
     model = train_under_dpkeras("bn")
     assert_all_on_parameter_device(model)
-    saved = Saved(tmp_path_factory.mktemp("dpkeras_bn"), model, DPKERAS_STEPS, strategy_for(2))
+    saved = Saved(tmp_path_factory.mktemp("dpkeras_bn"), model, DPKERAS_STEPS, cpu_strategy(2))
     keras.backend.clear_session()
     return saved
 
@@ -173,7 +175,7 @@ def plain_bn(tmp_path_factory):
 
 def build_in_scope(kind="bn"):
     """A fresh compiled model with its optimizer built, under dpkeras (2 replicas)."""
-    with dpkeras.scope(REPLICA_DEVICES[2], PARAMETER_DEVICE):
+    with dpkeras.scope(TWO_REPLICAS, PARAMETER_DEVICE):
         model = build_model(kind, seed=99)
         model.optimizer.build(model.trainable_variables)
     return model
@@ -207,9 +209,9 @@ def test_keras_file_loads_without_strategy_with_identical_state(dpkeras_bn):
 
 
 def test_keras_file_loads_inside_scope_on_parameter_device(dpkeras_bn):
-    with dpkeras.scope(REPLICA_DEVICES[2], PARAMETER_DEVICE) as strategy:
+    with dpkeras.scope(TWO_REPLICAS, PARAMETER_DEVICE) as strategy:
         loaded = keras.models.load_model(dpkeras_bn.keras)
-    assert strategy is strategy_for(2)
+    assert strategy is cpu_strategy(2)
     assert_same_state(dpkeras_bn.state, snapshot(loaded))
     assert_all_on_parameter_device(loaded)
     x, y = make_data(seed=3)
@@ -220,7 +222,7 @@ def test_keras_file_loads_inside_scope_on_parameter_device(dpkeras_bn):
 
 def test_keras_file_moves_between_replica_counts(dpkeras_bn):
     """Saved with 2 replicas, loaded into a 3-replica dpkeras strategy: identical state."""
-    with strategy_for(3).scope():
+    with cpu_strategy(3).scope():
         loaded = keras.models.load_model(dpkeras_bn.keras)
     assert_same_state(dpkeras_bn.state, snapshot(loaded))
     assert_all_on_parameter_device(loaded)
@@ -243,7 +245,7 @@ def test_continued_training_after_load_matches_one_device(tmp_path):
     model.save(path)
 
     single = keras.models.load_model(path)
-    with dpkeras.scope(REPLICA_DEVICES[2], PARAMETER_DEVICE):
+    with dpkeras.scope(TWO_REPLICAS, PARAMETER_DEVICE):
         parallel = keras.models.load_model(path)
     assert_same_state(before, snapshot(single))
     assert_same_state(before, snapshot(parallel))
@@ -314,7 +316,7 @@ def test_checkpoint_saved_and_restored_inside_scope(dpkeras_bn):
     """Saved with the scope entered (as a custom training loop would), restored inside it."""
     target = build_in_scope()
     assert_differs(dpkeras_bn, target)
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         _restore(dpkeras_bn.checkpoint_in_scope, target)
     assert_same_state(dpkeras_bn.state, snapshot(target))
     assert_all_on_parameter_device(target)
@@ -335,7 +337,7 @@ def test_export_serves_same_predictions(dpkeras_bn):
 def test_export_and_serve_inside_scope(dpkeras_bn):
     """Exported and loaded with the scope entered (MirroredStrategy cannot serve a SavedModel
     loaded inside its scope; dpkeras can)."""
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         served = tf.saved_model.load(dpkeras_bn.export_in_scope)
         got = served.serve(tf.constant(dpkeras_bn.x)).numpy()
     np.testing.assert_allclose(got, dpkeras_bn.predictions, rtol=1e-5, atol=1e-6)
@@ -401,7 +403,7 @@ def test_mirrored_round_trip(dpkeras_bn, tmp_path):
         not np.array_equal(m, d)
         for m, d in zip(mirrored_state[0].values(), dpkeras_bn.state[0].values())
     )
-    with dpkeras.scope(REPLICA_DEVICES[2], PARAMETER_DEVICE):
+    with dpkeras.scope(TWO_REPLICAS, PARAMETER_DEVICE):
         back = keras.models.load_model(str(tmp_path / "mirrored.keras"))
     assert_same_state(mirrored_state, snapshot(back))
     assert_all_on_parameter_device(back)

@@ -4,10 +4,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_weights_close, run_python, strategy_for
-from models import build_model, make_data, train
 
 import dpkeras
+from dpkeras.testing import assert_weights_close, cpu_strategy, run_python
+from tests.models import build_model, make_data, train
 
 
 def _on_parameter_device(variable, device="CPU:0"):
@@ -16,7 +16,7 @@ def _on_parameter_device(variable, device="CPU:0"):
 
 def test_every_kind_of_variable_lives_once_on_the_parameter_device():
     keras.config.set_dtype_policy("mixed_float16")  # adds LossScaleOptimizer state
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     with strategy.scope():
         model = build_model(
             "dropout",
@@ -59,7 +59,7 @@ def test_gradients_are_reduced_on_the_configured_parameter_device():
 
 def test_metrics_accumulate_like_one_device():
     """CentralStorageStrategy gives totals 6, 24, 78 here; one device 6, 12, 18."""
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     with strategy.scope():
         metric = keras.metrics.Mean()
 
@@ -90,7 +90,7 @@ def test_batchnorm_matches_mirrored_strategy(tmp_path):
         f"""
         import sys, numpy as np, tensorflow as tf
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
-        from models import train
+        from tests.models import train
         model = train("batchnorm", tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2"]))[0]
         np.savez({str(out)!r}, *model.get_weights())
         """,
@@ -98,7 +98,7 @@ def test_batchnorm_matches_mirrored_strategy(tmp_path):
     )
     mirrored = np.load(out)
     mirrored = [mirrored[f"arr_{i}"] for i in range(len(mirrored.files))]
-    model = train("batchnorm", strategy_for(2))[0]
+    model = train("batchnorm", cpu_strategy(2))[0]
     assert_weights_close(mirrored, model.get_weights(), rtol=1e-5, atol=1e-5)
     one_device = train("batchnorm")[0]
     moving_mean = [w for w in model.weights if "moving_mean" in w.path][0]
@@ -122,7 +122,7 @@ def _dropout_masks(strategy, seed):
 
 
 def test_dropout_masks_differ_across_replicas_and_steps_and_are_reproducible():
-    strategy = strategy_for(3)
+    strategy = cpu_strategy(3)
     first, second = _dropout_masks(strategy, seed=5)
     masks = [tuple((m > 0).ravel()) for m in first + second]
     assert len(set(masks)) == 6, "replicas or steps repeated a Dropout mask"
@@ -132,7 +132,7 @@ def test_dropout_masks_differ_across_replicas_and_steps_and_are_reproducible():
 
 
 def test_dropout_model_trains_and_is_reproducible():
-    losses = [train("dropout", strategy_for(2))[1]["loss"] for _ in range(2)]
+    losses = [train("dropout", cpu_strategy(2))[1]["loss"] for _ in range(2)]
     assert losses[0] == losses[1]
     assert np.all(np.isfinite(losses[0]))
 
@@ -141,7 +141,7 @@ def test_dropout_model_trains_and_is_reproducible():
 def test_mixed_precision_trains_like_one_device(policy, atol):
     keras.config.set_dtype_policy(policy)
     expected, expected_history, _ = train("dense")
-    model, history, _ = train("dense", strategy_for(3))
+    model, history, _ = train("dense", cpu_strategy(3))
     assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-3, atol=atol)
     np.testing.assert_allclose(history["loss"], expected_history["loss"], rtol=1e-3)
     if policy == "mixed_float16":
@@ -164,7 +164,7 @@ def test_loss_scale_backs_off_on_overflow_once_per_step(bad_rows):
     overflow on replica 1 alone reaches the weights); dpkeras makes the verdict global.
     """
     keras.config.set_dtype_policy("mixed_float16")
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = build_model("dense")
     initial = model.get_weights()
     x, y = make_data("dense", 96)
@@ -183,7 +183,7 @@ def test_embedding_rows_travel_not_the_table(replicas):
     replica receives and returns only its looked-up rows of the 5000 x 64 table."""
     keras.utils.set_random_seed(0)
     global_batch = 48
-    with strategy_for(replicas).scope():
+    with cpu_strategy(replicas).scope():
         model = keras.Sequential(
             [
                 keras.Input((4,), dtype="int32"),
@@ -196,8 +196,8 @@ def test_embedding_rows_travel_not_the_table(replicas):
     x = np.random.RandomState(0).randint(0, 5000, (global_batch, 4)).astype("int32")
     report = dpkeras.train_step_transfers(model, x, np.zeros(global_batch), batch_size=global_batch)
     rows_bytes = global_batch // replicas * 4 * 64 * 4
-    for replica in strategy_for(replicas).extended.worker_devices:
-        short = dpkeras.device_names.short_device(replica)
+    for replica in cpu_strategy(replicas).extended.worker_devices:
+        short = dpkeras._device_names.short_device(replica)
         received = [t for t in report.transfers if t.destination == short]
         sent = [t for t in report.transfers if t.source == short and t.destination == "/cpu:0"]
         assert max(t.bytes for t in received) == rows_bytes, [(t.tensor, t.shape) for t in received]
@@ -212,14 +212,14 @@ def test_embedding_lookups_outside_replicas_are_unchanged():
     np.testing.assert_array_equal(
         tf.gather(table, [1], axis=1).numpy().ravel(), np.arange(6) * 2 + 1
     )
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         placed = keras.Variable(np.arange(12, dtype="float32").reshape(6, 2))
     np.testing.assert_array_equal(keras.ops.take(placed, [5], axis=0).numpy(), [[10, 11]])
 
 
 def test_idiom_13_a_read_after_a_write_in_the_same_step_sees_the_write():
     """TF1 needed `control_dependencies` + `read_value`; here the cached read is dropped."""
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with strategy.scope():
         v = tf.Variable(1.0, aggregation=tf.VariableAggregation.SUM)
 
@@ -239,7 +239,7 @@ def test_idiom_13_a_read_after_a_write_in_the_same_step_sees_the_write():
 
 
 def test_idiom_12_initial_values_may_read_other_variables():
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         first = tf.Variable(tf.fill([3], 2.0))
         second = tf.Variable(first * 3.0)
         third = tf.Variable(lambda: first + second)

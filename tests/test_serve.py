@@ -7,12 +7,11 @@ import socket
 import subprocess
 
 import pytest
-from conftest import run_python
 
-from benchmarks.local_cluster import LocalCluster, serve_command, server_env
-from dpkeras import cli
-from dpkeras.cluster import probe
-from dpkeras.commands.serve import serve
+from dpkeras import _cli as cli
+from dpkeras._cli.serve import serve
+from dpkeras.cluster._health import probe
+from dpkeras.testing import LocalCluster, run_python, serve_command, server_env
 
 
 def test_serves_a_reachable_task_and_exits_0_on_sigterm():

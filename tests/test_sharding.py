@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import dpkeras
-from dpkeras import partitioning
-from dpkeras.sharded_variables import ShardedParameterVariable
-from tests.conftest import assert_weights_close
+from dpkeras._variables import partitioning
+from dpkeras._variables.sharded import ShardedParameterVariable
+from dpkeras.testing import assert_weights_close
 
 P = tf.distribute.experimental.partitioners
 REPLICAS = ["/cpu:1", "/cpu:2"]

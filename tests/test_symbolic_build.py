@@ -1,4 +1,4 @@
-"""No batch is lost to building the model (`dpkeras.symbolic_build`).
+"""No batch is lost to building the model (`dpkeras._patches.symbolic_build`).
 
 Keras builds an unbuilt model under a strategy from the first batch of the epoch; a generator
 or a PyDataset cannot give it back. Under dpkeras the build uses the data's spec, so 8 batches
@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_weights_close, strategy_for
 
-from dpkeras import symbolic_build
+from dpkeras._patches import symbolic_build
+from dpkeras.testing import assert_weights_close, cpu_strategy
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(64, 6).astype("float32")
@@ -59,7 +59,7 @@ def test_every_batch_trains_and_is_evaluated(kind):
     reference = _build()
     expected = reference.fit(DATA[kind](), steps_per_epoch=steps, verbose=0).history
     expected_evaluate = reference.evaluate(DATA[kind](), verbose=0)
-    with strategy_for(3).scope():
+    with cpu_strategy(3).scope():
         model = _build()
     history = model.fit(DATA[kind](), steps_per_epoch=steps, verbose=0).history
     evaluation = model.evaluate(DATA[kind](), verbose=0)

@@ -1,4 +1,4 @@
-"""dpkeras.tf1.collections: slim's variables and the lists of them (TF1 idioms 7-10)."""
+"""dpkeras.tf1._collections: slim's variables and the lists of them (TF1 idioms 7-10)."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""dpkeras.tf1.errors: every error names the full path and what is valid."""
+"""dpkeras.tf1._errors: every error names the full path and what is valid."""
 
 import pytest
 

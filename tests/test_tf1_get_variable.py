@@ -1,4 +1,4 @@
-"""dpkeras.tf1.get_variable: create by name, or reuse (TF1 idiom 4); initializers and shapes."""
+"""dpkeras.tf1._get_variable: create by name, or reuse (TF1 idiom 4); initializers and shapes."""
 
 import keras
 import numpy as np

@@ -1,4 +1,4 @@
-"""dpkeras.tf1.scopes: scopes prefix names and decide reuse (TF1 idioms 5 and 6)."""
+"""dpkeras.tf1._scopes: scopes prefix names and decide reuse (TF1 idioms 5 and 6)."""
 
 import numpy as np
 import tensorflow as tf

@@ -1,4 +1,4 @@
-"""dpkeras.tf1.sharing: Keras layers built in a scope share their weights (TF1 idioms 2, 3).
+"""dpkeras.tf1._sharing: Keras layers built in a scope share their weights (TF1 idioms 2, 3).
 
 Sharing is real: one entry in `trainable_weights`, one set of optimizer slots, Adam step for
 step equal to one layer called twice; it survives `.keras` files and checkpoints, works for

@@ -1,4 +1,4 @@
-"""dpkeras.tf1.store and dpkeras.tf1.state: stores, thread-local scopes; the docstring examples."""
+"""The TF1 layer's stores and thread-local scopes; the docstring examples of its modules."""
 
 import importlib
 import re
@@ -62,8 +62,12 @@ def test_a_failing_scope_body_leaves_no_scope_entered():
 
 def _docstring_examples():
     names = ("store", "errors", "state", "sharing", "scopes", "get_variable", "collections")
-    for module in [importlib.import_module(f"dpkeras.tf1.{name}") for name in names]:
-        objects = [module] + [getattr(module, name) for name in module.__all__]
+    for module in [importlib.import_module(f"dpkeras.tf1._{name}") for name in names]:
+        objects = [module] + [
+            obj
+            for obj in vars(module).values()
+            if getattr(obj, "__module__", None) == module.__name__
+        ]
         objects += [
             member
             for obj in objects

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import dpkeras
-from tests.conftest import assert_weights_close
+from dpkeras.testing import assert_weights_close
 
 REPLICAS = ["/cpu:1", "/cpu:2"]
 

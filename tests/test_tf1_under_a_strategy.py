@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import strategy_for
 
 import dpkeras
+from dpkeras.testing import cpu_strategy
 from dpkeras.tf1 import VariableStore, get_variable, local_variable, model_variable, variable_scope
 from tests.tf1_models import INPUT_SHAPE, Towers, assert_towers_share, images, reference_like
 
@@ -51,7 +51,7 @@ def parameter_device(strategy):
 
 @pytest.mark.parametrize("order", ORDERS)
 def test_shared_variables_live_on_the_parameter_device(order):
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with enter(order, strategy):
         model = Towers()
         model.build(INPUT_SHAPE)
@@ -72,7 +72,7 @@ def test_shared_variables_live_on_the_parameter_device(order):
 @pytest.mark.parametrize("order", ORDERS)
 def test_two_replicas_train_like_one_device_with_one_layer_called_twice(order):
     x, y = images(n=8)
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with enter(order, strategy):
         model = Towers()
         model.build(INPUT_SHAPE)
@@ -96,7 +96,7 @@ def test_two_replicas_train_like_one_device_with_one_layer_called_twice(order):
 
 def test_lazily_built_model_under_dpkeras_fails_saying_to_build_it_inside_the_scope():
     x, y = images(n=8)
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = Towers()
         model.compile(keras.optimizers.SGD(0.1), "mse")
     with pytest.raises(
@@ -110,7 +110,7 @@ def test_lazily_built_model_under_dpkeras_fails_saying_to_build_it_inside_the_sc
 def test_reusing_under_another_strategy_fails_naming_both():
     with variable_scope("model"):
         get_variable("w", (2,))
-    with strategy_for(2).scope(), variable_scope("model", reuse=True):
+    with cpu_strategy(2).scope(), variable_scope("model", reuse=True):
         with pytest.raises(
             ValueError,
             match=(
@@ -122,7 +122,7 @@ def test_reusing_under_another_strategy_fails_naming_both():
 
 
 def test_reuse_outside_the_strategy_reads_the_same_variable():
-    with strategy_for(2).scope(), variable_scope("model"):
+    with cpu_strategy(2).scope(), variable_scope("model"):
         w = get_variable("w", initializer=[1.0, 2.0])
     with variable_scope("model", reuse=True):
         assert get_variable("w", (2,)) is w

@@ -9,11 +9,11 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from conftest import assert_weights_close
-from models import build_model, make_data
 
 import dpkeras
 from dpkeras import ParameterVariable
+from dpkeras.testing import assert_weights_close
+from tests.models import build_model, make_data
 
 TIMEOUT = 120
 

@@ -3,10 +3,10 @@
 import keras
 import pytest
 import tensorflow as tf
-from conftest import strategy_for
-from models import build_model, make_data
 
 import dpkeras
+from dpkeras.testing import cpu_strategy
+from tests.models import build_model, make_data
 
 L = keras.layers
 
@@ -30,7 +30,7 @@ def _weight_reads(report, replica):
 
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_at_most_one_tensor_per_variable_per_replica(replicas):
-    with strategy_for(replicas).scope():
+    with cpu_strategy(replicas).scope():
         model = _shared_layer_model()
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
@@ -39,8 +39,8 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
         + len(model.optimizer.variables)
         + sum(len(m.variables) for m in model.metrics)
     )
-    for replica in strategy_for(replicas).extended.worker_devices:
-        short = dpkeras.device_names.short_device(replica)
+    for replica in cpu_strategy(replicas).extended.worker_devices:
+        short = dpkeras._device_names.short_device(replica)
         received = _weight_reads(report, short)
         names = [t.tensor for t in received]
         assert len(received) <= read_variables, names
@@ -48,8 +48,8 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
         float_matrices = [t for t in received if t.shape and len(t.shape) >= 1]
         assert len(float_matrices) == len(model.trainable_variables), names
     # Gradients go back once per trainable variable per replica, nothing else is large.
-    for replica in strategy_for(replicas).extended.worker_devices:
-        replica = dpkeras.device_names.short_device(replica)
+    for replica in cpu_strategy(replicas).extended.worker_devices:
+        replica = dpkeras._device_names.short_device(replica)
         back = [t for t in report.transfers if t.source == replica and t.shape]
         assert len(back) == len(model.trainable_variables)
 
@@ -64,7 +64,7 @@ def test_central_storage_sends_each_use_separately():
     x, y = make_data("dense", 96)
     css = dpkeras.train_step_transfers(model, x, y, batch_size=96)
     keras.backend.clear_session()
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = _shared_layer_model()
     ours = dpkeras.train_step_transfers(model, x, y, batch_size=96)
     for replica in ("/cpu:1", "/cpu:2"):
@@ -73,7 +73,7 @@ def test_central_storage_sends_each_use_separately():
 
 
 def test_report_counts_match_the_model():
-    with strategy_for(2).scope():
+    with cpu_strategy(2).scope():
         model = build_model("dense")
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
@@ -97,13 +97,13 @@ def test_report_requires_a_step_traced_inside():
 def test_counters_are_incremented_where_they_live(replicas):
     """Keras's `iterations.assign_add(1)` is `assign(iterations + 1)`; dpkeras applies it as an
     assign_add on the parameter device, so no replica receives the int64 count."""
-    strategy = strategy_for(replicas)
+    strategy = cpu_strategy(replicas)
     with strategy.scope():
         model = build_model("dense", metrics=())
     x, y = make_data("dense", 96)
     report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
     for replica in strategy.extended.worker_devices:
-        received = _weight_reads(report, dpkeras.device_names.short_device(replica))
+        received = _weight_reads(report, dpkeras._device_names.short_device(replica))
         assert not [t for t in received if t.dtype == "int64"], received
         # The 4 weights, and the loss tracker's total and count.
         assert len(received) == len(model.trainable_variables) + 2, [t.tensor for t in received]

@@ -13,14 +13,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_python, strategy_for
-from models import train
+
+from dpkeras.testing import cpu_strategy, run_python
+from tests.models import train
 
 _CSS_PROGRAM = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import keras, numpy as np, tensorflow as tf
-from models import train
+from tests.models import train
 
 def css():
     return tf.distribute.experimental.CentralStorageStrategy(["/cpu:1", "/cpu:2"],
@@ -73,7 +74,7 @@ def test_models_central_storage_cannot_train(kind, policy):
     error = _central_storage_results()["errors"][f"{kind}/{policy}"]
     assert error and "You must specify an aggregation method to update" in error
     keras.config.set_dtype_policy(policy)
-    model, history, _ = train(kind, strategy_for(2))
+    model, history, _ = train(kind, cpu_strategy(2))
     assert np.all(np.isfinite(history["loss"]))
     assert history["loss"][-1] < history["loss"][0]
 
@@ -81,7 +82,7 @@ def test_models_central_storage_cannot_train(kind, policy):
 def test_metric_totals():
     """A Mean metric over 3 steps of value 2 on 2 replicas: totals 4, 8, 12 on one device."""
     assert _central_storage_results()["totals"] == [4.0, 12.0, 28.0]  # N*old + sum(new)
-    strategy = strategy_for(2)
+    strategy = cpu_strategy(2)
     with strategy.scope():
         metric = keras.metrics.Mean()
 
@@ -100,7 +101,7 @@ def test_fit_history_and_evaluate():
     expected_history, expected_eval = train("dense")[1:]
     css = _central_storage_results()
     assert not np.allclose(css["history"], expected_history["loss"], rtol=1e-3)
-    _, history, evaluation = train("dense", strategy_for(2))
+    _, history, evaluation = train("dense", cpu_strategy(2))
     np.testing.assert_allclose(history["loss"], expected_history["loss"], rtol=1e-5)
     np.testing.assert_allclose(evaluation, expected_eval, rtol=1e-5)
 

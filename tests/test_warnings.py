@@ -11,7 +11,8 @@ import warnings
 
 import keras
 import numpy as np
-from conftest import strategy_for
+
+from dpkeras.testing import cpu_strategy
 
 
 class _Records(logging.Handler):
@@ -31,7 +32,7 @@ def test_fit_under_dpkeras_warns_about_nothing_of_dpkeras():
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with strategy_for(3).scope():
+            with cpu_strategy(3).scope():
                 model = keras.Sequential(
                     [
                         keras.Input((6,)),

@@ -13,7 +13,7 @@ One module per concept, each using the others through their public names only:
 Every public name is also `dpkeras.<name>`.
 """
 
-from dpkeras.tf1.collections import (
+from dpkeras.tf1._collections import (
     LocalVariable,
     add_model_variable,
     get_local_variables,
@@ -24,10 +24,10 @@ from dpkeras.tf1.collections import (
     regularization_losses,
     variable,
 )
-from dpkeras.tf1.get_variable import get_variable
-from dpkeras.tf1.scopes import VariableScope, variable_scope
-from dpkeras.tf1.state import get_variable_store
-from dpkeras.tf1.store import AUTO_REUSE, VariableStore
+from dpkeras.tf1._get_variable import get_variable
+from dpkeras.tf1._scopes import VariableScope, variable_scope
+from dpkeras.tf1._state import get_variable_store
+from dpkeras.tf1._store import AUTO_REUSE, VariableStore
 
 __all__ = [
     "AUTO_REUSE",

@@ -1,0 +1,99 @@
+"""Device names: one canonical spelling, and a short one for people.
+
+Every device string dpkeras accepts goes through `canonical_device`, so `/gpu:0`, `GPU:0` and
+`/job:localhost/replica:0/task:0/device:GPU:0` are the same device everywhere (placement,
+reports, error messages). This module imports nothing from dpkeras: every other module may use it.
+"""
+
+import tensorflow as tf
+
+LOCAL_JOB = "localhost"
+
+
+def canonical_device(device):
+    """Returns the canonical, fully specified name of a device.
+
+    A device without a job is a device of this process (job `localhost`, task 0); a device of
+    a cluster task keeps its job and task.
+
+    Args:
+        device: str, such as `"/gpu:1"`, `"GPU:1"`, `"/device:CPU:0"` or
+            `"/job:ps/task:1/device:CPU:0"`.
+
+    Returns:
+        str, such as `"/job:localhost/replica:0/task:0/device:GPU:1"`.
+
+    Raises:
+        ValueError: if `device` is not a string naming one device type and index.
+    """
+    if not isinstance(device, str):
+        raise ValueError(
+            f"A device must be a string such as '/gpu:0' or '/cpu:0'. "
+            f"Received: {device!r} (of type {type(device).__name__})"
+        )
+    text = device.strip()
+    if ":" not in text:
+        raise ValueError(
+            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
+            f"Received: {device!r}"
+        )
+    if not text.startswith("/"):
+        text = "/device:" + text
+    try:
+        spec = tf.DeviceSpec.from_string(text)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"Cannot parse device {device!r}: {e}. Expected a device such as '/gpu:0', "
+            f"'/cpu:0' or '/job:localhost/replica:0/task:0/device:GPU:0'."
+        ) from None
+    if spec.device_type is None or spec.device_index is None:
+        raise ValueError(
+            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
+            f"Received: {device!r}"
+        )
+    job = spec.job or LOCAL_JOB
+    return (
+        f"/job:{job}/replica:{spec.replica or 0}/task:{spec.task or 0}"
+        f"/device:{spec.device_type.upper()}:{spec.device_index}"
+    )
+
+
+def is_local(device):
+    """Whether a canonical device name belongs to this process (job `localhost`)."""
+    return tf.DeviceSpec.from_string(device).job in (None, LOCAL_JOB)
+
+
+def task_of(device):
+    """`'/job:ps/replica:0/task:1/device:CPU:0'` -> `'/job:ps/replica:0/task:1'`."""
+    return device.rsplit("/device:", 1)[0]
+
+
+def host_of(device):
+    """The host CPU of a device's task: `.../task:1/device:GPU:3` -> `.../task:1/device:CPU:0`."""
+    return f"{task_of(canonical_device(device))}/device:CPU:0"
+
+
+def pull_device(source, consumer):
+    """Where a consumer on another task should receive a value from `source`, else None.
+
+    A tensor crosses the network once per device that consumes it; replicas on one worker
+    task share one copy on that task's host CPU instead, so each variable crosses once per
+    task and step however many replicas the task runs. Within one task, None: TensorFlow
+    copies between its devices directly.
+    """
+    if not source or not consumer:
+        return None
+    source, consumer = canonical_device(source), canonical_device(consumer)
+    return None if task_of(source) == task_of(consumer) else host_of(consumer)
+
+
+def short_device(device):
+    """A device name for people: `/gpu:1` for a local device, `/job:ps/task:1/cpu:0` otherwise.
+
+    `'/job:localhost/replica:0/task:0/device:GPU:1'` -> `'/gpu:1'`.
+    """
+    spec = tf.DeviceSpec.from_string(device)
+    local = f"/{spec.device_type.lower()}:{spec.device_index}"
+    if spec.job in (None, LOCAL_JOB):
+        return local
+    return f"/job:{spec.job}/task:{spec.task or 0}{local}"

@@ -1,0 +1,10 @@
+"""The machinery behind the strategy: its extended class and the parts it delegates to.
+
+- `extended`: `ParameterDeviceExtended`, answering TensorFlow's hooks;
+- `devices`: which devices compute and hold variables (arguments, settings, defaults);
+- `creator`: the one variable creator (placement, sharding);
+- `reductions`: cross-replica sums where they are consumed, and the ledger of them;
+- `keras_steps`: what a Keras step needs around it (model check, uneven batches, "finite?");
+- `optimizer_apply`: the optimizer applies the summed gradient once;
+- `input`: feeding the replicas, one input pipeline per host.
+"""

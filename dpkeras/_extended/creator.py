@@ -1,0 +1,226 @@
+"""The one variable creator: every variable made under the strategy is placed here, once.
+
+It validates the request, describes it as a `placement.VariableSpec`, asks the placement
+policy for a device (optimizer slots follow their variable instead), creates the variable there
+with the creators below it, and wraps it as a `ParameterVariable`. Nothing else places
+variables.
+"""
+
+import dataclasses
+import itertools
+import threading
+import weakref
+
+import tensorflow as tf
+
+from dpkeras import _keras_internals, _tf_internals, placement
+from dpkeras._device_names import canonical_device, short_device
+from dpkeras._variables import partitioning
+from dpkeras._variables.shard_updates import ROW_WISE_OPTIMIZERS
+from dpkeras._variables.sharded import ShardedParameterVariable
+from dpkeras._variables.variables import ParameterVariable
+from dpkeras.placement import VariableKind
+
+VALID_AGGREGATIONS = (
+    tf.VariableAggregation.NONE,
+    tf.VariableAggregation.SUM,
+    tf.VariableAggregation.MEAN,
+    tf.VariableAggregation.ONLY_FIRST_REPLICA,
+)
+
+
+def _check_aggregation_dtype(name, aggregation, dtype):
+    if aggregation == tf.VariableAggregation.MEAN and not (dtype.is_floating or dtype.is_complex):
+        raise ValueError(
+            f"Variable {name!r} has dtype {dtype.name} and aggregation=MEAN; the mean of "
+            f"integers across replicas is not an integer. Use aggregation SUM, "
+            f"ONLY_FIRST_REPLICA or NONE, or a floating dtype."
+        )
+
+
+class VariableCreator:
+    """Places variables by a policy and keeps a registry of what it created.
+
+    A variable the partitioner cuts (see `dpkeras._variables.partitioning`) becomes a
+    `ShardedParameterVariable`: every shard's device is chosen (each shard is its own
+    `VariableSpec`, path `<path>/part_<i>`) before any shard is created, the initial value is
+    computed once, whole (so a sharded variable starts with the numbers an unsharded one would)
+    and each shard receives only its rows. Optimizer slots of a sharded variable are sharded
+    like it, shard by shard on the same devices.
+
+    Args:
+        policy: callable `(VariableSpec) -> device`; see `dpkeras.placement`.
+        available: set of canonical device names the policy may choose from.
+        wrap: callable `(variable, spec) -> ParameterVariable`.
+        partitioner: the strategy's partitioner for layer weights, or None.
+        wrap_sharded: callable `(shards, spec, kwargs) -> ShardedParameterVariable`.
+    """
+
+    def __init__(self, policy, available, wrap, partitioner=None, wrap_sharded=None):
+        self.policy = policy
+        self.partitioner = partitioner
+        self._available = frozenset(available)
+        self._wrap = wrap
+        self._wrap_sharded = wrap_sharded
+        self._lock = threading.Lock()
+        self._variables = weakref.WeakValueDictionary()  # creation order -> ParameterVariable
+        self._order = itertools.count()
+
+    def variables(self):
+        """Every live variable created here, in creation order."""
+        with self._lock:
+            items = sorted(self._variables.items(), key=lambda item: item[0])
+        return [v for _, v in items]
+
+    def place(self, spec):
+        """The device the placement policy chooses for `spec`, validated."""
+        try:
+            device = self.policy(spec)
+        except Exception as e:  # a user policy may raise anything; say which variable
+            raise ValueError(
+                f"The placement policy {self.policy!r} failed for variable {spec.path!r} "
+                f"({spec.kind}, shape {spec.shape}): {type(e).__name__}: {e}"
+            ) from e
+        try:
+            device = canonical_device(device)
+        except ValueError as e:
+            raise ValueError(
+                f"The placement policy {self.policy!r} returned an invalid device "
+                f"for variable {spec.path!r}: {e}"
+            ) from None
+        if device not in self._available:
+            raise ValueError(
+                f"The placement policy {self.policy!r} placed variable {spec.path!r} on "
+                f"{short_device(device)}, which does not exist in this process. "
+                f"Available devices: "
+                f"{', '.join(sorted(short_device(d) for d in self._available))}."
+            )
+        return device
+
+    def __call__(self, next_creator, **kwargs):
+        """A `tf.variable_creator_scope` creator."""
+        colocate_with = kwargs.pop("colocate_with", None)
+        name = kwargs.get("name") or "Variable"
+        aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
+        if aggregation not in VALID_AGGREGATIONS:
+            raise ValueError(
+                f"Variable {name!r}: aggregation must be one of "
+                f"{[a.name for a in VALID_AGGREGATIONS]}. Received: aggregation={aggregation!r}"
+            )
+        dtype = kwargs.get("dtype")
+        initial_value = kwargs.get("initial_value")
+        if dtype is None and initial_value is not None and not callable(initial_value):
+            dtype = (
+                getattr(initial_value, "dtype", None) or tf.convert_to_tensor(initial_value).dtype
+            )
+        if dtype is not None:
+            _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
+        spec = placement.describe_variable(kwargs)
+        rows = self._rows_per_shard(spec, kwargs, colocate_with)
+        if rows is not None:
+            return self._create_sharded(next_creator, kwargs, spec, rows, colocate_with)
+        # Optimizer slots are created under colocate_vars_with(variable): they follow it.
+        device = self.place(spec) if colocate_with is None else colocate_with.device
+        with _tf_internals.no_colocation(), tf.device(device):
+            variable = next_creator(**kwargs)
+        if isinstance(variable, ParameterVariable):
+            return variable  # a creator below returned a variable already placed
+        if not _tf_internals.is_resource_variable(variable):
+            raise TypeError(
+                f"dpkeras places resource variables only; the variable creators below "
+                f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
+            )
+        if dtype is None:
+            _check_aggregation_dtype(name, aggregation, variable.dtype)
+        if spec.shape is None:
+            spec = dataclasses.replace(spec, shape=tuple(variable.shape.as_list()))
+        wrapped = self._wrap(variable, spec)
+        with self._lock:
+            self._variables[next(self._order)] = wrapped
+        return wrapped
+
+    def _rows_per_shard(self, spec, kwargs, colocate_with):
+        """Rows per shard for the variable `spec` describes, or None to keep it whole."""
+        if isinstance(colocate_with, ShardedParameterVariable):
+            optimizer = _keras_internals.creating_optimizer()
+            full = tuple(colocate_with.shape.as_list())
+            if optimizer is None and spec.shape is not None and tuple(spec.shape) != full:
+                raise ValueError(
+                    f"Variable {spec.path!r} (shape {spec.shape}) is created beside sharded "
+                    f"variable {colocate_with.name[:-2]!r} (colocate_vars_with), so it is "
+                    f"sharded like it and needs its shape {full}."
+                )
+            if optimizer is not None and (
+                not isinstance(optimizer, ROW_WISE_OPTIMIZERS)
+                or (spec.shape is not None and tuple(spec.shape) != full)
+            ):
+                raise ValueError(
+                    f"{type(optimizer).__name__} cannot update sharded variable "
+                    f"{colocate_with.name[:-2]!r}: dpkeras shards optimizer state like its "
+                    f"variable and updates shard by shard, which equals updating the whole "
+                    f"variable only for optimizers whose update is row by row. Those are "
+                    f"{', '.join(o.__name__ for o in ROW_WISE_OPTIMIZERS)} (and their "
+                    f"subclasses). Received a slot {spec.path!r} of shape {spec.shape} for a "
+                    f"variable of shape {full}."
+                )
+            return list(colocate_with.rows)
+        if colocate_with is not None:
+            return None
+        scoped, partitioner, explicit = partitioning.current_partitioner()
+        if not scoped:
+            partitioner = self.partitioner
+        if not explicit and (
+            spec.kind not in (VariableKind.WEIGHT, VariableKind.OTHER) or spec.shape is None
+        ):
+            return None
+        if (
+            partitioner is None
+            or kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ
+        ):
+            return None
+        return partitioning.row_split(partitioner, spec.shape, spec.dtype, spec.path, explicit)
+
+    def _create_sharded(self, next_creator, kwargs, spec, rows, colocate_with):
+        n = len(rows)
+        offsets = partitioning.offsets(rows)
+        specs = [
+            dataclasses.replace(
+                spec,
+                path=f"{spec.path}/part_{i}",
+                shape=(r,) + tuple(spec.shape[1:]),
+                shard=(i, n),
+            )
+            for i, r in enumerate(rows)
+        ]
+        if colocate_with is not None:
+            devices = [s.device for s in colocate_with.shards]
+        else:
+            devices = [self.place(s) for s in specs]  # every device is known before creating
+        name = (kwargs.get("name") or "Variable").split(":")[0]
+        initial_value = kwargs.get("initial_value")
+        with _tf_internals.no_colocation(), tf.init_scope(), tf.device(devices[0]):
+            value = initial_value() if callable(initial_value) else initial_value
+            value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+            if tuple(value.shape.as_list()) != tuple(spec.shape):
+                raise ValueError(
+                    f"Variable {spec.path!r}: the initial value has shape "
+                    f"{tuple(value.shape.as_list())}, expected {spec.shape}."
+                )
+            pieces = [value[offsets[i] : offsets[i + 1]] for i in range(n)]
+        shards = []
+        for i, (piece, device) in enumerate(zip(pieces, devices)):
+            shard_kwargs = dict(kwargs, initial_value=piece, name=f"{name}/part_{i}")
+            shard_kwargs.update(trainable=False, shape=None, dtype=value.dtype)
+            with _tf_internals.no_colocation(), tf.device(device):
+                variable = next_creator(**shard_kwargs)
+            if not _tf_internals.is_resource_variable(variable):
+                raise TypeError(
+                    f"dpkeras places resource variables only; the variable creators below "
+                    f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
+                )
+            shards.append(self._wrap(variable, specs[i]))
+        sharded = self._wrap_sharded(shards, spec, kwargs)
+        with self._lock:
+            for shard in shards:
+                self._variables[next(self._order)] = shard
+        return sharded

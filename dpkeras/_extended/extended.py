@@ -1,0 +1,232 @@
+"""`ParameterDeviceExtended`: the `tf.distribute` machinery behind `ParameterDeviceStrategy`.
+
+It holds the devices and answers TensorFlow's questions; the work is done by one module per
+concept: `creator` (placing variables), `reductions` (cross-replica sums and where they
+happen), `keras_steps` (what a Keras step needs around it), `replica_step` (the state a
+replica's variables read), and `distributed_input` (feeding the replicas).
+"""
+
+import contextlib
+import logging
+import threading
+
+import tensorflow as tf
+
+from dpkeras import _keras_internals, _tf_internals
+from dpkeras._device_names import canonical_device, short_device
+from dpkeras._extended import devices, keras_steps, optimizer_apply
+from dpkeras._extended.creator import VariableCreator
+from dpkeras._extended.cross_replica import CrossReplicaHooks
+from dpkeras._extended.input import InputPlan
+from dpkeras._extended.reductions import ReductionLedger
+from dpkeras._variables import replica_step
+from dpkeras._variables.sharded import ShardedParameterVariable
+from dpkeras._variables.variables import ParameterVariable
+from dpkeras.cluster import _health
+
+_log = logging.getLogger("dpkeras")
+
+
+class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV1):
+    """The machinery of `ParameterDeviceStrategy` (reached as `strategy.extended`).
+
+    Placement is one creator; replicas run through TF's lock-stepped replica threads (as in
+    Mirrored and CentralStorage strategies); reductions happen on the device that will consume
+    them, the parameter device by default; updates run there, once.
+
+    Args:
+        container_strategy: the `ParameterDeviceStrategy`.
+        compute_devices, parameter_device: see `ParameterDeviceStrategy`.
+        cluster_spec: a `tf.train.ClusterSpec` (see `dpkeras.cluster.resolve_cluster`) or None.
+    """
+
+    def __init__(
+        self,
+        container_strategy,
+        compute_devices=None,
+        parameter_device=None,
+        cluster_spec=None,
+        partitioner=None,
+    ):
+        super().__init__(container_strategy)
+        self._cluster_spec = cluster_spec
+        compute, policy, home, reason = devices.resolve_devices(
+            compute_devices, parameter_device, cluster_spec
+        )
+        self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
+        compute = self._input.compute_devices  # grouped by task: replica order = input order
+        self._compute_devices = compute
+        self._parameter_device = home
+        self._parameter_devices = tuple(getattr(policy, "devices", ())) or (home,)
+        self._device_reason = reason
+        available = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
+        self._creator = VariableCreator(
+            policy,
+            available,
+            lambda variable, spec: ParameterVariable(self, variable, spec),
+            partitioner,
+            lambda shards, spec, kwargs: ShardedParameterVariable.of(self, shards, spec, kwargs),
+        )
+        self._ledger = ReductionLedger(len(compute), self._local_results)
+        self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
+        if cluster_spec is not None:
+            _health.watch(cluster_spec)  # a hung task ends the client, naming it
+        _log.info(
+            "dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
+            [short_device(d) for d in compute],
+            reason,
+            [short_device(d) for d in self._parameter_devices],
+            policy,
+        )
+
+    # -- devices ------------------------------------------------------------------------------
+
+    @property
+    def _num_replicas_in_sync(self):
+        return len(self._compute_devices)
+
+    @property
+    def worker_devices(self):
+        return self._compute_devices
+
+    @property
+    def worker_devices_by_replica(self):
+        return [[d] for d in self._compute_devices]
+
+    @property
+    def parameter_devices(self):
+        """Canonical names of every device that may hold variables."""
+        return self._parameter_devices
+
+    @property
+    def placement_policy(self):
+        """The callable that chose each variable's device (see `dpkeras.placement`)."""
+        return self._creator.policy
+
+    @property
+    def cluster_spec(self):
+        """The `tf.train.ClusterSpec` this strategy runs on, or None on one machine."""
+        return self._cluster_spec
+
+    @property
+    def device_reason(self):
+        """Why these compute devices were chosen (for `dpkeras env` and logs)."""
+        return self._device_reason
+
+    def variables(self):
+        """Every live variable created under this strategy, in creation order."""
+        return self._creator.variables()
+
+    def non_slot_devices(self, var_list):
+        del var_list
+        return self._parameter_device
+
+    @property
+    def experimental_between_graph(self):
+        return False
+
+    @property
+    def experimental_should_init(self):
+        return True
+
+    @property
+    def should_checkpoint(self):
+        return True
+
+    @property
+    def should_save_summary(self):
+        return True
+
+    @property
+    def _global_batch_size(self):
+        return True
+
+    def _in_multi_worker_mode(self):
+        return False
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        return replica_id_in_sync_group
+
+    def _get_replica_id_in_sync_group(self, replica_id):
+        return replica_id
+
+    # -- variables ----------------------------------------------------------------------------
+
+    def _create_variable(self, next_creator, **kwargs):
+        variable = self._creator(next_creator, **kwargs)
+        optimizer = _keras_internals.creating_optimizer()
+        if optimizer is not None:
+            optimizer_apply.attach(optimizer, self)
+        return variable
+
+    @property
+    def partitioner(self):
+        """The partitioner of layer weights (`dpkeras._variables.partitioning`), or None."""
+        return self._creator.partitioner
+
+    def _validate_colocate_with_variable(self, colocate_with_variable):
+        if not isinstance(colocate_with_variable, (ParameterVariable, ShardedParameterVariable)):
+            raise ValueError(
+                f"colocate_vars_with() needs a variable created under this strategy's scope. "
+                f"Received: {colocate_with_variable!r}"
+            )
+
+    # -- running replicas ---------------------------------------------------------------------
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        """Runs `fn` on every replica (TF's replica threads), with what a Keras step needs.
+
+        Keras's TF trainer calls `strategy.run(model.train_step, ...)` (and `test_step`, and
+        a closure for `predict`). Before the replicas run, this checks that every variable of
+        the model was created under this strategy (else it fails at trace, naming the
+        variable, instead of training a copy nobody reads); weights each replica's gradients
+        by `N * b_i / B` when the replicas got uneven shares of the global batch (Keras scales
+        each replica's mean loss by 1/N, exact only for even shares); and collects each
+        replica's input tensors, so writes without a data dependency wait for them. After
+        Keras's LossScaleOptimizer asks each replica whether its gradients are finite, the
+        answer is made global (Keras reads replica 0's answer only).
+        """
+        model, step = keras_steps.step_model(fn)
+        if model is not None:
+            keras_steps.check_model_variables(model, self)
+        n = self._num_replicas_in_sync
+        state = replica_step.StepState(
+            gradient_weights=(
+                keras_steps.gradient_weights(args, self._local_results, n, self._parameter_device)
+                if step == "train_step"
+                else None
+            ),
+            inputs=keras_steps.replica_inputs(args, kwargs, self._local_results, n),
+        )
+        serial = self._eager_steps if tf.executing_eagerly() else contextlib.nullcontext()
+        with serial, replica_step.running(self, state):
+            result = _tf_internals.call_for_each_replica(
+                self._container_strategy(), fn, args, kwargs
+            )
+        if keras_steps.is_check_finite(fn):
+            result = keras_steps.all_replicas_finite(
+                result, self._local_results, self._parameter_device, _tf_internals.Mirrored
+            )
+        return result
+
+    def _use_merge_call(self):
+        """Merge from replica context; in cross-replica context there is nothing to merge.
+
+        Keras's `maybe_merge_call` (weight decay, updates, accumulators) then calls its function
+        directly when the optimizer applies the summed gradient
+        (`dpkeras._extended.optimizer_apply`).
+        """
+        return tf.distribute.get_replica_context() is not None
+
+    # -- input --------------------------------------------------------------------------------
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        return self._input.distribute_dataset(dataset, self._container_strategy(), options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return self._input.distribute_datasets_from_function(
+            dataset_fn, self._container_strategy(), options
+        )
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        return self._input.distribute_values_from_function(value_fn)

@@ -1,0 +1,121 @@
+"""What the strategy does around a Keras step, so that N replicas equal one device."""
+
+import inspect
+
+import keras
+import tensorflow as tf
+
+from dpkeras import _keras_internals
+from dpkeras._variables.sharded import PLACED_TYPES
+
+_STEPS = ("train_step", "test_step", "predict_step")
+
+
+def _bound_method(fn):
+    """`(owner, method name)` of a bound method (through decorators), else `(None, "")`."""
+    target = inspect.unwrap(fn)
+    return getattr(target, "__self__", None), getattr(target, "__name__", "")
+
+
+def step_model(fn):
+    """`(model, step name)` when `fn` is a Keras model's train/test/predict step, else Nones."""
+    owner, name = _bound_method(fn)
+    if isinstance(owner, keras.Model) and name in _STEPS:
+        return owner, name
+    model = _keras_internals.predict_step_model(fn)
+    if model is not None:
+        return model, "predict_step"
+    return None, None
+
+
+def check_model_variables(model, extended):
+    """Raises ValueError naming the first variable of `model` not created under `extended`."""
+    for v in model.variables:
+        value = getattr(v, "value", v)
+        if not (isinstance(value, PLACED_TYPES) and value.extended is extended):
+            raise ValueError(
+                f"Model {model.name!r} has variable {getattr(v, 'path', v.name)!r} that was "
+                f"not created under this strategy's scope ({type(value).__name__} on "
+                f"{value.device or 'no device'}), so it cannot be trained on the parameter "
+                f"device. Create the model (and compile it) inside `with dpkeras.scope():`."
+            )
+
+
+def gradient_weights(args, local_results, num_replicas, device):
+    """Per-replica gradient weights `N * b_i / B` for a Keras train step, else None.
+
+    Keras scales each replica's mean loss by 1/N, which equals one device only when every
+    replica has the same number of examples b_i. Weighting replica i's gradients by
+    N * b_i / B (B = sum of b_i) makes any split exact, and leaves even splits bit-identical
+    (None: no scaling at all). With 3 replicas and a global batch of 10 split 4/3/3, the
+    weights are 1.2, 0.9, 0.9. Custom loops that scale by the global batch themselves
+    (`tf.nn.compute_average_loss`) are not Keras train steps and are left alone.
+
+    Args:
+        args: the step's arguments; the first `DistributedValues` in them is the batch.
+        local_results: callable, a `DistributedValues` -> its per-replica components.
+        num_replicas: int.
+        device: where the weights are computed (the parameter device).
+    """
+    if num_replicas == 1:
+        return None
+    per_replica = next(
+        (x for x in tf.nest.flatten(args) if isinstance(x, tf.distribute.DistributedValues)), None
+    )
+    if per_replica is None:
+        return None
+    components = local_results(per_replica)
+    static = [c.shape[0] if c.shape.rank else None for c in components]
+    if None not in static and len(set(static)) == 1:
+        return None
+    counts = []
+    for c in components:
+        with tf.device(c.device):
+            counts.append(tf.cast(tf.shape(c)[0], tf.float32))
+    with tf.device(device):
+        total = tf.add_n(counts)
+        n = float(num_replicas)
+        return [tf.math.divide_no_nan(c * n, total) for c in counts]
+
+
+def replica_inputs(args, kwargs, local_results, num_replicas):
+    """Per replica, the tensors a traced step receives (None when running eagerly)."""
+    if tf.executing_eagerly():
+        return None
+    inputs = [[] for _ in range(num_replicas)]
+    for x in tf.nest.flatten((args, kwargs)):
+        parts = (
+            local_results(x)
+            if isinstance(x, tf.distribute.DistributedValues)
+            else [x] * num_replicas
+        )
+        for replica, part in zip(inputs, parts):
+            replica += [
+                t for t in tf.nest.flatten(part, expand_composites=True) if isinstance(t, tf.Tensor)
+            ]
+    return inputs
+
+
+def is_check_finite(fn):
+    """Whether `fn` is Keras's `LossScaleOptimizer.check_finite`."""
+    owner, name = _bound_method(fn)
+    return isinstance(owner, keras.optimizers.LossScaleOptimizer) and name == "check_finite"
+
+
+def all_replicas_finite(per_replica_finite, local_results, device, mirrored):
+    """Every replica's answer to "are all gradients finite?" becomes the global answer.
+
+    Keras's LossScaleOptimizer asks each replica (from cross-replica context) and then uses
+    replica 0's answer, assuming the gradients were already all-reduced; they are not, so an
+    overflow on another replica alone would let non-finite gradients into the weights.
+
+    Args:
+        per_replica_finite: what `call_for_each_replica(check_finite)` returned.
+        local_results: callable, a `DistributedValues` -> its per-replica components.
+        device: where the answers are combined.
+        mirrored: callable, a list of per-replica values -> a mirrored value.
+    """
+    answers = list(local_results(per_replica_finite))
+    with tf.device(device):
+        finite = tf.reduce_all(tf.stack(answers))
+    return mirrored([finite] * len(answers))

@@ -1,0 +1,94 @@
+"""The optimizer runs once, where the variables live, on the summed gradient."""
+
+import weakref
+
+import keras
+import tensorflow as tf
+
+from dpkeras import _keras_internals
+from dpkeras._variables import replica_step
+from dpkeras._variables.shard_updates import sum_by_shard
+from dpkeras._variables.sharded import ShardedParameterVariable
+
+_attached = weakref.WeakKeyDictionary()  # optimizer -> the extended it sums for
+_IN_EACH_REPLICA = object()  # the merge's answer when no gradient is per-replica
+
+
+def attach(optimizer, extended):
+    """Makes `optimizer` sum its gradients across `extended`'s replicas before it applies them.
+
+    One device clips, decays and accumulates the gradient of the whole batch. Keras under a
+    `tf.distribute` strategy does those per replica, on each replica's partial gradient, and sums
+    last: with `clipnorm=0.1` and 3 replicas, each replica's third of the gradient is clipped to
+    0.1 and the sum can reach 0.3 (MirroredStrategy gives exactly these wrong numbers), and
+    `gradient_accumulation_steps` fails (a merge inside Keras's `cond`).
+
+    Under dpkeras, a Keras optimizer created in the strategy's scope sums first: its `apply`,
+    called in a replica, merges the replicas' gradients, sums each on its variable's device, and
+    runs Keras's own `apply` once, in cross-replica context, on the sums. Clipping
+    (`clipnorm`, `global_clipnorm`, `clipvalue`), weight decay, accumulation (the accumulators live
+    with their variables; the sum crosses once per step, not per update), EMA and the iteration
+    count then see what one device sees. With 3 replicas whose gradients are [1], [2] and [3] and
+    `clipvalue=4`, the update uses clip(6) = 4, as one device would, not 1 + 2 + 3 = 6.
+
+    Gradients that are not per-replica (the same tensors, captured from outside `strategy.run`,
+    handed to `apply` by every replica) are not a data-parallel gradient: the replicas then run
+    Keras's own `apply`, as they do under MirroredStrategy, so the numbers are Mirrored's (the
+    tensor counts once; with `gradient_accumulation_steps`, each replica's accumulated average
+    counts at the update step, as in Keras's tests of MirroredStrategy). Keras's
+    LossScaleOptimizer is left as it is: it already moves to cross-replica context and calls its
+    inner optimizer in each replica, whose `apply` sums.
+
+    Idempotent; LossScaleOptimizers are left alone (see above).
+    """
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or optimizer in _attached:
+        return
+    _attached[optimizer] = extended
+    keras_apply = optimizer.apply  # the bound method of the optimizer's class
+
+    def apply(grads, trainable_variables=None):
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or ctx.strategy.extended is not extended:
+            return keras_apply(grads, trainable_variables)
+        grads = list(grads)
+        result = ctx.merge_call(_apply_summed, args=(grads, trainable_variables))
+        if result is _IN_EACH_REPLICA:
+            return keras_apply(grads, trainable_variables)
+        return result
+
+    def _apply_summed(strategy, grads, trainable_variables):
+        if strategy.num_replicas_in_sync > 1 and not any(
+            isinstance(g, tf.distribute.DistributedValues) for g in grads
+        ):
+            return _IN_EACH_REPLICA
+        variables = (
+            trainable_variables
+            if trainable_variables is not None
+            else optimizer.trainable_variables
+        )
+        summed = [_sum(g, v) for g, v in zip(grads, variables)]
+        # Ops Keras does not place (the iteration count's `+ 1`, the clipping norm) run on the
+        # home parameter device, not wherever the placer would put them.
+        with (
+            tf.device(extended.parameter_devices[0]),
+            replica_step.state_of(extended).after_inputs(0),
+        ):
+            return keras_apply(summed, trainable_variables)
+
+    def _sum(grad, variable):
+        if grad is None:
+            return None
+        sharded = _tf_variable(variable)
+        if isinstance(sharded, ShardedParameterVariable):
+            components = extended.reductions.components(grad, from_every_replica=False)
+            return sum_by_shard(sharded, components, extended.reductions.reduce_components)
+        return extended.aggregate(
+            "SUM", grad, _tf_variable(variable).device, from_every_replica=False
+        )
+
+    _keras_internals.route_optimizer_apply(optimizer, apply)
+
+
+def _tf_variable(variable):
+    """The `tf.Variable` of a `keras.Variable`; a `tf.Variable` (its `value` is a method) as is."""
+    return variable.value if isinstance(variable, keras.Variable) else variable

@@ -1,0 +1,368 @@
+"""Crash-safe checkpoints and exact resumption, for models built under dpkeras.
+
+Each function here stands in for a Keras function: it takes that function (`original`) first
+and calls it, unchanged, for every model not built under dpkeras. docs/reliability.md says what
+Keras 3.15 does and what dpkeras does instead.
+"""
+
+import contextlib
+import json
+import logging
+import math
+import os
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from dpkeras import _keras_internals
+from dpkeras._patches import atomic_files
+from dpkeras._variables.sharded import PLACED_TYPES
+from dpkeras.placement import VariableKind
+
+_log = logging.getLogger("dpkeras")
+
+_SUFFIXES = (".weights.h5", ".keras")
+_PENDING_PREFIX = ".pending-"
+_KEY = "dpkeras"
+
+
+def built_under_dpkeras(model):
+    """Whether `model` was built under a dpkeras strategy: any of its variables is ours.
+
+    Args:
+        model: a Keras model (or layer).
+
+    Returns:
+        True if a variable of `model` is a `dpkeras.ParameterVariable`.
+    """
+    return any(
+        isinstance(_keras_internals.underlying_variable(v), PLACED_TYPES)
+        for v in getattr(model, "variables", ())
+    )
+
+
+# -- random state ---------------------------------------------------------------------------
+
+
+def _seed_variables(model):
+    """`(path, keras.Variable)` of every seed-generator state of `model`, in model order."""
+    found = []
+    for v in model.variables:
+        underlying = _keras_internals.underlying_variable(v)
+        if isinstance(underlying, PLACED_TYPES) and underlying.kind == VariableKind.SEED:
+            found.append((v.path, v))
+    return found
+
+
+def seed_states(model):
+    """The random-number state of a model built under dpkeras, as JSON-ready lists.
+
+    Args:
+        model: a Keras model built under a dpkeras strategy.
+
+    Returns:
+        A list of `{"path": str, "state": [int, int]}`, one per `keras.random.SeedGenerator`
+        of the model (Dropout, GaussianNoise, random augmentation layers, ...), in the order of
+        `model.variables`. (Keras's global seed generator, used by `keras.random` functions
+        called without a seed, cannot be used inside a step under any `tf.distribute`
+        strategy: each replica thread would create its own; Keras raises.)
+    """
+    return [
+        {"path": path, "state": [int(x) for x in np.asarray(v.numpy()).ravel()]}
+        for path, v in _seed_variables(model)
+    ]
+
+
+def restore_seed_states(model, states):
+    """Restores what `seed_states` returned; warns and restores nothing if the models differ.
+
+    Args:
+        model: a Keras model built under a dpkeras strategy.
+        states: list, what `seed_states` returned for a model of the same architecture.
+    """
+    variables = _seed_variables(model)
+    if len(states) != len(variables):
+        _log.warning(
+            "dpkeras: the backup holds %d random-number generator state(s) but model %r has "
+            "%d; not restoring them, so random draws (Dropout masks) will differ from an "
+            "uninterrupted run.",
+            len(states),
+            model.name,
+            len(variables),
+        )
+        return
+    for entry, (_, v) in zip(states, variables):
+        v.assign(np.asarray(entry["state"], dtype=v.dtype).reshape(v.shape))
+
+
+def _weights_finite(model):
+    weights = [_keras_internals.underlying_variable(v) for v in model.trainable_variables]
+    if not weights:
+        return True
+    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(w)) for w in weights]))
+
+
+def _finite_loss(logs):
+    loss = (logs or {}).get("loss")
+    if loss is None:
+        return True
+    try:
+        return math.isfinite(float(np.asarray(loss)))
+    except (TypeError, ValueError):
+        return True
+
+
+# -- saving functions -----------------------------------------------------------------------
+
+
+def _local_suffix(filepath):
+    """The suffix Keras requires of `filepath` if dpkeras can write it atomically, else None."""
+    if not isinstance(filepath, (str, os.PathLike)):
+        return None
+    path = os.fspath(filepath)
+    if _keras_internals.is_remote_path(path) or path.startswith("hf://"):
+        return None
+    return next((s for s in _SUFFIXES if path.endswith(s)), None)
+
+
+def _write(write_to, path, suffix):
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        return write_to(path)  # Keras's own error names the missing directory
+    return atomic_files.write(write_to, path, suffix)
+
+
+def layers_sharing_variables(model):
+    """Groups of names of distinct layers of `model` that hold the same variables.
+
+    TF1-style towers (`dpkeras.variable_scope` with reuse) give each tower its own layer
+    object over one set of variables. A `.keras` file stores a functional model's layers one
+    by one, so such layers load as separate layers with equal, no longer shared, variables.
+    One layer called in each tower is stored once, with both calls, and stays shared.
+    """
+    holders = {}
+    for layer in _all_layers(model):
+        for v in layer.weights:
+            names = holders.setdefault(id(v), [])
+            if layer.name not in names:
+                names.append(layer.name)
+    groups = {tuple(names) for names in holders.values() if len(names) > 1}
+    return sorted(list(g) for g in groups)
+
+
+def _all_layers(model):
+    for layer in getattr(model, "layers", ()):
+        yield layer
+        yield from _all_layers(layer)
+
+
+def _warn_if_sharing_is_lost(model):
+    if _keras_internals.is_functional(model):
+        groups = layers_sharing_variables(model)
+        if groups:
+            warnings.warn(
+                f"Model {model.name!r}: layers {groups} are distinct layers that share their "
+                f"variables (towers built in a reusing dpkeras.variable_scope). A .keras file "
+                f"stores them as separate layers: loaded, each has its own copy of the "
+                f"variables, equal but no longer shared. save_weights and tf.train.Checkpoint "
+                f"into a model built the same way keep the sharing; to keep it in .keras, "
+                f"call one layer in every tower (see docs/migrating-from-tf1.md, 'Towers').",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def save_model(original, model, filepath, *args, **kwargs):
+    """Keras's `saving_lib.save_model`, writing a dpkeras model's `.keras` file atomically.
+
+    Keras 3.15 opens the target for writing, truncating it, and writes in place: a process
+    killed during the write leaves a half-written file where the last good one was. Here the
+    file is written by `atomic_files`, so it is at every moment the old file or the new one.
+    Remote paths (`gs://`, `hf://`) and unzipped saves are written as Keras writes them. It
+    warns when the file cannot keep layers' shared variables (`layers_sharing_variables`).
+    """
+    if built_under_dpkeras(model):
+        _warn_if_sharing_is_lost(model)
+    suffix = _local_suffix(filepath)
+    if suffix != ".keras" or not built_under_dpkeras(model) or not kwargs.get("zipped", True):
+        return original(model, filepath, *args, **kwargs)
+    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath), suffix)
+
+
+def save_weights_only(original, model, filepath, *args, **kwargs):
+    """Keras's `saving_lib.save_weights_only`, writing a dpkeras model's file atomically."""
+    sharded = (args and args[0] is not None) or kwargs.get("max_shard_size") is not None
+    suffix = _local_suffix(filepath)
+    if suffix != ".weights.h5" or sharded or not built_under_dpkeras(model):
+        return original(model, filepath, *args, **kwargs)
+    return _write(lambda tmp: original(model, tmp, *args, **kwargs), os.fspath(filepath), suffix)
+
+
+# -- BackupAndRestore -----------------------------------------------------------------------
+
+
+def _backup_applies(callback):
+    return built_under_dpkeras(callback.model) and not _keras_internals.is_remote_path(
+        callback.backup_dir
+    )
+
+
+def _read_metadata(path):
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.loads(f.read())
+    except ValueError:  # not written by dpkeras (which replaces it atomically): Keras decides
+        return None
+
+
+def _pending_name(generation):
+    return f"{_PENDING_PREFIX}{generation}.weights.h5"
+
+
+def _recover_backup(callback):
+    """Finishes a backup committed but not yet renamed into place; drops uncommitted ones."""
+    files = _keras_internals.backup_files(callback)
+    metadata = _read_metadata(files.metadata) or {}
+    ours = metadata.get(_KEY) or {}
+    committed = _pending_name(ours["generation"]) if "generation" in ours else None
+    names = os.listdir(callback.backup_dir) if os.path.isdir(callback.backup_dir) else []
+    for name in names:
+        path = os.path.join(callback.backup_dir, name)
+        if name == committed:
+            os.replace(path, files.weights)  # roll forward
+            atomic_files.fsync_dir(callback.backup_dir)
+        elif (name.startswith(_PENDING_PREFIX) and name.endswith(".weights.h5")) or (
+            atomic_files.TMP_TAG in name
+        ):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+    return metadata
+
+
+def backup_on_train_begin(original, callback, logs=None):
+    """`BackupAndRestore.on_train_begin`: rolls a committed backup forward, restores seeds.
+
+    A backup whose metadata was committed (see `backup_save_model`) but whose weights were not
+    yet renamed into place is finished; uncommitted files are removed. The model's
+    seed-generator states stored with the backup are restored (Keras's `.weights.h5` holds
+    none, so Dropout would draw the first steps' masks again), and epochs are counted from the
+    restored one (Keras records epoch 0 until an epoch ends, so a second restart would start
+    over). A backup taken mid-epoch resumes as Keras resumes it, from the epoch's first batch,
+    with a warning.
+    """
+    if not _backup_applies(callback):
+        return original(callback, logs)
+    metadata = _recover_backup(callback)
+    result = original(callback, logs)
+    if not os.path.exists(_keras_internals.backup_files(callback).weights):
+        return result
+    # Keras leaves the epoch it records at 0 until an epoch ends: start from the restored one.
+    epoch = int(metadata.get("epoch", 0))
+    _keras_internals.set_backup_epoch(callback, epoch)
+    ours = metadata.get(_KEY)
+    if ours is not None:
+        restore_seed_states(callback.model, ours.get("seeds", []))
+        if not ours.get("epoch_complete", True):
+            done = int(metadata.get("batch", 0)) + 1
+            _log.warning(
+                "dpkeras: resuming from a backup taken after %d batch(es) of epoch %d. Keras 3 "
+                "restarts that epoch from its first batch, so those %d batch(es) are trained "
+                "a second time. For an exact resume use BackupAndRestore(save_freq='epoch') "
+                "or a multiple of the steps per epoch.",
+                done,
+                epoch + 1,
+                done,
+            )
+    return result
+
+
+def backup_save_model(original, callback, save_weights):
+    """Replaces `BackupAndRestore._save_model` for dpkeras models (Keras's for the others).
+
+    Does what Keras 3.15's `_save_model` does (create the directory, copy the previous backup
+    with `double_checkpoint`, write the weights and `training_metadata.json`), but commits
+    atomically and adds the seed states; tests/test_keras_patches.py pins Keras's source.
+    Keras writes the two files one after the other, in place: a kill between them leaves new
+    weights with the old epoch, or an empty metadata file. Here a backup is committed by
+    atomically replacing the metadata, which names the weights file of that backup. A save
+    at an epoch's last batch counts as the end of that epoch; weights that are NaN or Inf are
+    not backed up (the last finite backup is kept).
+
+    Args:
+        original: Keras's `BackupAndRestore._save_model`.
+        callback: the `BackupAndRestore` instance.
+        save_weights: Keras's unpatched `saving_lib.save_weights_only`.
+    """
+    if not _backup_applies(callback):
+        return original(callback)
+    model = callback.model
+    if not _weights_finite(model):
+        _log.warning(
+            "dpkeras: not backing up model %r to %s: its weights are NaN or Inf. The last "
+            "backup with finite weights is kept.",
+            model.name,
+            callback.backup_dir,
+        )
+        return None
+    os.makedirs(callback.backup_dir, exist_ok=True)
+    (epoch, batch), complete = _keras_internals.backup_position(callback), True
+    files = _keras_internals.backup_files(callback)
+    if callback.save_freq != "epoch":  # a save after batch `batch` of the running epoch
+        steps = (callback.params or {}).get("steps")
+        complete = steps is not None and batch + 1 >= steps
+        if complete:
+            epoch, batch = epoch + 1, 0
+    previous = _recover_backup(callback)
+    generation = int((previous.get(_KEY) or {}).get("generation", 0)) + 1
+    if callback.double_checkpoint and os.path.exists(files.weights):
+        atomic_files.copy(files.weights, files.previous_weights)
+        if os.path.exists(files.metadata):
+            atomic_files.copy(files.metadata, files.previous_metadata)
+    pending = os.path.join(callback.backup_dir, _pending_name(generation))
+    save_weights(model, pending)
+    atomic_files.fsync_file(pending)
+    metadata = {
+        "epoch": epoch,
+        "batch": batch,
+        _KEY: {"generation": generation, "epoch_complete": complete, "seeds": seed_states(model)},
+    }
+    atomic_files.write_json(files.metadata, metadata)  # the commit
+    os.replace(pending, files.weights)
+    atomic_files.fsync_dir(callback.backup_dir)
+    return None
+
+
+def backup_on_train_end(original, callback, logs=None):
+    """`BackupAndRestore.on_train_end`: keeps the backup if the weights are NaN or Inf."""
+    if (
+        _backup_applies(callback)
+        and callback.delete_checkpoint
+        and not _weights_finite(callback.model)
+    ):
+        _log.warning(
+            "dpkeras: training of model %r ended with NaN or Inf weights; keeping the last "
+            "good backup in %s (delete it to start over).",
+            callback.model.name,
+            callback.backup_dir,
+        )
+        return None
+    return original(callback, logs)
+
+
+# -- ModelCheckpoint ------------------------------------------------------------------------
+
+
+def checkpoint_save_model(original, callback, epoch, batch, logs):
+    """`ModelCheckpoint._save_model`: does not save when the loss is NaN or Inf."""
+    if built_under_dpkeras(callback.model) and not _finite_loss(logs):
+        _log.warning(
+            "dpkeras: ModelCheckpoint is not saving model %r in epoch %d: the loss is %s. "
+            "The last checkpoint is kept.",
+            callback.model.name,
+            epoch + 1,
+            (logs or {}).get("loss"),
+        )
+        return None
+    return original(callback, epoch, batch, logs)

@@ -1,0 +1,90 @@
+"""`dpkeras.scope()`: the one-line way in."""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from dpkeras._extended import devices
+from dpkeras._strategy.strategy import ParameterDeviceStrategy
+from dpkeras._variables.partitioning import as_partitioner
+from dpkeras.cluster._spec import resolve_cluster
+
+_lock = threading.Lock()
+_strategies = {}  # (compute devices, parameter devices, cluster jobs) -> strategy
+
+
+def get_strategy(compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+    """Returns the `ParameterDeviceStrategy` for these devices, creating it once.
+
+    Equal arguments (after defaults, environment settings and device-name canonicalisation)
+    give the same strategy object, so models built in two `dpkeras.scope()` blocks can be
+    trained together; a placement policy object or partitioner is equal only to itself.
+    Arguments are those of `ParameterDeviceStrategy`.
+    """
+    as_partitioner(partitioner)
+    spec = resolve_cluster(cluster)
+    compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
+    jobs = (
+        None
+        if spec is None
+        else tuple(sorted((job, tuple(addresses)) for job, addresses in spec.as_dict().items()))
+    )
+    if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
+        placed = tuple(getattr(policy, "devices", (home,)))
+        parameter_device = placed[0] if len(placed) == 1 else list(placed)
+        key = (compute, placed, jobs, partitioner)
+    else:
+        key = (compute, parameter_device, jobs, partitioner)  # a policy: equal only to itself
+    with _lock:
+        strategy = _strategies.get(key)
+        if strategy is None:
+            strategy = ParameterDeviceStrategy(list(compute), parameter_device, spec, partitioner)
+            _strategies[key] = strategy
+        return strategy
+
+
+@contextlib.contextmanager
+def scope(compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+    """Builds and trains Keras models with variables on a parameter device.
+
+    Enters the scope of the `ParameterDeviceStrategy` for these devices (created once per
+    distinct set of devices). Create and compile the model inside; `fit`, `evaluate`,
+    `predict`, `save` and callbacks then work unchanged, inside or outside the block.
+    Like every `tf.distribute` scope, it is thread-local.
+
+    ```python
+    import dpkeras, keras
+    with dpkeras.scope() as strategy:    # or scope(compute_devices=[...], parameter_device=...)
+        model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=256, epochs=3)
+    ```
+
+    Args:
+        compute_devices: list of str or None; see `ParameterDeviceStrategy`.
+        parameter_device: str or None; see `ParameterDeviceStrategy`.
+        cluster: a dict of jobs, `tf.train.ClusterSpec`, cluster resolver or None; see
+            `ParameterDeviceStrategy` (with None, `$TF_CONFIG` may name a cluster).
+        partitioner: a `tf.distribute.experimental.partitioners` partitioner (or a callable
+            like one) that cuts large layer weights into shards; see
+            `ParameterDeviceStrategy`.
+
+    Yields:
+        The `ParameterDeviceStrategy`.
+
+    Raises:
+        ValueError: for bad devices (see `ParameterDeviceStrategy`), or when entered inside
+            the scope of a different `tf.distribute` strategy.
+    """
+    strategy = get_strategy(compute_devices, parameter_device, cluster, partitioner)
+    if tf.distribute.has_strategy():
+        current = tf.distribute.get_strategy()
+        if current is not strategy:
+            raise ValueError(
+                f"dpkeras.scope() cannot be entered inside the scope of another strategy: "
+                f"{current!r} is active and this scope would be {strategy!r}. Leave the "
+                f"other scope first; a model belongs to the strategy it was built under."
+            )
+    with strategy.scope():
+        yield strategy

@@ -1,0 +1,103 @@
+"""`ParameterDeviceStrategy`: variables on a parameter device, Keras computation on replicas."""
+
+import tensorflow as tf
+
+from dpkeras._device_names import short_device
+from dpkeras._extended.extended import ParameterDeviceExtended
+from dpkeras._patches import table as keras_patches
+from dpkeras._variables.partitioning import as_partitioner
+from dpkeras.cluster._spec import resolve_cluster
+
+
+class ParameterDeviceStrategy(tf.distribute.Strategy):
+    """Keeps every variable once on a parameter device; runs each step on several replicas.
+
+    Each step runs the same Keras computation on every compute device (a replica) on its share
+    of the global batch. Every variable (layer weights, optimizer slots, metric state, RNG
+    seeds, loss-scale state) lives once on the parameter device, and each replica reads each
+    variable once per step. Gradients are summed on the parameter device and the optimizer
+    updates there, once. This is TF1's "variables on the CPU, towers on the GPUs" recipe, as a
+    `tf.distribute.Strategy` that Keras 3 trains under unchanged.
+
+    ```python
+    import dpkeras, keras
+    strategy = dpkeras.ParameterDeviceStrategy()          # all GPUs; variables on /cpu:0
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(10)])
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=256)
+    ```
+
+    Semantics, with 2 replicas: a global batch of 256 gives each replica 128 examples; Keras
+    scales each replica's loss by 1/2, the two gradients are summed on the parameter device, so
+    the update equals one device's on all 256. An uneven split (a global batch of 101, split
+    51/50, or a short last batch) is weighted by each replica's share in `fit`, so it too
+    equals one device.
+
+    Args:
+        compute_devices: list of str, the devices that run replicas, such as
+            `["/gpu:0", "/gpu:1"]`. Defaults to `$DPKERAS_COMPUTE_DEVICES` (comma-separated),
+            else every GPU, else every logical CPU but the parameter device, else the one CPU.
+        parameter_device: where variables live: a device string (it may also be a compute
+            device), a list of devices (spread by `placement.greedy_by_size`), or a placement
+            policy (see `dpkeras.placement`: any callable taking a `VariableSpec` and returning
+            a device). Defaults to `$DPKERAS_PARAMETER_DEVICE` (one device, or
+            comma-separated devices), else `"/cpu:0"`.
+        cluster: train on a TensorFlow cluster of `ps` and `worker` tasks (each a
+            `dpkeras serve`): a dict such as `{"ps": ["10.0.0.1:2222"], "worker":
+            ["10.0.0.2:2222", "10.0.0.3:2222"]}`, a `tf.train.ClusterSpec` or a
+            `tf.distribute.cluster_resolver.ClusterResolver`. This process is the client: it
+            connects to every task (once) and drives the steps. Devices then default to the
+            workers' GPUs (else their CPUs) for compute and the ps tasks' CPUs for variables,
+            and `/job:...` devices may be named. Defaults to `$TF_CONFIG` if it names a `ps`
+            or `worker` job, else no cluster. See docs/cluster.md.
+        partitioner: cut large layer weights into shards spread over the parameter devices:
+            one of TensorFlow's `tf.distribute.experimental.partitioners` (such as
+            `MinSizePartitioner(min_shard_bytes=1 << 20, max_shards=2)`) or any callable with
+            their signature. Keras still sees one variable of the full shape; optimizer slots
+            are sharded like their variable. See docs/sharding.md. Default: no sharding.
+
+    Raises:
+        TimeoutError: when a task of the cluster does not answer (it names the task).
+        ValueError: for an invalid cluster, an unparseable, absent or duplicated device, an
+            empty list, a parameter_device of another type, or a partitioner that is not
+            callable, before anything is created. A partitioner's invalid answer raises
+            ValueError naming the variable, before any of its shards is created. A
+            policy that fails or returns a bad device raises ValueError when the variable is
+            created, naming it.
+    """
+
+    def __init__(self, compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+        partitioner = as_partitioner(partitioner)
+        super().__init__(
+            ParameterDeviceExtended(
+                self, compute_devices, parameter_device, resolve_cluster(cluster), partitioner
+            )
+        )
+
+    @property
+    def compute_devices(self):
+        """Tuple of the canonical names of the devices that run replicas."""
+        return self.extended.worker_devices
+
+    @property
+    def parameter_device(self):
+        """Canonical name of the (first) device that holds variables."""
+        return self.extended.parameter_devices[0]
+
+    @property
+    def partitioner(self):
+        """The partitioner of layer weights, or None (no sharding)."""
+        return self.extended.partitioner
+
+    def scope(self):
+        """`tf.distribute.Strategy.scope`, with dpkeras's patches (dpkeras._patches)."""
+        return keras_patches.installed_during(super().scope(), self.extended.variables)
+
+    def __repr__(self):
+        compute = ", ".join(short_device(d) for d in self.compute_devices)
+        partitioner = "" if self.partitioner is None else f", partitioner={self.partitioner!r}"
+        return (
+            f"ParameterDeviceStrategy(compute_devices=[{compute}], "
+            f"parameter_device={short_device(self.parameter_device)!r}{partitioner})"
+        )

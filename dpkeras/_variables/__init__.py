@@ -1,0 +1,8 @@
+"""The variables dpkeras gives Keras, and how a replica reads and writes them.
+
+- `replica_step`: the step a replica is running (its id, device, gradient weight, inputs);
+- `variables`: `ParameterVariable`, one copy on a parameter device, read once per replica;
+- `partitioning`: TensorFlow's partitioners, validated, and the row split of a variable;
+- `sharded`: `ShardedParameterVariable`, one full-shape variable over shards, and its updates;
+- `lookups`: embedding lookups gathered where the table is.
+"""

@@ -1,0 +1,172 @@
+"""Summing and updating a sharded variable shard by shard, where each shard lives."""
+
+import contextlib
+import threading
+
+import keras
+import tensorflow as tf
+
+from dpkeras import _tf_internals
+from dpkeras._cache import GraphCache
+
+_focus = threading.local()
+
+
+@contextlib.contextmanager
+def shard_focus(variable, index):
+    """Sharded variables cut like `variable` act as their shard `index` in this block.
+
+    The optimizer updates a sharded variable shard by shard, on each shard's device: inside
+    this block every sharded variable of the same row split (the variable and its optimizer
+    slots, which are sharded like it) reads and writes shard `index`, so Keras's update step,
+    weight decay and EMA run unchanged on shard-sized tensors.
+    """
+    saved = getattr(_focus, "current", None)
+    _focus.current = (variable.rows, index, variable)
+    try:
+        yield
+    finally:
+        _focus.current = saved
+
+
+def current_focus():
+    """`(rows, index, variable)` of the innermost `shard_focus` on this thread, or None."""
+    return getattr(_focus, "current", None)
+
+
+def row_slice(x, lo, hi):
+    """Rows `lo:hi` of a dense tensor or of `tf.IndexedSlices` (ids made local), at the source."""
+    device = getattr(x.values if isinstance(x, tf.IndexedSlices) else x, "device", "") or None
+    with tf.device(device):
+        if isinstance(x, tf.IndexedSlices):
+            keep = tf.logical_and(x.indices >= lo, x.indices < hi)
+            shape = tf.concat([tf.constant([hi - lo], x.dense_shape.dtype), x.dense_shape[1:]], 0)
+            return tf.IndexedSlices(
+                tf.boolean_mask(x.values, keep),
+                tf.boolean_mask(x.indices, keep) - tf.cast(lo, x.indices.dtype),
+                shape,
+            )
+        return x[lo:hi]
+
+
+_sums = GraphCache()  # name of a summed gradient -> (rows per shard, the per-shard sums)
+
+
+def _key(x):
+    return x.values if isinstance(x, tf.IndexedSlices) else x
+
+
+def sum_by_shard(variable, components, reduce_components):
+    """The sum of per-replica gradients of `variable`, made shard by shard where each lives.
+
+    Each replica cuts its gradient into the shards' rows (sparse: each shard's ids) on its own
+    device, and each shard's rows are summed on the shard's device: a row travels once, from
+    the replica to the device that holds it. The result is one full-shape gradient (what
+    Keras's clipping and update see); `shard_arguments` hands each shard its own sum, so an
+    update uses the per-shard sums and the joined one is only computed if something else
+    (clipping) reads it.
+
+    Args:
+        variable: the `ShardedParameterVariable`.
+        components: list of per-replica gradients (tensors or `tf.IndexedSlices`).
+        reduce_components: `ReductionLedger.reduce_components`.
+    """
+    sums = []
+    for i, shard in enumerate(variable.shards):
+        lo, hi = variable.offsets[i], variable.offsets[i + 1]
+        sums.append(
+            reduce_components("SUM", [row_slice(c, lo, hi) for c in components], shard.device)
+        )
+    if all(isinstance(s, tf.IndexedSlices) for s in sums):
+        joined = tf.IndexedSlices(
+            tf.concat([s.values for s in sums], 0),
+            tf.concat([s.indices + lo for s, lo in zip(sums, variable.offsets)], 0),
+            tf.constant(variable.shape.as_list()),
+        )
+    else:
+        joined = tf.concat([tf.convert_to_tensor(s) for s in sums], 0)
+    if not tf.executing_eagerly():
+        key = _key(joined)
+        _sums.set(key.name, (variable.rows, sums), graph=key.graph)
+    return joined
+
+
+def _own_sum(x, rows, index):
+    key = _key(x)
+    if not isinstance(key, tf.Tensor) or tf.executing_eagerly():
+        return None
+    found = _sums.get(key.name, graph=key.graph)
+    return found[1][index] if found is not None and found[0] == rows else None
+
+
+def shard_arguments(variable, index, structure):
+    """`structure` with each full-variable-shaped tensor or gradient cut to shard `index`."""
+    lo, hi = variable.offsets[index], variable.offsets[index + 1]
+    full = variable.shape
+
+    def cut(x):
+        own = (
+            _own_sum(x, variable.rows, index)
+            if isinstance(x, (tf.Tensor, tf.IndexedSlices))
+            else None
+        )
+        if own is not None:
+            return own
+        if isinstance(x, tf.IndexedSlices):
+            return row_slice(x, lo, hi)
+        if isinstance(x, tf.Tensor) and x.shape.rank and x.shape.is_compatible_with(full):
+            return row_slice(x, lo, hi)
+        return x
+
+    return tf.nest.map_structure(cut, structure)
+
+
+def update_by_shard(variable, fn, args, kwargs):
+    """`fn(variable, *args, **kwargs)` once per shard, on its device, in update context.
+
+    Full-shape tensors and gradients in `args`/`kwargs` are cut to the shard's rows
+    (`shard_arguments`), and inside, `variable` and every variable sharded like it (its
+    optimizer slots) act as that shard (`shard_focus`), so Keras's update step, weight decay
+    and EMA run unchanged on shard-sized tensors.
+
+    Returns:
+        A tuple of what `fn` returned for each shard, with TensorFlow ops and tensors only.
+    """
+    results = []
+    for i, shard in enumerate(variable.shards):
+        shard_args = shard_arguments(variable, i, args)
+        shard_kwargs = shard_arguments(variable, i, kwargs)
+        with (
+            tf.device(shard.device),
+            _tf_internals.UpdateContext(shard.device),
+            shard_focus(variable, i),
+        ):
+            results.append(fn(variable, *shard_args, **shard_kwargs))
+    return tuple(r for r in tf.nest.flatten(results) if isinstance(r, (tf.Tensor, tf.Operation)))
+
+
+def partition_ids(flat_ids, offsets):
+    """Per shard: the local ids of `flat_ids` it holds, and their positions in `flat_ids`."""
+    n = len(offsets) - 1
+    bounds = tf.constant(offsets[1:-1], dtype=flat_ids.dtype)
+    shard = tf.searchsorted(bounds, flat_ids, side="right", out_type=tf.int32)
+    local = flat_ids - tf.gather(tf.constant(offsets[:-1], dtype=flat_ids.dtype), shard)
+    positions = tf.range(tf.size(flat_ids))
+    return tf.dynamic_partition(local, shard, n), tf.dynamic_partition(positions, shard, n)
+
+
+# Optimizers whose update of a variable is row by row (elementwise, with scalar state), so that
+# updating shard by shard equals updating the whole variable. Not Adafactor, Lamb or Muon: they
+# factor or normalise over the whole variable.
+ROW_WISE_OPTIMIZERS = (
+    keras.optimizers.SGD,
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.Adagrad,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adadelta,
+    keras.optimizers.Adamax,
+    keras.optimizers.Nadam,
+    keras.optimizers.Ftrl,
+    keras.optimizers.Lion,
+)

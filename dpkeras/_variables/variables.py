@@ -1,0 +1,178 @@
+"""`ParameterVariable`: the variable dpkeras gives Keras, and how a replica reads it."""
+
+import tensorflow as tf
+
+from dpkeras import _device_names as device_names
+from dpkeras import _tf_internals
+from dpkeras._cache import GraphCache
+from dpkeras._variables import replica_step
+from dpkeras._variables.writes import ReplicaWrites
+from dpkeras.placement import VariableKind
+
+# Added to the first seed component on replica k, times k, so that replicas draw different
+# (but reproducible) random numbers: Dropout masks differ across replicas.
+_REPLICA_SEED_STRIDE = 0x2545F491
+
+
+def scale_gradient(grad, weight):
+    """`grad` times `weight` (None: unchanged), keeping `tf.IndexedSlices` sparse."""
+    if weight is None or grad is None:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            grad.values * tf.cast(weight, grad.values.dtype), grad.indices, grad.dense_shape
+        )
+    return grad * tf.cast(weight, grad.dtype)
+
+
+class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
+    """A variable on the parameter device of a `dpkeras.ParameterDeviceStrategy`.
+
+    Users do not construct it: every variable created under `dpkeras.scope()` is one. It is a
+    full `tf.Variable` (checkpoints, SavedModel, `assign`, `scatter_*`, `numpy()` work as
+    usual) sharing the handle of the variable the creator chain made. Outside a replica of its
+    strategy it is that variable. Inside one, reads and writes change:
+
+    Reads. Each replica gets the value once per traced step: the first read in a graph makes
+    one `ReadVariableOp` on the parameter device for that replica; later reads reuse it, and
+    TensorFlow sends it to the replica's device once (or not at all if the replica does not use
+    it). Embedding lookups (`sparse_read`) gather on the parameter device and send only the
+    rows. The cached tensor is registered on the GradientTape as a read of the variable, and
+    any write to the variable drops the cache, so a read after a write sees the new value.
+
+    Writes depend on the variable's kind: see `ReplicaWrites`.
+
+    Args:
+        extended: the `ParameterDeviceExtended` that created it.
+        variable: the resource variable the creator chain made; its handle is shared and it is
+            kept alive by this object.
+        spec: the `dpkeras.placement.VariableSpec` it was placed by.
+    """
+
+    def __init__(self, extended, variable, spec):
+        super().__init__(**_tf_internals.handle_sharing_arguments(variable))
+        self._primary = variable  # owns the handle's deleter
+        self._extended = extended
+        self._spec = spec
+        self._kind = spec.kind
+        self._replica_reads = GraphCache()  # replica id (or a task's host) -> its read
+
+    @property
+    def kind(self):
+        """The `dpkeras.placement.VariableKind` it was created as."""
+        return self._kind
+
+    @property
+    def spec(self):
+        """The `dpkeras.placement.VariableSpec` the placement policy saw."""
+        return self._spec
+
+    @property
+    def extended(self):
+        """The `ParameterDeviceExtended` that created it."""
+        return self._extended
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _read_variable_op(self, no_copy=False):
+        step = replica_step.current(self._extended)
+        if step is None:
+            return super()._read_variable_op(no_copy=no_copy)
+        return self._replica_read(step)
+
+    def _replica_read(self, step):
+        if tf.executing_eagerly():
+            value = self._new_replica_read(step, None)
+        else:
+            value = self._replica_reads.get_or_create(
+                step.replica_id, lambda: self._new_replica_read(step, self._replica_reads)
+            )
+        if self.trainable:
+            weight = step.gradient_weight
+            _tf_internals.record_operation(
+                "ReadVariableOp",
+                [value],
+                [self.handle],
+                backward_function=lambda g: [scale_gradient(g, weight)],
+                forward_function=lambda x: [x],
+            )
+        return value
+
+    def _new_replica_read(self, step, cache):
+        """Replica `step`'s value of this variable, read where it lives.
+
+        The read stays on the parameter device: TensorFlow sends a tensor once to each device
+        that consumes it, and not at all when nothing does (a read made only for `tf.shape`,
+        say), so no replica-side copy is made here. A replica on another task (a worker of a
+        cluster) reads the copy its task's host pulled, shared by every replica of that task.
+        """
+        host = device_names.pull_device(self.device, step.device)
+        if host is None:
+            value = self._read_where_it_lives()
+        else:
+            pulled = []
+
+            def pull():
+                pulled.append(True)
+                with tf.device(host):
+                    return tf.identity(self._read_where_it_lives())
+
+            value = pull() if cache is None else cache.get_or_create(host, pull)
+            if not pulled:
+                _tf_internals.variable_accessed(self)  # as the read it does not make would
+        if self._kind == VariableKind.SEED and step.replica_id:
+            with tf.device(step.device):
+                value = value + tf.constant(
+                    [step.replica_id * _REPLICA_SEED_STRIDE, 0], dtype=value.dtype
+                )
+        return value
+
+    def _read_where_it_lives(self):
+        with tf.device(self.device):
+            return super()._read_variable_op()
+
+    def sparse_read(self, indices, name=None):
+        """Gathers rows; in a replica, on the parameter device, sending only the rows."""
+        step = replica_step.current(self._extended)
+        if step is None:
+            return super().sparse_read(indices, name=name)
+        with tf.device(self.device):
+            value = super().sparse_read(indices, name=name)
+        weight = step.gradient_weight if self.trainable else None
+        if weight is not None:
+            flat_indices = tf.reshape(indices, [-1])
+            row_shape = self.shape[1:]
+
+            def backward(grad):
+                values = tf.reshape(grad, tf.concat([[-1], row_shape], 0))
+                return [
+                    tf.IndexedSlices(
+                        values * tf.cast(weight, values.dtype),
+                        flat_indices,
+                        tf.constant(self.shape.as_list()),
+                    )
+                ]
+
+            _tf_internals.record_operation(
+                "ResourceGather",
+                [value],
+                [self.handle],
+                backward_function=backward,
+                forward_function=lambda x: [x],
+            )
+        return value
+
+    def _invalidate_reads(self):
+        self._replica_reads.clear()
+
+    def _strided_slice_assign(self, *args, **kwargs):
+        self._invalidate_reads()
+        return super()._strided_slice_assign(*args, **kwargs)
+
+    def __repr__(self):
+        if tf.executing_eagerly():
+            return (
+                f"<dpkeras.ParameterVariable '{self.name}' shape={self.shape} "
+                f"dtype={self.dtype.name} device={self.device} kind={self._kind}>"
+            )
+        return super().__repr__()

@@ -1,0 +1,20 @@
+"""Training on a TensorFlow cluster: `ps` tasks hold variables, `worker` tasks compute.
+
+Each task is a `tf.distribute.Server` (`dpkeras serve`); the process that builds the model
+under `dpkeras.scope(cluster=...)` is the client. Synchronous training is fail-stop: a task
+that dies or hangs ends training with an error naming it (`TaskFailedError`), and
+`keras.callbacks.BackupAndRestore` resumes after a restart. docs/cluster.md has the details.
+
+The package, one concept a module:
+
+- `_spec`: a cluster's tasks: validating it, reading `TF_CONFIG`, naming tasks;
+- `_connect`: connecting this process to a cluster as its client;
+- `_devices`: the tasks' devices, and which compute and hold variables by default;
+- `_health`: whether tasks answer, `HealthMonitor`, and naming a failed task.
+"""
+
+from dpkeras.cluster._connect import connect
+from dpkeras.cluster._health import HealthMonitor, TaskFailedError, name_failures
+from dpkeras.cluster._spec import resolve_cluster
+
+__all__ = ["HealthMonitor", "TaskFailedError", "connect", "name_failures", "resolve_cluster"]

@@ -1,0 +1,256 @@
+"""Whether a cluster's tasks answer, and naming the one that does not."""
+
+import os
+import re
+import socket
+import sys
+import threading
+
+import tensorflow as tf
+
+from dpkeras.cluster._spec import remote_tasks, task_addresses, task_name
+
+_TASK_IN_TEXT = re.compile(r"/job:(\w+)/replica:0/task:(\d+)")
+# An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
+# SETTINGS frame. The kernel accepts TCP connections for a process that is frozen, so a bare
+# connect cannot tell a hung task from a live one; this exchange needs the server to run.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def probe(address, timeout=1.0):
+    """Returns None if the gRPC server at `address` answers, else why not (a string).
+
+    Opens a TCP connection and exchanges HTTP/2 greetings (gRPC runs on HTTP/2), so a killed
+    server (connection refused), an unreachable machine (timeout) and a frozen process (no
+    answer: the kernel accepts, the server does not reply) all count as not answering.
+
+    Args:
+        address: str, `"host:port"`.
+        timeout: float, seconds allowed for the connection and for the answer.
+    """
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_HTTP2_HELLO)
+            if not sock.recv(9):
+                return "it closed the connection without answering"
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+_RESTARTED = "it was restarted and lost this client's state"
+_NAMED = "named by TensorFlow's error"
+_NAMED_REASONS = (_RESTARTED, _NAMED)
+
+
+class TaskFailedError(tf.errors.UnavailableError):
+    """A task of the cluster died or stopped answering while training.
+
+    Synchronous training cannot go on without it: restart the task (`dpkeras serve` with the
+    same arguments), then restart training from the last checkpoint
+    (`keras.callbacks.BackupAndRestore` resumes `fit` where it stopped).
+
+    Attributes:
+        task: str, the task's name, such as `"/job:ps/replica:0/task:1"`.
+        address: str, its `host:port`.
+    """
+
+    def __init__(self, task, address, reason):
+        self.task = task
+        self.address = address
+        state = "failed" if reason in _NAMED_REASONS else "is unreachable"
+        super().__init__(
+            None,
+            None,
+            f"{task} at {address} {state} ({reason}); synchronous training cannot continue. "
+            f"Restart that task if it is down, then restart training from the last checkpoint "
+            f"(keras.callbacks.BackupAndRestore).",
+        )
+
+
+def failed_tasks(cluster_spec, error=None, timeout=1.0):
+    """Names the tasks that no longer answer, probing every task (see `probe`).
+
+    Args:
+        cluster_spec: `tf.train.ClusterSpec`.
+        error: optional exception TensorFlow raised; when no port refuses, the tasks it names as
+            a remote target are returned instead, with the reason "named by TensorFlow's
+            error", or "it was restarted and lost this client's state" when TensorFlow says
+            the task no longer knows this client (a restarted task answers probes).
+        timeout: float, seconds allowed per probe.
+
+    Returns:
+        `{task name: reason}`, in cluster order; empty if every task answers and the error names
+        none.
+    """
+    tasks = remote_tasks(cluster_spec)
+    dead = {}
+    for name, address in tasks.items():
+        reason = probe(address, timeout)
+        if reason is not None:
+            dead[name] = reason
+    if dead or error is None:
+        return dead
+    text = str(error)
+    for job, index in _TASK_IN_TEXT.findall(text):
+        name = task_name(job, index)
+        if name in tasks and name not in dead and f"remote target {name}" in text:
+            dead[name] = _RESTARTED if "Unable to find a context_id" in text else _NAMED
+    return dead
+
+
+def name_failures(cluster_spec):
+    """A context manager that turns TensorFlow's errors about a lost task into `TaskFailedError`.
+
+    ```python
+    with name_failures(spec):
+        model.fit(...)   # a killed ps -> TaskFailedError("/job:ps/replica:0/task:1 at ...")
+    ```
+
+    TensorFlow's errors (`tf.errors.OpError`, and a `ValueError` carrying a gRPC error) are
+    translated when a task no longer answers, or when every task answers but a gRPC error names
+    a remote target; anything else passes through. The original is the `__cause__`.
+    """
+    return _NameFailures(cluster_spec)
+
+
+def _may_be_task_failure(error):
+    """Whether `error` can come from a lost task: any TF op error, or a ValueError carrying a
+    gRPC error (with streaming enqueue on, TF 2.21 raises a lost ps inside Keras `fit` as
+    ValueError "... Additional GRPC error information from remote target ...")."""
+    if isinstance(error, tf.errors.OpError):
+        return True
+    return isinstance(error, ValueError) and "GRPC" in str(error)
+
+
+class _NameFailures:
+    def __init__(self, cluster_spec):
+        self._spec = cluster_spec
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if error is None or isinstance(error, TaskFailedError) or not _may_be_task_failure(error):
+            return False
+        grpc = isinstance(error, tf.errors.UnavailableError) or "GRPC" in str(error)
+        dead = failed_tasks(self._spec, error if grpc else None)
+        if not dead:
+            return False
+        task, reason = next(iter(dead.items()))
+        raise TaskFailedError(task, task_addresses(self._spec)[task], reason) from error
+
+
+def _exit_process(task, address, reason):
+    print(
+        f"dpkeras: {task} at {address} is unreachable ({reason}); synchronous training cannot "
+        f"continue, ending this process (exit code 75) instead of waiting forever. Restart "
+        f"that task if it is down, then restart training from the last checkpoint "
+        f"(keras.callbacks.BackupAndRestore).",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(75)
+
+
+class HealthMonitor:
+    """Probes every task of a cluster from a thread and acts when one stops answering.
+
+    TensorFlow reports a killed task at once (`UnavailableError`, see `name_failures`), but a
+    task that hangs without dying (a frozen process or machine, a network partition) blocks the
+    step forever, and nothing public cancels a running step. The monitor probes each task every
+    `interval` seconds; after `failures` probes in a row fail for one task, it calls
+    `on_failure(task, address, reason)` once and stops. The default action prints a line naming
+    the task on stderr and ends the process with exit code 75 (`EX_TEMPFAIL`): synchronous
+    training is fail-stop, and a job scheduler restarting the client resumes from the last
+    checkpoint.
+
+    ```python
+    with HealthMonitor(spec):
+        model.fit(...)
+    ```
+
+    Args:
+        cluster_spec: `tf.train.ClusterSpec` of the tasks to watch.
+        interval: float, seconds between rounds of probes. Defaults to 2.
+        failures: int, consecutive failed probes of a task before it counts as dead.
+            Defaults to 3.
+        on_failure: callable `(task, address, reason)`, or None for the default (end the
+            process). Runs on the monitor's thread.
+        probe_timeout: float, seconds allowed per probe. Defaults to 2.
+
+    Attributes:
+        failure: `(task, address, reason)` of the first dead task seen, or None.
+    """
+
+    def __init__(self, cluster_spec, interval=2.0, failures=3, on_failure=None, probe_timeout=2.0):
+        if not isinstance(failures, int) or failures < 1:
+            raise ValueError(f"failures must be an int >= 1. Received: {failures!r}")
+        for label, value in (("interval", interval), ("probe_timeout", probe_timeout)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(
+                    f"{label} must be a positive number of seconds. Received: {value!r}"
+                )
+        self._tasks = remote_tasks(cluster_spec)
+        self._interval = interval
+        self._failures = failures
+        self._on_failure = on_failure or _exit_process
+        self._probe_timeout = probe_timeout
+        self._stop = threading.Event()
+        self._thread = None
+        self.failure = None
+
+    def start(self):
+        """Starts probing (a daemon thread); returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="dpkeras-health-monitor", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self):
+        """Stops probing and waits for the thread (at most one probe round)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def _run(self):
+        misses = dict.fromkeys(self._tasks, 0)
+        while not self._stop.is_set():
+            for name, address in self._tasks.items():
+                reason = probe(address, self._probe_timeout)
+                misses[name] = 0 if reason is None else misses[name] + 1
+                if misses[name] >= self._failures and not self._stop.is_set():
+                    self.failure = (name, address, reason)
+                    self._on_failure(name, address, reason)
+                    return
+            self._stop.wait(self._interval)
+
+
+_lock = threading.Lock()
+_monitor = None  # the HealthMonitor `watch` started, or None
+
+
+def watch(cluster_spec):
+    """Starts, once per process, a `HealthMonitor` of `cluster_spec` with the default action.
+
+    A dpkeras strategy on a cluster calls it, so that a task that hangs ends the client with a
+    message naming it instead of blocking a step forever. Idempotent.
+    """
+    global _monitor
+    with _lock:
+        if _monitor is None:
+            _monitor = HealthMonitor(cluster_spec).start()
+        return _monitor

@@ -1,1 +1,0 @@
-"""The verbs of the `dpkeras` command, one module each."""

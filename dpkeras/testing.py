@@ -1,0 +1,287 @@
+"""Utilities for testing programs that use dpkeras: simulated devices, a local cluster.
+
+```python
+from dpkeras import testing
+
+with testing.LocalCluster(ps=1, workers=2, cpus=2) as cluster:  # real servers on loopback
+    program = "import dpkeras\n" + f"strategy = dpkeras.get_strategy(cluster={cluster.spec!r})\n"
+    testing.run_python(program + "print(strategy.num_replicas_in_sync)")  # '4\n'
+```
+
+- `LocalCluster`: ps and worker tasks as real `dpkeras serve` processes on free 127.0.0.1
+  ports, started and stopped by a `with` block, every wait bounded; tasks can be killed,
+  frozen and restarted, as a crash, a hang and a recovery.
+- `run_python`: a program in a fresh Python, optionally on simulated CPU devices (a process
+  splits its CPU once, before TensorFlow starts).
+- `cpu_strategy`: the dpkeras strategy over simulated CPU devices, cached.
+- `assert_weights_close`: two models' weights, array by array, within a tolerance.
+"""
+
+import atexit
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+__all__ = [
+    "LocalCluster",
+    "assert_weights_close",
+    "cpu_strategy",
+    "free_port",
+    "run_python",
+    "serve_command",
+    "server_env",
+]
+
+# The directory dpkeras is imported from (a checkout's root, or site-packages): subprocesses
+# put it first on their path, so they run this dpkeras.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY_TIMEOUT = 180.0  # seconds for a server to print `ready` (TF import on a loaded machine)
+
+_live = set()  # every LocalCluster not yet stopped, for the atexit safety net
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(spec, job, task, cpus=None):
+    """The argv of `python -m dpkeras serve` for one task."""
+    argv = [
+        sys.executable,
+        "-m",
+        "dpkeras",
+        "serve",
+        "--cluster",
+        json.dumps(spec),
+        "--job",
+        job,
+        "--task",
+        str(task),
+    ]
+    if cpus is not None:
+        argv += ["--cpus", str(cpus)]
+    return argv
+
+
+def server_env():
+    """The environment of a server subprocess: this checkout importable, TF quiet."""
+    path = os.environ.get("PYTHONPATH")
+    return dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=_ROOT + (os.pathsep + path if path else "")
+    )
+
+
+def wait_for_line(proc, expected, timeout):
+    """Reads `proc`'s stdout until a line equal to `expected`; returns the lines read.
+
+    Raises:
+        RuntimeError: if the process exits or `timeout` seconds pass first.
+    """
+    lines = []
+    done = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if lines[-1] == expected:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not done.wait(timeout) or not lines or lines[-1] != expected:
+        raise RuntimeError(
+            f"no {expected!r} line within {timeout:g} s (exit status "
+            f"{proc.poll()}); stdout so far: {lines}"
+        )
+    return lines
+
+
+def _die_with_parent():
+    """In the child before exec (Linux): SIGKILL it when the process that started it dies, so
+    that even a test process killed without cleanup leaves no server behind. (Linux ties this
+    to the thread that started the child: start servers from a thread that outlives them.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class LocalCluster:
+    """`ps` + `workers` `dpkeras serve` processes on free loopback ports.
+
+    Args:
+        ps: int, number of ps tasks.
+        workers: int, number of worker tasks.
+        cpus: int or None, `--cpus` of every task.
+    """
+
+    def __init__(self, ps=2, workers=2, cpus=2):
+        self.spec = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)]}
+        if ps:
+            self.spec = {"ps": [f"127.0.0.1:{free_port()}" for _ in range(ps)], **self.spec}
+        self.cpus = cpus
+        self.procs = {}  # (job, index) -> Popen
+        self.startup_lines = {}  # (job, index) -> stdout lines up to `ready`
+        self.stderr_files = {}  # (job, index) -> file holding the latest start's stderr
+        self._logs = []
+
+    def address(self, job, task):
+        """`"127.0.0.1:port"` of a task."""
+        return self.spec[job][task]
+
+    def _start(self, job, task):
+        # stderr goes to a file: an unread pipe would block a chatty server once full.
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(
+            serve_command(self.spec, job, task, self.cpus),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=server_env(),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        self.procs[(job, task)] = proc
+        self._logs.append(log)
+        self.stderr_files[(job, task)] = log
+        return proc
+
+    def stderr(self, job, task):
+        """What the task (its latest start) wrote on stderr so far."""
+        log = self.stderr_files[(job, task)]
+        log.flush()
+        log.seek(0)
+        return log.read()
+
+    def start(self):
+        """Starts every task and waits for each `ready` line; returns self."""
+        _live.add(self)
+        try:
+            for job, addresses in self.spec.items():
+                for task in range(len(addresses)):
+                    self._start(job, task)
+            for (job, task), proc in self.procs.items():
+                try:
+                    self.startup_lines[(job, task)] = wait_for_line(proc, "ready", READY_TIMEOUT)
+                except RuntimeError as e:
+                    raise RuntimeError(f"{job} task {task}: {e}") from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, job, task, sig=signal.SIGKILL):
+        """Sends `sig` (default SIGKILL: a crash) to a task; reaps it if the signal ends it.
+
+        `signal.SIGSTOP` freezes the task (as a hung machine); `signal.SIGCONT` resumes it.
+        """
+        proc = self.procs[(job, task)]
+        proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            proc.wait(timeout=30)
+
+    def restart(self, job, task):
+        """Kills the task if it runs and starts it again on the same port (bounded wait)."""
+        proc = self.procs[(job, task)]
+        if proc.poll() is None:
+            self.kill(job, task)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the port can linger briefly after a kill
+            try:
+                with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind(("127.0.0.1", int(self.address(job, task).rsplit(":", 1)[1])))
+                break
+            except OSError:
+                time.sleep(0.2)
+        self.startup_lines[(job, task)] = wait_for_line(
+            self._start(job, task), "ready", READY_TIMEOUT
+        )
+
+    def stop(self):
+        """Stops every task (SIGCONT, then SIGKILL) and reaps it."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        _live.discard(self)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+@atexit.register
+def _stop_all():
+    for cluster in list(_live):
+        cluster.stop()
+
+
+def run_python(code, cpus=None, env=None, timeout=600):
+    """Runs `code` (dedented) in a fresh Python; returns its standard output.
+
+    Args:
+        code: str, the program.
+        cpus: int or None; with it, the program is preceded by
+            `dpkeras.simulate_cpu_devices(cpus)`.
+        env: dict or None, environment variables added to this process's.
+        timeout: float, seconds before the program is killed (`subprocess.TimeoutExpired`).
+
+    Raises:
+        AssertionError: if the program fails; the message ends with its standard error.
+    """
+    prefix = "" if cpus is None else f"import dpkeras\ndpkeras.simulate_cpu_devices({cpus})\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", prefix + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=dict(server_env(), **(env or {})),
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def cpu_strategy(replicas, parameter_device="/cpu:0"):
+    """The dpkeras strategy with `replicas` replicas on `/cpu:1` ... and variables on
+    `parameter_device` (cached: `dpkeras.get_strategy`). The process needs at least
+    `replicas + 1` CPU devices (`dpkeras.simulate_cpu_devices`)."""
+    import dpkeras
+
+    return dpkeras.get_strategy([f"/cpu:{i}" for i in range(1, replicas + 1)], parameter_device)
+
+
+def assert_weights_close(expected, actual, rtol=1e-5, atol=1e-6):
+    """Asserts two lists of arrays (e.g. `model.get_weights()`) are equal within tolerance."""
+    import numpy as np
+
+    assert len(expected) == len(actual), f"{len(expected)} arrays expected, got {len(actual)}"
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=f"weight {i}")
