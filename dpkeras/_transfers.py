@@ -9,6 +9,7 @@ import tensorflow as tf
 from dpkeras import _sizes as sizes
 from dpkeras import _tf_internals
 from dpkeras._device_names import canonical_device, short_device
+from dpkeras.cluster import _loop
 
 _COLLECTIVE_OPS = (
     "CollectiveReduce",
@@ -264,7 +265,9 @@ def train_step_transfers(model, x, y=None, batch_size=None, sample_weight=None):
         batch_size = len(tf.nest.flatten(x)[0])
     model.train_function = None
     try:
-        with record_transfers() as recorder:
+        # On a cluster the step function would otherwise run from a task (the on-cluster
+        # loop), whose partitions this process does not see.
+        with record_transfers() as recorder, _loop.on_the_client():
             model.fit(
                 x,
                 y,

@@ -58,10 +58,11 @@ def test_a_cluster_trains_to_one_process_weights_history_and_evaluate(local, tmp
 
         rng = np.random.RandomState(0)
         x, y = rng.randint(0, 200, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
+        # Connect first: connecting resets TensorFlow's context, so dpkeras refuses to connect
+        # while a model made before it is alive. The reference's variables are this process's.
+        dpkeras.cluster.connect(SPEC)
         reference = build()
         expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-        # Before connecting: TensorFlow resets its context when it connects to a cluster, and
-        # models made before then should not be used after it.
         expected_evaluate = reference.evaluate(x, y, batch_size=16, verbose=0)
         expected_weights = reference.get_weights()
         with dpkeras.scope(cluster=SPEC) as strategy:
@@ -326,6 +327,7 @@ def test_a_table_sharded_over_both_ps_tasks_trains_to_one_process(local):
         rng = np.random.RandomState(3)
         x = rng.randint(0, 2001, (64, 4)).astype("int32")
         y = rng.normal(size=(64, 3)).astype("float32")
+        dpkeras.cluster.connect(SPEC)  # first: the reference's variables are this process's
         reference = build()
         expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
         partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)

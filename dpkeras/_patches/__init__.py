@@ -9,5 +9,6 @@ model. The `tf.gather` dispatcher of `dpkeras._variables.lookups` is registered 
 - `resume`: crash-safe saving and exact resume (docs/reliability.md);
 - `atomic_files`: files that are at every moment old or new (standard library only);
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
-- `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed.
+- `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
+- `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client.
 """

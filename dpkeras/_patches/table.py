@@ -12,7 +12,7 @@ from collections.abc import Callable
 import keras
 
 from dpkeras import _keras_internals
-from dpkeras._patches import resume, symbolic_build, task_failures
+from dpkeras._patches import cluster_loop, resume, symbolic_build, task_failures
 from dpkeras._variables import lookups
 
 SUPPORTED_KERAS = "3.15"
@@ -141,6 +141,18 @@ PATCHES = (
         "TensorFlowTrainer.predict",
         _PREDICT,
         task_failures.naming_failed_tasks,
+    ),
+    # On a cluster, the step functions run on a task, so the client is out of the per-step
+    # path (dpkeras._patches.cluster_loop).
+    *(
+        Patch(
+            _keras_internals.tensorflow_trainer,
+            f"make_{step}_function",
+            f"TensorFlowTrainer.make_{step}_function",
+            "(self, force=False)",
+            cluster_loop.running_on_the_cluster(f"{step}_function"),
+        )
+        for step in ("train", "test", "predict")
     ),
 )
 

@@ -1,5 +1,6 @@
 """Connecting this process to a cluster as its client."""
 
+import gc
 import os
 import threading
 import time
@@ -41,6 +42,36 @@ def _wait_for(tasks, timeout):
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
+def _variables_alive():
+    """Names of the TensorFlow variables alive in this process (Keras paths where known)."""
+    import keras  # only to name variables by their Keras path
+
+    gc.collect()
+    objects = gc.get_objects()
+    paths = {
+        id(v.value): v.path
+        for v in objects
+        if isinstance(v, keras.Variable) and isinstance(getattr(v, "value", None), tf.Variable)
+    }
+    return [paths.get(id(v), v.name) for v in objects if isinstance(v, tf.Variable)]
+
+
+def _refuse_variables_made_before(cluster_spec):
+    alive = _variables_alive()
+    if alive:
+        shown = ", ".join(repr(name) for name in alive[:5])
+        more = f" and {len(alive) - 5} more" if len(alive) > 5 else ""
+        raise RuntimeError(
+            f"Cannot connect to the cluster {cluster_spec.as_dict()}: this process already "
+            f"holds {len(alive)} TensorFlow variable(s) ({shown}{more}). Connecting resets "
+            f"TensorFlow's eager context: a model built before it keeps running afterwards "
+            f"but reads stale values (its next fit repeats its losses, evaluate is off). "
+            f"Connect first: enter dpkeras.scope(cluster=...) (or call "
+            f"dpkeras.cluster.connect) before building any model, or delete those models "
+            f"(del model) before connecting."
+        )
+
+
 def connected_cluster():
     """The `tf.train.ClusterSpec` this process connected to with `connect`, or None."""
     return _connected
@@ -61,7 +92,9 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
 
     Raises:
         TimeoutError: if a task does not answer within `timeout`; names the task and address.
-        RuntimeError: if this process is already connected to a different cluster.
+        RuntimeError: if this process is already connected to a different cluster, or holds
+            TensorFlow variables made before connecting (they would read stale values after
+            it); names them.
         ValueError: for an invalid cluster (see `resolve_cluster`) or a timeout <= 0.
     """
     global _connected
@@ -81,6 +114,7 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
                 f"new process for another cluster."
             )
         _wait_for(remote_tasks(cluster_spec), timeout)
+        _refuse_variables_made_before(cluster_spec)
         # Without this, a function first run on a task after it died blocks forever on TF 2.21
         # (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s). TF's
         # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,

@@ -1,21 +1,4 @@
-"""Utilities for testing programs that use dpkeras: simulated devices, a local cluster.
-
-```python
-from dpkeras import testing
-
-with testing.LocalCluster(ps=1, workers=2, cpus=2) as cluster:  # real servers on loopback
-    program = "import dpkeras\n" + f"strategy = dpkeras.get_strategy(cluster={cluster.spec!r})\n"
-    testing.run_python(program + "print(strategy.num_replicas_in_sync)")  # '4\n'
-```
-
-- `LocalCluster`: ps and worker tasks as real `dpkeras serve` processes on free 127.0.0.1
-  ports, started and stopped by a `with` block, every wait bounded; tasks can be killed,
-  frozen and restarted, as a crash, a hang and a recovery.
-- `run_python`: a program in a fresh Python, optionally on simulated CPU devices (a process
-  splits its CPU once, before TensorFlow starts).
-- `cpu_strategy`: the dpkeras strategy over simulated CPU devices, cached.
-- `assert_weights_close`: two models' weights, array by array, within a tolerance.
-"""
+"""`LocalCluster`: ps and worker tasks as real `dpkeras serve` processes on loopback."""
 
 import atexit
 import ctypes
@@ -26,23 +9,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 
-__all__ = [
-    "LocalCluster",
-    "assert_weights_close",
-    "cpu_strategy",
-    "free_port",
-    "run_python",
-    "serve_command",
-    "server_env",
-]
-
 # The directory dpkeras is imported from (a checkout's root, or site-packages): subprocesses
 # put it first on their path, so they run this dpkeras.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READY_TIMEOUT = 180.0  # seconds for a server to print `ready` (TF import on a loaded machine)
 
 _live = set()  # every LocalCluster not yet stopped, for the atexit safety net
@@ -139,6 +111,10 @@ class LocalCluster:
     def address(self, job, task):
         """`"127.0.0.1:port"` of a task."""
         return self.spec[job][task]
+
+    def pids(self):
+        """`{"ps:0": pid, "worker:0": pid, ...}`: the process id of each running task."""
+        return {f"{job}:{task}": proc.pid for (job, task), proc in self.procs.items()}
 
     def _start(self, job, task):
         # stderr goes to a file: an unread pipe would block a chatty server once full.
@@ -241,47 +217,3 @@ class LocalCluster:
 def _stop_all():
     for cluster in list(_live):
         cluster.stop()
-
-
-def run_python(code, cpus=None, env=None, timeout=600):
-    """Runs `code` (dedented) in a fresh Python; returns its standard output.
-
-    Args:
-        code: str, the program.
-        cpus: int or None; with it, the program is preceded by
-            `dpkeras.simulate_cpu_devices(cpus)`.
-        env: dict or None, environment variables added to this process's.
-        timeout: float, seconds before the program is killed (`subprocess.TimeoutExpired`).
-
-    Raises:
-        AssertionError: if the program fails; the message ends with its standard error.
-    """
-    prefix = "" if cpus is None else f"import dpkeras\ndpkeras.simulate_cpu_devices({cpus})\n"
-    proc = subprocess.run(
-        [sys.executable, "-c", prefix + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=dict(server_env(), **(env or {})),
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc.stdout
-
-
-def cpu_strategy(replicas, parameter_device="/cpu:0"):
-    """The dpkeras strategy with `replicas` replicas on `/cpu:1` ... and variables on
-    `parameter_device` (cached: `dpkeras.get_strategy`). The process needs at least
-    `replicas + 1` CPU devices (`dpkeras.simulate_cpu_devices`)."""
-    import dpkeras
-
-    return dpkeras.get_strategy([f"/cpu:{i}" for i in range(1, replicas + 1)], parameter_device)
-
-
-def assert_weights_close(expected, actual, rtol=1e-5, atol=1e-6):
-    """Asserts two lists of arrays (e.g. `model.get_weights()`) are equal within tolerance."""
-    import numpy as np
-
-    assert len(expected) == len(actual), f"{len(expected)} arrays expected, got {len(actual)}"
-    for i, (e, a) in enumerate(zip(expected, actual)):
-        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=f"weight {i}")

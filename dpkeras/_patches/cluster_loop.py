@@ -1,0 +1,32 @@
+"""On a cluster, Keras's step functions run with a worker task as their coordinator."""
+
+from dpkeras._extended.extended import ParameterDeviceExtended
+from dpkeras.cluster import _loop
+
+
+def cluster_spec_of(model):
+    """The cluster of `model`'s dpkeras strategy, or None (no cluster, or not dpkeras)."""
+    extended = model.distribute_strategy.extended
+    return extended.cluster_spec if isinstance(extended, ParameterDeviceExtended) else None
+
+
+def running_on_the_cluster(attribute):
+    """A wrapper of Keras's `make_<step>_function` that makes the `attribute` it sets
+    (`train_function`, `test_function` or `predict_function`) run on a task of the cluster
+    (`dpkeras.cluster._loop.on_task`), for a model of a dpkeras strategy on a cluster.
+
+    With `steps_per_execution=K`, the client then dispatches once per K steps and receives the
+    logs once per K steps; Keras's loop over the K steps, and its control, run on the cluster.
+    """
+
+    def make_function(original, model, *args, **kwargs):
+        result = original(model, *args, **kwargs)
+        spec = cluster_spec_of(model)
+        function = getattr(model, attribute, None)
+        if spec is None or function is None or _loop.runs_on_task(function):
+            return result
+        wrapped = _loop.on_task(function, _loop.loop_device(spec))
+        setattr(model, attribute, wrapped)
+        return wrapped if result is function else result
+
+    return make_function

@@ -1,0 +1,190 @@
+"""The on-cluster loop: the client is out of the per-step path, and every K is exact.
+
+A real cluster of 1 ps + 2 workers (`dpkeras serve` on loopback); each client runs in a fresh
+process (a process connects to one cluster for its lifetime) and compares with a model of the
+same process that has no strategy (built after connecting, so its variables are local).
+Bytes are the kernel's TCP counters of the client process (`dpkeras.testing.TrafficMeter`):
+machine-independent counts, not timings.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from dpkeras.testing import LocalCluster, server_env
+
+CLIENT_TIMEOUT = 420
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(ps=1, workers=2, cpus=1) as running:
+        yield running
+
+
+_MODEL = """
+def build(k):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((4,), dtype="int32"), keras.layers.Embedding(300, 8),
+        keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=k)
+    return model
+"""
+
+
+def _client(code, spec):
+    prefix = textwrap.dedent(f"""
+        import gc, json, os
+        import numpy as np
+        import dpkeras, keras, tensorflow as tf
+        SPEC = json.loads({json.dumps(json.dumps(spec))})
+        """) + textwrap.dedent(_MODEL)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", prefix + textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=server_env(),
+            timeout=CLIENT_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the client hung: no exit within {CLIENT_TIMEOUT} s")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_every_steps_per_execution_equals_one_process(cluster, k):
+    """Uneven last batch (90 = 5 x 16 + 10 over 4 replicas), validation, callbacks, predict."""
+    out = _client(
+        f"""
+        K = {k}
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
+        xv, yv = rng.randint(0, 300, (37, 4)).astype("int32"), rng.randint(0, 3, 37)
+
+        class Seen(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.batches = []
+            def on_train_batch_end(self, batch, logs=None):
+                self.batches.append(batch)
+
+        def train(model):
+            seen = Seen()
+            schedule = keras.callbacks.LearningRateScheduler(lambda e, lr: lr * 0.5)
+            history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                                validation_data=(xv, yv), callbacks=[seen, schedule])
+            return (history.history, seen.batches, model.evaluate(xv, yv, batch_size=16,
+                    verbose=0), model.predict(x[:21], batch_size=8, verbose=0).tolist())
+
+        dpkeras.cluster.connect(SPEC)
+        reference = build(K)  # after connecting: its variables are this process's
+        expected = train(reference)
+        with dpkeras.scope(cluster=SPEC):
+            model = build(K)
+        actual = train(model)
+        print(json.dumps({{
+            "max_diff": max(float(np.abs(a - b).max())
+                            for a, b in zip(reference.get_weights(), model.get_weights())),
+            "expected": expected, "actual": actual,
+            "replicas": model.distribute_strategy.num_replicas_in_sync,
+        }}))
+        """,
+        cluster.spec,
+    )
+    assert out["replicas"] == 2
+    assert out["max_diff"] < 1e-5
+    expected_history, expected_batches, expected_eval, expected_pred = out["expected"]
+    history, batches, evaluation, predictions = out["actual"]
+    assert set(history) == set(expected_history) >= {"loss", "accuracy", "val_loss"}
+    for name, values in expected_history.items():
+        assert history[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+    assert batches == expected_batches  # the callbacks see the same batches
+    assert evaluation == pytest.approx(expected_eval, rel=1e-5)
+    np.testing.assert_allclose(predictions, expected_pred, rtol=1e-5, atol=1e-6)
+
+
+def test_the_step_function_runs_on_a_task_not_on_the_client(cluster):
+    """The client instantiates no partition of the step: the loop task does."""
+    out = _client(
+        """
+        x = np.zeros((64, 4), "int32"); y = np.zeros(64)
+        with dpkeras.scope(cluster=SPEC):
+            model = build(4)
+        with dpkeras.record_transfers() as recorder:  # the step is instantiated in here
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        on_client = [sorted(r.devices) for r in recorder.reports()
+                     if any(d.startswith("/job:worker") for d in r.devices)]
+        report = dpkeras.train_step_transfers(model, x[:16], y[:16])  # counts from the client
+        print(json.dumps({"on_client": on_client, "counted": sorted(report.devices)}))
+        """,
+        cluster.spec,
+    )
+    assert out["on_client"] == []
+    assert any("worker/task:1" in d for d in out["counted"])
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
+def test_the_client_sends_once_per_execution_not_once_per_step(cluster):
+    """Marginal bytes per step the client sends (two fits, so per-fit costs cancel)."""
+    out = _client(
+        """
+        from dpkeras.testing import TrafficMeter
+        x = np.random.RandomState(0).randint(0, 300, (16 * 200, 4)).astype("int32")
+        y = np.zeros(16 * 200)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+        with dpkeras.scope(cluster=SPEC):
+            models = {k: build(k) for k in (1, 10)}
+        per_step = {}
+        for k, model in models.items():
+            model.fit(ds, steps_per_epoch=20, epochs=1, verbose=0)  # traced
+            sent = []
+            for steps in (40, 200):
+                with TrafficMeter({"client": os.getpid()}) as meter:
+                    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+                sent.append(meter.traffic["client"].sent)
+            per_step[k] = (sent[1] - sent[0]) / 160
+        print(json.dumps(per_step))
+        """,
+        cluster.spec,
+    )
+    one, ten = out["1"], out["10"]
+    assert one > 0
+    assert ten <= 0.2 * one, out  # K=10: one dispatch per 10 steps
+
+
+def test_a_model_from_before_connecting_is_refused_by_name(cluster):
+    out = _client(
+        """
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="early")])
+        model.compile("sgd", "mse")
+        model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+        try:
+            dpkeras.scope(cluster=SPEC).__enter__()
+            refused = None
+        except RuntimeError as e:
+            refused = str(e)
+        del model
+        gc.collect()
+        with dpkeras.scope(cluster=SPEC):  # nothing left from before: it connects
+            fresh = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            fresh.compile("sgd", "mse")
+        loss = fresh.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0).history["loss"]
+        print(json.dumps({"refused": refused, "loss": loss}))
+        """,
+        cluster.spec,
+    )
+    assert out["refused"] is not None
+    assert "'sequential/early/kernel'" in out["refused"]
+    assert "Connect first" in out["refused"] and "del model" in out["refused"]
+    assert len(out["loss"]) == 1
