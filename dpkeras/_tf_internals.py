@@ -9,6 +9,8 @@ imports TensorFlow's private modules or reads private attributes of its objects.
 """
 
 # ruff: noqa: F401
+import tensorflow as tf
+
 # On a cluster each worker runs its own copy of the input pipeline: a dataset made on the
 # client must be serialised and rebuilt on each worker's host, as TF's own distributed datasets
 # do (`input_lib`); there is no public call.
@@ -151,3 +153,54 @@ def handle_sharing_arguments(variable):
         in_graph_mode=variable._in_graph_mode,
         validate_shape=variable._validate_shape,
     )
+
+
+# -- tf.data pipelines: which transformations a dataset is made of --------------------------
+# dpkeras cuts a dataset's elements to the workers of a cluster before its per-element maps
+# (dpkeras/cluster/_input.py); tf.data offers no public way to see a dataset's transformations
+# or to apply one of them again to another input. These read the Python dataset objects'
+# private attributes (TensorFlow 2.21's `dataset_ops`); tests/test_input_sharding.py fails if a
+# standard pipeline is no longer recognised.
+
+_KINDS = {
+    "_OptionsDataset": "options",
+    "_PrefetchDataset": "prefetch",
+    "_BatchDataset": "batch",
+    "_MapDataset": "map",
+    "_ParallelMapDataset": "map",
+}
+
+
+def dataset_kind(dataset):
+    """`"options"`, `"prefetch"`, `"batch"`, `"map"` or `"other"`."""
+    return _KINDS.get(type(dataset).__name__, "other")
+
+
+def dataset_input(dataset):
+    """The dataset a unary transformation reads, or None (a source, or several inputs)."""
+    return getattr(dataset, "_input_dataset", None)
+
+
+def batch_arguments(dataset):
+    """`(batch size, drop_remainder)` of a `batch` transformation (size None if not static)."""
+    size = tf.get_static_value(dataset._batch_size)
+    return (None if size is None else int(size)), bool(tf.get_static_value(dataset._drop_remainder))
+
+
+class MapStage:
+    """A `map` transformation, to apply again to another input with the same function and
+    parallelism (`apply`)."""
+
+    def __init__(self, dataset):
+        self._function = dataset._map_func._func  # what the user passed to `map`
+        calls = getattr(dataset, "_num_parallel_calls", None)
+        self._parallel = None if calls is None else int(tf.get_static_value(calls))
+        deterministic = getattr(dataset, "_deterministic", "default")
+        self._deterministic = {"true": True, "false": False}.get(deterministic)
+
+    def apply(self, dataset):
+        if self._parallel is None:
+            return dataset.map(self._function)
+        return dataset.map(
+            self._function, num_parallel_calls=self._parallel, deterministic=self._deterministic
+        )

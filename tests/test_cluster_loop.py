@@ -188,3 +188,36 @@ def test_a_model_from_before_connecting_is_refused_by_name(cluster):
     assert "'sequential/early/kernel'" in out["refused"]
     assert "Connect first" in out["refused"] and "del model" in out["refused"]
     assert len(out["loss"]) == 1
+
+
+def test_each_worker_maps_its_share_and_training_equals_one_process(cluster):
+    """AUTO: the elements are cut to the workers before the map; 90 rows in batches of 16."""
+    out = _client(
+        """
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
+
+        def dataset():
+            rows = tf.data.Dataset.from_tensor_slices((x, y))
+            return rows.map(lambda a, b: (a + 1, b), num_parallel_calls=2).batch(16)
+
+        dpkeras.cluster.connect(SPEC)
+        reference = build(2)
+        expected = reference.fit(dataset(), epochs=2, verbose=0).history
+        expected_predict = reference.predict(dataset(), verbose=0)
+        with dpkeras.scope(cluster=SPEC):
+            model = build(2)
+        history = model.fit(dataset(), epochs=2, verbose=0).history
+        print(json.dumps({
+            "max_diff": max(float(np.abs(a - b).max())
+                            for a, b in zip(reference.get_weights(), model.get_weights())),
+            "history": history, "expected": expected,
+            "predict_diff": float(np.abs(model.predict(dataset(), verbose=0)
+                                         - expected_predict).max()),
+        }))
+        """,
+        cluster.spec,
+    )
+    assert out["max_diff"] < 1e-5 and out["predict_diff"] < 1e-5
+    for name, values in out["expected"].items():
+        assert out["history"][name] == pytest.approx(values, rel=1e-5), name

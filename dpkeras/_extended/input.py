@@ -1,17 +1,15 @@
-"""Input for the replicas: one pipeline per input host, rebatched over its replicas.
+"""Input for the replicas: one pipeline per input host, feeding that host's replicas.
 
 A global batch of 256 over 2 replicas gives each 128 examples, prefetched to the replica's
-device; 101 over 2 gives 51 and 50. On a cluster each worker task runs its own copy of the
-pipeline on its host CPU and feeds its own replicas (TensorFlow shards the data between the
-workers), so batches do not flow through the client. TensorFlow's own distributed datasets do
-the work; this module says which host feeds which devices and refuses what dpkeras does not
-support.
+device; 101 over 2 gives 51 and 50. On a cluster each worker task runs its own pipeline on its
+host CPU, so batches do not flow through the client (`dpkeras.cluster._input`).
 """
 
 import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
+from dpkeras.cluster import _input
 
 
 class InputPlan:
@@ -76,8 +74,9 @@ class InputPlan:
         """`strategy.experimental_distribute_dataset`.
 
         On one host, TensorFlow rebatches the global batch over the replicas. On several
-        (a cluster), each worker's host runs a copy of the pipeline and cuts its own replicas'
-        contiguous slices out of each global batch (see `_worker_slices`): TensorFlow's own
+        (a cluster), each worker's host runs a pipeline that feeds its own replicas their
+        contiguous slices of each global batch: by default each worker maps only the elements
+        of its slices (see `dpkeras.cluster._input` for the policies). TensorFlow's own
         multi-worker rebatching interleaves the workers' slices (rows 0-1 and 4-5 to worker 0,
         2-3 and 6-7 to worker 1), so `predict` would return rows out of order.
         """
@@ -92,14 +91,19 @@ class InputPlan:
                 options=options,
             )
         hosts = [host for host, _ in self.workers]
-        copies = _tf_internals.replicate(dataset, hosts)
         firsts = [0]
         for _, devices in self.workers:
             firsts.append(firsts[-1] + len(devices))
+        ranges = list(zip(firsts, firsts[1:]))
+        pipelines = _input.worker_pipelines(dataset, ranges, self.num_replicas)
+        if pipelines is None:  # each worker runs the whole pipeline, keeps its slices
+            copies = _tf_internals.replicate(dataset, hosts)
 
-        def dataset_fn(context):
+        def dataset_fn(context):  # runs under the worker's host device
             i = context.input_pipeline_id
-            return _worker_slices(copies[hosts[i]], firsts[i], firsts[i + 1], self.num_replicas)
+            if pipelines is None:
+                return _worker_slices(copies[hosts[i]], *ranges[i], self.num_replicas)
+            return _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
 
         return self.distribute_datasets_from_function(dataset_fn, strategy, options)
 

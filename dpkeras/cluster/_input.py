@@ -1,0 +1,230 @@
+"""Each worker's share of the input: the pipeline a worker runs to feed its own replicas.
+
+A dataset given to `fit`, `evaluate` or `predict` yields global batches; on a cluster each
+worker task runs its own pipeline on its host CPU and feeds only its replicas their contiguous
+slices of each global batch. What each worker's pipeline does depends on the dataset's
+`tf.data.Options().experimental_distribute.auto_shard_policy`, as under TensorFlow's
+MultiWorkerMirroredStrategy:
+
+- `AUTO` (the default): exact, and each worker does only its share of the per-element work.
+  The elements are cut to workers before the per-element maps: each worker keeps the
+  elements that land in its replicas' slices of each global batch, maps only those, and
+  batches them. The global batches, the weights and `predict`'s row order equal one
+  process's. It applies to pipelines of the form `source [shuffle, repeat, take, ...] ->
+  map* -> batch -> [prefetch]` whose length is known or infinite, or that drop the remainder;
+  for any other pipeline, `AUTO` is `DATA`.
+- `DATA`: exact. Each worker runs the whole pipeline and keeps its replicas' slices of each
+  global batch: every worker pays for every element.
+- `OFF`: as `DATA` (each worker reads everything; dpkeras always gives each replica its own
+  slice, so no element is used twice).
+- `FILE`: each worker reads its own files (TensorFlow's file sharding, as in
+  MultiWorkerMirroredStrategy) and batches its share of each step from them. The workers'
+  elements are not those of one process's global batches, so training is not exact; the
+  workers' files must hold the same number of batches, or the dataset must repeat.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from dpkeras import _tf_internals
+
+AutoShardPolicy = tf.data.experimental.AutoShardPolicy
+
+
+def policy_of(dataset):
+    """The dataset's `auto_shard_policy` (AUTO when unset)."""
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    return AutoShardPolicy.AUTO if policy is None else policy
+
+
+def replica_start(replica, rows, num_replicas):
+    """First row of `replica`'s slice of a batch of `rows` rows: TensorFlow's split (sizes
+    differ by at most one, larger first: 10 rows over 4 replicas are 3, 3, 2, 2)."""
+    per, extra = rows // num_replicas, rows % num_replicas
+    return replica * per + min(replica, extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cut:
+    """A pipeline `source -> maps -> batch -> tail`, to cut between source and maps."""
+
+    source: object  # the dataset the per-element maps read
+    maps: tuple  # `_tf_internals.MapStage`s, in the order they apply
+    batch_size: int
+    drop_remainder: bool
+    elements: int  # elements into the batch: a count, or tf.data.INFINITE_CARDINALITY
+
+
+def _plan_cut(dataset):
+    """The `_Cut` of `dataset`, or None when its form does not allow an exact early cut."""
+    node = dataset
+    while _tf_internals.dataset_kind(node) in ("options", "prefetch"):
+        node = _tf_internals.dataset_input(node)
+    if _tf_internals.dataset_kind(node) != "batch":
+        return None
+    batch_size, drop_remainder = _tf_internals.batch_arguments(node)
+    maps = []
+    node = _tf_internals.dataset_input(node)
+    while _tf_internals.dataset_kind(node) in ("map", "prefetch"):
+        if _tf_internals.dataset_kind(node) == "map":
+            maps.append(_tf_internals.MapStage(node))
+        node = _tf_internals.dataset_input(node)
+    elements = tf.get_static_value(node.cardinality())
+    if not maps or batch_size is None or elements is None:
+        return None
+    if elements < 0 and elements != tf.data.INFINITE_CARDINALITY:
+        return None  # unknown length: the last batch's split (or a dropped one) is unknown
+    return _Cut(node, tuple(reversed(maps)), batch_size, drop_remainder, int(elements))
+
+
+def _empty_batch(element_spec):
+    """A batch of 0 elements of `element_spec`, or None when a shape is not fully known."""
+    specs = tf.nest.flatten(element_spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
+        return None
+    return tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), element_spec)
+
+
+def _worker_pipeline(cut, first, end, num_replicas):
+    """Worker `[first, end)`'s pipeline from `cut`: per-replica elements, in replica order."""
+    b = cut.batch_size
+    full = (
+        cut.elements // b if cut.elements >= 0 else None  # infinite: every batch is full
+    )
+    last = 0 if full is None or cut.drop_remainder else cut.elements % b
+
+    def bounds(rows):
+        return replica_start(first, rows, num_replicas), replica_start(end, rows, num_replicas)
+
+    lo, hi = bounds(b)
+    last_lo, last_hi = bounds(last)
+    if hi == lo:
+        return None  # more replicas than a batch has rows: no per-worker batch size
+
+    def keep(i, _):
+        position, batch = i % b, i // b
+        in_full = tf.constant(True) if full is None else batch < full
+        mine = tf.logical_and(position >= lo, position < hi)
+        mine_last = tf.logical_and(position >= last_lo, position < last_hi)
+        return tf.where(in_full, mine, tf.logical_and(batch == (full or 0), mine_last))
+
+    mine = cut.source.enumerate().filter(keep).map(lambda _, element: element)
+    for stage in cut.maps:
+        mine = stage.apply(mine)
+    batches = mine.batch(hi - lo)
+    if last and last_hi == last_lo:  # the last global batch has no row for this worker
+        empty = _empty_batch(mine.element_spec)
+        if empty is None:
+            return None
+        batches = batches.concatenate(tf.data.Dataset.from_tensors(empty))
+    replicas = end - first
+
+    def split(index, batch):
+        rows = b if full is None else tf.where(index < full, b, last)
+        rows = tf.cast(rows, tf.int64)
+        per, extra = rows // num_replicas, rows % num_replicas
+
+        def start(replica):
+            replica = tf.cast(replica, tf.int64)
+            return replica * per + tf.minimum(replica, extra)
+
+        def piece(k):
+            offset = start(first)
+            a, z = start(first + k) - offset, start(first + k + 1) - offset
+            return tf.nest.map_structure(lambda t: t[a:z], batch)
+
+        return tf.data.Dataset.range(replicas).map(piece)
+
+    return batches.enumerate().flat_map(split)
+
+
+def worker_pipelines(dataset, ranges, num_replicas):
+    """Each worker's pipeline, by the dataset's `auto_shard_policy`, or None for `DATA`.
+
+    Args:
+        dataset: the dataset of global batches.
+        ranges: per worker, `(first replica, end replica)`, in order.
+        num_replicas: replicas in sync.
+
+    Returns:
+        A list of datasets, one per worker, each yielding that worker's per-replica elements
+        in replica order; or None when each worker must run the whole pipeline and keep its
+        replicas' slices (`DATA`, `OFF`, or `AUTO` on a pipeline it cannot cut).
+
+    Raises:
+        ValueError: for `FILE` on a dataset that reads no files, naming it.
+        NotImplementedError: for `HINT`.
+    """
+    policy = policy_of(dataset)
+    if policy == AutoShardPolicy.HINT:
+        raise NotImplementedError(
+            "auto_shard_policy=HINT is not supported by dpkeras on a cluster; use AUTO (exact, "
+            "each worker does its share), DATA, OFF, or FILE."
+        )
+    if policy == AutoShardPolicy.FILE:
+        return [_by_files(dataset, w, len(ranges), *r, num_replicas) for w, r in enumerate(ranges)]
+    if policy != AutoShardPolicy.AUTO:
+        return None
+    cut = _plan_cut(dataset)
+    if cut is None:
+        return None
+    pipelines = [_worker_pipeline(cut, first, end, num_replicas) for first, end in ranges]
+    if any(p is None for p in pipelines):
+        return None
+    options = dataset.options()
+    return [p.with_options(options) for p in pipelines]
+
+
+def _shard_by_files(dataset, workers, worker):
+    """TensorFlow's file sharding (the rewrite MultiWorkerMirroredStrategy applies): `worker`'s
+    share of the files `dataset` reads."""
+    variant = tf.raw_ops.AutoShardDataset(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        num_workers=workers,
+        index=worker,
+        auto_shard_policy=int(AutoShardPolicy.FILE),
+        output_types=[s.dtype for s in tf.nest.flatten(dataset.element_spec)],
+        output_shapes=[s.shape for s in tf.nest.flatten(dataset.element_spec)],
+    )
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
+def _by_files(dataset, worker, workers, first, end, num_replicas):
+    """Worker `worker`'s files of `dataset`, rebatched into its share of each step."""
+    try:
+        mine = _shard_by_files(dataset, workers, worker)
+        next(iter(mine.take(1)))  # TensorFlow rewrites lazily: fail here, not in fit
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
+        raise ValueError(
+            f"auto_shard_policy=FILE needs a dataset that reads files (TFRecordDataset, "
+            f"TextLineDataset, ... from a list of files, at least one per worker); "
+            f"TensorFlow could not shard this one by files: {e.message}. Received: "
+            f"{dataset!r}. Use AUTO (the default) instead."
+        ) from None
+    batch = None
+    node = dataset
+    while batch is None and node is not None:
+        if _tf_internals.dataset_kind(node) == "batch":
+            batch = _tf_internals.batch_arguments(node)[0]
+        node = _tf_internals.dataset_input(node)
+    if batch is None:
+        raise ValueError(
+            f"auto_shard_policy=FILE needs a batched dataset, to know the global batch size. "
+            f"Received: {dataset!r}."
+        )
+    share = replica_start(end, batch, num_replicas) - replica_start(first, batch, num_replicas)
+    sizes = [
+        replica_start(r + 1, batch, num_replicas) - replica_start(r, batch, num_replicas)
+        for r in range(first, end)
+    ]
+    starts = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+
+    def split(step):
+        return tf.data.Dataset.range(len(sizes)).map(
+            lambda k: tf.nest.map_structure(
+                lambda t: t[tf.gather(starts, k) : tf.gather(starts, k + 1)], step
+            )
+        )
+
+    return mine.unbatch().batch(share, drop_remainder=True).flat_map(split)

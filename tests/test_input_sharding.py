@@ -1,0 +1,169 @@
+"""Each worker's share of the input (`dpkeras.cluster._input`), checked on one machine.
+
+Each worker's pipeline is run here as its worker would run it; concatenated in replica order,
+the workers' per-replica batches must be the global batches, and under AUTO each worker must
+map only the elements of its own slices. The same pipelines on a real cluster are tested in
+tests/test_cluster_loop.py.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dpkeras import _tf_internals
+from dpkeras.cluster import _input
+
+Policy = tf.data.experimental.AutoShardPolicy
+
+
+def _with_policy(dataset, policy):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    return dataset.with_options(options)
+
+
+def _pipelines(make, ranges, replicas):
+    """Worker w's pipeline, each from a dataset of its own (as each worker deserialises its
+    own copy), or None for the whole-pipeline fallback."""
+    built = [_input.worker_pipelines(make(), ranges, replicas) for _ in ranges]
+    return None if built[0] is None else [built[w][w] for w in range(len(ranges))]
+
+
+def _assert_slices_make_the_global_batches(make, ranges, replicas):
+    pipelines = _pipelines(make, ranges, replicas)
+    assert pipelines is not None, "expected an early cut"
+    iterators = [iter(p.as_numpy_iterator()) for p in pipelines]
+    batches = 0
+    for expected in make().as_numpy_iterator():
+        parts = [next(it) for it, (first, end) in zip(iterators, ranges) for _ in range(first, end)]
+        got = tf.nest.map_structure(lambda *xs: np.concatenate(xs), *parts)
+        tf.nest.map_structure(np.testing.assert_array_equal, got, expected)
+        batches += 1
+    assert all(next(it, None) is None for it in iterators)
+    return batches
+
+
+def _elements(n):
+    return tf.data.Dataset.range(n).map(lambda i: (i * 2, tf.fill([3], i)), num_parallel_calls=4)
+
+
+@pytest.mark.parametrize(
+    "make, ranges, replicas",
+    [
+        (lambda: _elements(103).batch(10), [(0, 2), (2, 4)], 4),  # last batch 3 over 4
+        (lambda: _elements(103).batch(10, drop_remainder=True).prefetch(2), [(0, 1), (1, 3)], 3),
+        (lambda: _elements(7).batch(5), [(0, 2), (2, 4)], 4),  # worker 1: no row of the last
+        (lambda: _elements(40).batch(8), [(0, 1), (1, 2), (2, 3), (3, 4)], 4),
+        (
+            lambda: (
+                tf.data.Dataset.range(21)
+                .shuffle(5, seed=1)
+                .map(lambda i: i + 1)
+                .map(lambda i: {"a": i, "b": i * 3})
+                .batch(8)
+            ),
+            [(0, 2), (2, 3)],
+            3,
+        ),
+    ],
+)
+def test_auto_cuts_before_the_maps_and_the_slices_make_the_global_batches(make, ranges, replicas):
+    assert _assert_slices_make_the_global_batches(make, ranges, replicas) > 0
+
+
+def test_an_infinite_dataset_is_cut_into_full_batches():
+    make = lambda: tf.data.Dataset.range(7).repeat().map(lambda i: i * 3).batch(4)  # noqa: E731
+    first, second = _pipelines(make, [(0, 1), (1, 2)], 2)
+    expected = [b.tolist() for b in make().take(5).as_numpy_iterator()]
+    got = zip(first.take(5).as_numpy_iterator(), second.take(5).as_numpy_iterator())
+    assert [a.tolist() + b.tolist() for a, b in got] == expected
+
+
+def test_each_worker_maps_only_its_share_of_the_elements():
+    calls = []
+
+    def counted(i):
+        def count(value):
+            calls.append(int(value))
+            return value
+
+        return tf.py_function(count, [i], tf.int64)
+
+    make = lambda: tf.data.Dataset.range(64).map(counted).batch(8)  # noqa: E731
+    first, second = _pipelines(make, [(0, 1), (1, 2)], 2)
+    list(first.as_numpy_iterator())
+    assert sorted(calls) == [i for i in range(64) if i % 8 < 4]  # its half of each batch
+    calls.clear()
+    list(second.as_numpy_iterator())
+    assert sorted(calls) == [i for i in range(64) if i % 8 >= 4]
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda: _elements(30).filter(lambda a, b: a % 4 == 0).batch(4), "unknown length"),
+        (lambda: tf.data.Dataset.range(30).batch(4), "no per-element map"),
+        (lambda: _elements(30).batch(4).map(lambda a, b: (a, b)), "work after the batch"),
+        (lambda: _elements(30).batch(4).unbatch().batch(3), "not one batch"),
+    ],
+)
+def test_auto_falls_back_to_data_where_it_cannot_cut_exactly(make, why):
+    assert _pipelines(make, [(0, 1), (1, 2)], 2) is None, why
+
+
+@pytest.mark.parametrize("policy", [Policy.DATA, Policy.OFF])
+def test_data_and_off_run_the_whole_pipeline_on_every_worker(policy):
+    assert (
+        _pipelines(lambda: _with_policy(_elements(30).batch(4), policy), [(0, 1), (1, 2)], 2)
+        is None
+    )
+
+
+def test_file_gives_each_worker_its_files_and_its_share_of_each_step(tmp_path):
+    files = []
+    for f in range(4):
+        path = str(tmp_path / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(12):
+                writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
+        files.append(path)
+
+    def make():
+        dataset = tf.data.Dataset.from_tensor_slices(files).interleave(tf.data.TFRecordDataset)
+        dataset = dataset.map(lambda r: tf.io.parse_tensor(r, tf.int64)).batch(6)
+        return _with_policy(dataset, Policy.FILE)
+
+    first, second = _pipelines(make, [(0, 1), (1, 3)], 3)
+    a = np.concatenate(list(first.as_numpy_iterator()))
+    b = np.concatenate(list(second.as_numpy_iterator()))
+    assert {int(v) // 100 for v in a} == {0, 2} and {int(v) // 100 for v in b} == {1, 3}
+    assert [x.shape[0] for x in second.take(4).as_numpy_iterator()] == [2, 2, 2, 2]
+    assert [x.shape[0] for x in first.take(2).as_numpy_iterator()] == [2, 2]
+
+
+def test_file_without_files_and_hint_are_clear_errors():
+    with pytest.raises(ValueError, match=r"auto_shard_policy=FILE needs a dataset that reads"):
+        _input.worker_pipelines(
+            _with_policy(_elements(30).batch(4), Policy.FILE), [(0, 1), (1, 2)], 2
+        )
+    with pytest.raises(NotImplementedError, match=r"auto_shard_policy=HINT is not supported"):
+        _input.worker_pipelines(
+            _with_policy(_elements(30).batch(4), Policy.HINT), [(0, 1), (1, 2)], 2
+        )
+
+
+def test_the_tf_data_internals_still_read_a_standard_pipeline():
+    """Fails loudly when a TensorFlow upgrade renames what `_tf_internals` reads."""
+    dataset = _elements(10).map(lambda a, b: a, num_parallel_calls=2, deterministic=True)
+    dataset = dataset.batch(4, drop_remainder=True).prefetch(1)
+    dataset = _with_policy(dataset, Policy.AUTO)
+    kinds = []
+    node = dataset
+    while node is not None:
+        kinds.append(_tf_internals.dataset_kind(node))
+        node = _tf_internals.dataset_input(node)
+    assert kinds == ["options", "prefetch", "batch", "map", "map", "other"]
+    batch = _tf_internals.dataset_input(_tf_internals.dataset_input(dataset))
+    assert _tf_internals.batch_arguments(batch) == (4, True)
+    stage = _tf_internals.MapStage(_tf_internals.dataset_input(batch))
+    assert list(stage.apply(tf.data.Dataset.from_tensors((1, 2))).as_numpy_iterator()) == [1]
