@@ -162,11 +162,11 @@ def test_the_tree_is_formatted_and_lint_clean():
 # `x._name` on an object other than `self`/`cls`/`super()`, outside the internals modules, is
 # allowed only here, each with its reason.
 PRIVATE_ATTRIBUTES_ALLOWED = {
+    ("dpkeras.cluster._task", "os._exit"): "as below: a TensorFlow server cannot be stopped",
     ("dpkeras.cluster._health", "os._exit"): (
         "Python's documented way to end a process at once, without waiting for threads: "
         "TensorFlow's gRPC threads can block a normal exit"
     ),
-    ("dpkeras._cli.serve", "os._exit"): "as above: a TensorFlow server cannot be stopped",
     ("dpkeras._variables.sharded", "v._dense_var_to_tensor"): (
         "the conversion function registered for dpkeras's own ShardedParameterVariable calls "
         "that class's implementation of TensorFlow's conversion protocol"

@@ -70,10 +70,10 @@ def test_tf_config_without_ps_or_worker_is_no_cluster(monkeypatch):
     "tf_config, pattern",
     [
         (
-            json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}}),
-            r"TF_CONFIG says this process is task 'worker' \(index 1\), but .* is the client, task "
-            r"type 'chief' or no task\. Start ps and worker tasks with `dpkeras serve`.*Received: "
-            r"TF_CONFIG='.*'\.",
+            json.dumps({"cluster": {"ps": ["h:1"], "worker": {"1": "h:2"}}}),
+            r"The tasks of job 'worker' must be numbered 0\.\.n-1 without gaps\. Received task "
+            r"indices \['1'\] from TF_CONFIG=.*A sparse TF_CONFIG \(Kubeflow TFJob's "
+            r"enableDynamicWorker.*turn enableDynamicWorker off\.",
         ),
         ("{bad json", r"TF_CONFIG is not valid JSON \(.*\)\. Received: TF_CONFIG='\{bad json'\."),
         ("[1, 2]", r"TF_CONFIG must be a JSON object\. Received: TF_CONFIG='\[1, 2\]'\."),
@@ -104,9 +104,13 @@ def test_tf_config_errors(monkeypatch, tf_config, pattern):
             r"Received jobs \['ps'\] from the cluster argument\.",
         ),
         (
-            {"worker": ["h:1"], "evaluator": ["h:2"]},
-            r"Unknown job\(s\) \['evaluator'\] .*valid jobs: ps, worker, chief\. Received jobs: "
-            r"\['worker', 'evaluator'\]\.",
+            {"worker": ["h:1"], "trainer": ["h:2"]},
+            r"Unknown job\(s\) \['trainer'\] .*valid jobs: ps, worker, chief, master, evaluator\. "
+            r"Received jobs: \['worker', 'trainer'\]\.",
+        ),
+        (
+            {"worker": ["h:1"], "chief": ["h:2"], "master": ["h:3"]},
+            r"A cluster names its client 'chief' or 'master' \(the older name\), not both\.",
         ),
         (
             {"worker": []},
@@ -138,7 +142,7 @@ def test_tf_config_errors(monkeypatch, tf_config, pattern):
         ),
         (
             {"chief": ["a:1", "b:1"], "worker": ["h:1"]},
-            r"The 'chief' job is this process \(the client\): it has one task\. Received "
+            r"The 'chief' job is the client: it has one task\. Received "
             r"chief=\['a:1', 'b:1'\]",
         ),
     ],

@@ -5,6 +5,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -108,6 +109,11 @@ SPEC = json.dumps({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3
             ["--cluster", SPEC],
             r"which task to run is unknown: pass --job and --task.*Received: job=None, task=None\.",
         ),
+        (
+            ["--cluster", SPEC, "--job", "ps", "--task", "0", "--exit-with-client"],
+            r"--exit-with-client needs the client's address: name it as the cluster's 'chief' "
+            r"\(or 'master'\) job\. Without one the client is not a task of the cluster\.",
+        ),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(capsys, monkeypatch, argv, pattern):
@@ -135,6 +141,58 @@ def test_task_from_tf_config(capsys, monkeypatch):
     _one_error_line(capsys, [], r"--task must be an index of job 'worker': 0\.\.0\. Received: 5")
     monkeypatch.setenv("TF_CONFIG", "{oops")
     _one_error_line(capsys, [], r"TF_CONFIG is not valid JSON \(.*\)\. Received: '\{oops'")
+    cluster = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker"}}))
+    _one_error_line(
+        capsys,
+        [],
+        r"this cluster has no chief or master, so worker 0 is the client: run the training "
+        r"script in this task \(with this TF_CONFIG\), not `dpkeras serve`\.",
+    )
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "evaluator"}}))
+    assert serve([]) == 0
+    assert "takes no part" in capsys.readouterr().out
+
+
+def test_under_tf_config_a_task_ends_with_status_0_when_the_client_finishes():
+    """Kubernetes runs `dpkeras serve` with TF_CONFIG: the ps pod must not outlive the job."""
+    from dpkeras.testing import free_port
+
+    cluster = {
+        "chief": [f"127.0.0.1:{free_port()}"],
+        "ps": [f"127.0.0.1:{free_port()}"],
+        "worker": [f"127.0.0.1:{free_port()}"],
+    }
+
+    def tf_config(job):
+        return json.dumps({"cluster": cluster, "task": {"type": job, "index": 0}})
+
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dpkeras", "serve"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dict(server_env(), TF_CONFIG=tf_config(job)),
+        )
+        for job in ("ps", "worker")
+    ]
+    try:
+        run_python(
+            """
+            import numpy as np, dpkeras, keras
+            with dpkeras.scope():
+                model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+                model.compile("sgd", "mse")
+            model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
+            """,
+            env={"TF_CONFIG": tf_config("chief")},
+            timeout=300,
+        )
+        assert [t.wait(timeout=60) for t in tasks] == [0, 0]
+    finally:
+        for t in tasks:
+            if t.poll() is None:
+                t.kill()
 
 
 def test_port_in_use_exits_2_with_one_line_before_starting_tensorflow():

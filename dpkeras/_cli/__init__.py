@@ -3,6 +3,7 @@
     dpkeras env [--simulate_cpu_devices N]   versions, devices and what dpkeras.scope() picks
     dpkeras bench [flags]                    the benchmark (benchmarks/compare.py); --helpfull
     dpkeras serve --cluster C --job J --task I   one ps or worker task of a cluster
+    dpkeras launch --ps N --workers M -- CMD     one program in every task, on this machine
 
 `dpkeras bench` runs the benchmark of the source checkout this dpkeras is installed from
 (`pip install -e .`); the benchmark is not part of the installed package.
@@ -10,7 +11,7 @@
 
 import sys
 
-from dpkeras._cli import bench, env, serve
+from dpkeras._cli import bench, env, launch, serve
 
 _USAGE = """usage: dpkeras <command> [options]
 
@@ -22,10 +23,18 @@ commands:
   serve   run one task (ps or worker) of a cluster until SIGTERM: --cluster (JSON file or
           string) --job --task [--cpus N], or TF_CONFIG. No authentication or encryption:
           private networks only
+  launch  run one program in every task of a cluster on this machine, each with its
+          TF_CONFIG (as Kubeflow's TFJob): --ps N --workers M [--cpus K]
+          [--client chief|master|worker] -- python train.py; exits with the client's status
 """
 
 
-_COMMANDS = {"env": env.env, "bench": bench.bench, "serve": serve.serve}
+_COMMANDS = {
+    "env": env.env,
+    "bench": bench.bench,
+    "serve": serve.serve,
+    "launch": launch.launch,
+}
 
 
 def main(argv=None):

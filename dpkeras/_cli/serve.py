@@ -10,22 +10,23 @@ TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 0}}' dpkeras s
 The task is a `tf.distribute.Server` (TensorFlow's gRPC server). It listens on its port on
 every network interface and has no authentication or encryption: private networks only.
 Prints `dpkeras serve: <task> listening on <address> ...` then `ready`, and exits 0 on
-SIGTERM or SIGINT. A bad cluster, job or task, or a busy port, is one line on stderr and exit
-status 2, before TensorFlow starts (TensorFlow would abort the process on a busy port).
+SIGTERM or SIGINT. With `--exit-with-client` (the default when the task comes from TF_CONFIG,
+as under Kubernetes), it also exits 0 when the client finishes training, and 75 when the client
+stops answering before it finishes. A bad cluster, job or task, or a busy port, is one line on
+stderr and exit status 2, before the server starts (TensorFlow would abort on a busy port).
 """
 
 import argparse
 import errno
 import json
 import os
-import signal
 import socket
 import sys
-import threading
 
-from dpkeras.cluster import _spec
+from dpkeras.cluster import _spec, _task
 
 _PREFIX = "dpkeras serve"
+EXIT_WITH_CLIENT_ENV = "DPKERAS_EXIT_WITH_CLIENT"
 
 
 class _UsageError(ValueError):
@@ -45,7 +46,8 @@ def load_cluster(text):
 
 
 def _task_from_args(args):
-    """Returns `(cluster dict, job, index)` from the flags, falling back to TF_CONFIG."""
+    """Returns `(cluster dict, job, index, from TF_CONFIG)` from the flags, falling back to
+    TF_CONFIG."""
     tf_config = {}
     if args.cluster is None or args.job is None or args.task is None:
         raw = os.environ.get("TF_CONFIG", "")
@@ -61,7 +63,7 @@ def _task_from_args(args):
     task = tf_config.get("task") if isinstance(tf_config.get("task"), dict) else {}
     cluster = load_cluster(args.cluster) if args.cluster is not None else tf_config.get("cluster")
     job = args.job if args.job is not None else task.get("type")
-    index = args.task if args.task is not None else task.get("index")
+    index = args.task if args.task is not None else task.get("index", 0 if "type" in task else None)
     if cluster is None:
         raise _UsageError("no cluster: pass --cluster (a JSON file or string) or set TF_CONFIG.")
     if job is None or index is None:
@@ -69,7 +71,29 @@ def _task_from_args(args):
             f"which task to run is unknown: pass --job and --task (or set "
             f"TF_CONFIG's task). Received: job={job!r}, task={index!r}."
         )
-    return cluster, job, index
+    from_tf_config = args.cluster is None and args.job is None and args.task is None
+    return cluster, job, index, from_tf_config
+
+
+def _client_to_watch(spec, job, index, from_tf_config, exit_with_client):
+    """`(task name, address)` of the client to end with, or None; see `--exit-with-client`."""
+    if exit_with_client is None:
+        raw = os.environ.get(EXIT_WITH_CLIENT_ENV)
+        exit_with_client = from_tf_config if raw is None else raw.strip() not in ("", "0")
+    leader = next((j for j in _spec.CLIENT_JOBS if j in spec.jobs), None)
+    if leader is None and from_tf_config and (job, index) == ("worker", 0):
+        raise _UsageError(
+            "this cluster has no chief or master, so worker 0 is the client: run the training "
+            "script in this task (with this TF_CONFIG), not `dpkeras serve`."
+        )
+    if not exit_with_client:
+        return None
+    if leader is None and not from_tf_config:
+        raise _UsageError(
+            "--exit-with-client needs the client's address: name it as the cluster's 'chief' "
+            "(or 'master') job. Without one the client is not a task of the cluster."
+        )
+    return _task.client_address(spec)
 
 
 def _check_task(cluster, job, index):
@@ -81,8 +105,8 @@ def _check_task(cluster, job, index):
         raise _UsageError(str(e)) from None
     if job not in ("ps", "worker"):
         raise _UsageError(
-            f"--job must be 'ps' or 'worker' (the chief is the client, which "
-            f"does not run `dpkeras serve`). Received: {job!r}"
+            f"--job must be 'ps' or 'worker' (the chief or master is the client, which runs the "
+            f"training script, not `dpkeras serve`). Received: {job!r}"
         )
     if job not in spec.jobs:
         raise _UsageError(f"the cluster has no job {job!r}. Received jobs: {spec.jobs}")
@@ -142,49 +166,40 @@ def serve(argv=None):
     parser.add_argument(
         "--cpus",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="logical CPU devices of this task (default: 1; more lets one "
-        "machine run several CPU replicas)",
+        help=f"logical CPU devices of this task (default: ${_task.CPUS_ENV}, else 1; more "
+        "lets one machine run several CPU replicas)",
+    )
+    parser.add_argument(
+        "--exit-with-client",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="end when the client (the cluster's chief or master; under TF_CONFIG without "
+        "them, worker 0) finishes training (status 0), or stops answering before it finishes "
+        f"(status {_task.CLIENT_GONE}) (default: on when the task comes from TF_CONFIG, else "
+        f"${EXIT_WITH_CLIENT_ENV}, else off)",
     )
     args = parser.parse_args(argv)
     try:
-        if args.cpus < 1:
-            raise _UsageError(f"--cpus must be >= 1. Received: {args.cpus}")
-        cluster, job, index = _task_from_args(args)
+        cpus = args.cpus if args.cpus is not None else int(os.environ.get(_task.CPUS_ENV, "1"))
+        if cpus < 1:
+            raise _UsageError(f"--cpus must be >= 1. Received: {cpus}")
+        cluster, job, index, from_tf_config = _task_from_args(args)
+        if job == "evaluator":
+            print(
+                f"{_PREFIX}: an evaluator takes no part in dpkeras's synchronous training: "
+                f"nothing to serve, ending with status 0.",
+                flush=True,
+            )
+            return 0
         spec, address = _check_task(cluster, job, index)
+        client = _client_to_watch(spec, job, index, from_tf_config, args.exit_with_client)
         _check_port_free(address)
-    except _UsageError as e:
+    except (_UsageError, ValueError) as e:
         print(f"{_PREFIX}: error: {e}", file=sys.stderr, flush=True)
         return 2
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    from dpkeras.cluster._spec import task_name
-
-    workers = len(spec.job_tasks("worker"))
-    # TF's multi-worker tests: fewer inter-op threads than workers + 1 "may hang" the cluster.
-    config = tf.compat.v1.ConfigProto(
-        device_count={"CPU": args.cpus},
-        inter_op_parallelism_threads=max(os.cpu_count() or 1, workers + 1),
+    start_timeout = float(
+        os.environ.get(_task.CLIENT_START_TIMEOUT_ENV, _task.DEFAULT_CLIENT_START_TIMEOUT)
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
-    print(
-        f"{_PREFIX}: {task_name(job, index)} listening on {address} (port "
-        f"{address.rsplit(':', 1)[1]} of every interface; no authentication or encryption: "
-        f"private networks only)",
-        flush=True,
-    )
-    print("ready", flush=True)
-    while not stop.wait(1.0):
-        pass
-    print(f"{_PREFIX}: {task_name(job, index)} stopped", flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # TF's gRPC server cannot be stopped (Server.stop is unimplemented) and its threads can
-    # block interpreter shutdown: leave at once, the status already decided.
-    os._exit(0)
+    _task.serve(spec, job, index, cpus, client, start_timeout, prefix=_PREFIX)

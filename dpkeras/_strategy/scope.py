@@ -8,7 +8,7 @@ import tensorflow as tf
 from dpkeras._extended import devices
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
 from dpkeras._variables.partitioning import as_partitioner
-from dpkeras.cluster._spec import resolve_cluster
+from dpkeras.cluster._task import take_part
 
 _lock = threading.Lock()
 _strategies = {}  # (compute devices, parameter devices, cluster jobs) -> strategy
@@ -23,7 +23,7 @@ def get_strategy(compute_devices=None, parameter_device=None, cluster=None, part
     Arguments are those of `ParameterDeviceStrategy`.
     """
     as_partitioner(partitioner)
-    spec = resolve_cluster(cluster)
+    spec = take_part(cluster)
     compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
     jobs = (
         None

@@ -6,7 +6,7 @@ from dpkeras._device_names import short_device
 from dpkeras._extended.extended import ParameterDeviceExtended
 from dpkeras._patches import table as keras_patches
 from dpkeras._variables.partitioning import as_partitioner
-from dpkeras.cluster._spec import resolve_cluster
+from dpkeras.cluster._task import take_part
 
 
 class ParameterDeviceStrategy(tf.distribute.Strategy):
@@ -71,7 +71,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         partitioner = as_partitioner(partitioner)
         super().__init__(
             ParameterDeviceExtended(
-                self, compute_devices, parameter_device, resolve_cluster(cluster), partitioner
+                self, compute_devices, parameter_device, take_part(cluster), partitioner
             )
         )
 

@@ -1,16 +1,20 @@
 """Connecting this process to a cluster as its client."""
 
+import atexit
 import gc
 import os
+import sys
 import threading
 import time
 
 import tensorflow as tf
 
+from dpkeras import _tf_internals
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._spec import remote_tasks, resolve_cluster
+from dpkeras.cluster._spec import client_task, remote_tasks, resolve_cluster, tf_config_task
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
+CPUS_ENV = "DPKERAS_CPUS"  # logical CPU devices of a task (`dpkeras serve --cpus`, `launch`)
 DEFAULT_CONNECT_TIMEOUT = 60.0
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
@@ -82,8 +86,9 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
 
     Every task is probed first (see `probe`), so an address that does not answer is an error naming
     the task after at most `timeout` seconds (TensorFlow's own connection waits longer and
-    does not name the task). The client is job `localhost`, or the `chief` task if the cluster
-    names one. A process connects to one cluster for its lifetime: TensorFlow invalidates
+    does not name the task). The client is job `localhost`, or its own task of the cluster
+    (`client_task`: the `chief` or `master`; without one, worker 0 when `TF_CONFIG` says this
+    process is worker 0). A process connects to one cluster for its lifetime: TensorFlow invalidates
     every remote variable when the cluster changes.
 
     Args:
@@ -120,6 +125,55 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
         # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,
         # so setting it here works even after TF initialised.
         os.environ.setdefault(STREAMING_ENQUEUE_ENV, "False")
-        job = "chief" if "chief" in cluster_spec.jobs else "localhost"
-        tf.config.experimental_connect_to_cluster(cluster_spec, job_name=job, task_index=0)
+        own = client_task(cluster_spec)
+        if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
+            _split_local_cpu()
+        job, index = own or ("localhost", 0)
+        tf.config.experimental_connect_to_cluster(cluster_spec, job_name=job, task_index=index)
         _connected = cluster_spec
+        if own is not None and tf_config_task() == own:
+            atexit.register(_release_tasks, cluster_spec)
+
+
+def _split_local_cpu():
+    """Splits this process's CPU into `$DPKERAS_CPUS` logical devices, when set, before
+    TensorFlow initialises (a worker 0 that leads computes on its own devices)."""
+    raw = os.environ.get(CPUS_ENV)
+    if not raw or _tf_internals.context_initialized():
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(int(raw))]
+    )
+
+
+def _release_tasks(cluster_spec):
+    """At the exit of a client started as a task of `TF_CONFIG` (one program in every task):
+    ends every other task with status 0, so that no ps or worker outlives the job.
+
+    Not when the client dies of an uncaught exception: the tasks then see it gone, and end with
+    a non-zero status of their own (`dpkeras.cluster._task`). The request ends the task at once
+    (TensorFlow's `Abort` with `exit_without_error`), so its error is expected and ignored.
+    """
+    if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
+        return
+    for name in training_tasks_but_own(cluster_spec):
+        try:
+            with tf.device(f"{name}/device:CPU:0"):
+                tf.raw_ops.Abort(error_msg="dpkeras: training finished", exit_without_error=True)
+        except Exception:  # the task ended before answering, as asked
+            pass
+    # What is left of the process is its teardown, in which TensorFlow asks every ended task to
+    # forget each of the client's functions and logs a failure per function and task: silence
+    # standard error for it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+
+
+def training_tasks_but_own(cluster_spec):
+    """The ps and worker tasks other than this client's own."""
+    return [
+        name for name in remote_tasks(cluster_spec) if name.split("/")[1][4:] in ("ps", "worker")
+    ]

@@ -2,18 +2,19 @@
 
 import tensorflow as tf
 
-from dpkeras.cluster._spec import remote_tasks
+from dpkeras.cluster._spec import training_tasks
 
 
 def task_devices(cluster_spec):
-    """`{task name: [device names]}` of the remote tasks, as TensorFlow lists them.
+    """`{task name: [device names]}` of the ps and worker tasks, as TensorFlow lists them.
 
     Call after `connect`: `tf.config.list_logical_devices()` then lists every remote device
     with its full name, such as `/job:ps/replica:0/task:0/device:CPU:0`.
     """
     names = [d.name for d in tf.config.list_logical_devices()]
     return {
-        task: [n for n in names if n.startswith(task + "/")] for task in remote_tasks(cluster_spec)
+        task: [n for n in names if n.startswith(task + "/")]
+        for task in training_tasks(cluster_spec)
     }
 
 

@@ -7,7 +7,11 @@ import re
 import tensorflow as tf
 
 TF_CONFIG_ENV = "TF_CONFIG"
-CLUSTER_JOBS = ("ps", "worker", "chief")
+# "master" is the older name of "chief" (Kubeflow's TFJob still writes it): the client's task.
+CLUSTER_JOBS = ("ps", "worker", "chief", "master")
+CLIENT_JOBS = ("chief", "master")
+# Listed in a cluster by TFJob but not part of synchronous training: left out of it.
+IGNORED_JOBS = ("evaluator",)
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
@@ -19,13 +23,24 @@ def task_name(job, index):
 def _normalize_job(job, tasks, source):
     """Returns the job's addresses as a list, in task order; raises for anything else."""
     if isinstance(tasks, dict):
-        indices = sorted(tasks)
-        if indices != list(range(len(indices))):
+        try:
+            by_index = {int(i): address for i, address in tasks.items()}
+        except (TypeError, ValueError):
+            by_index = {}
+        indices = sorted(by_index)
+        if not by_index or indices != list(range(len(indices))):
+            sparse = (
+                f" A sparse {TF_CONFIG_ENV} (Kubeflow TFJob's enableDynamicWorker gives each "
+                f"worker only its own address) cannot drive in-graph training, which needs every "
+                f"worker's address: turn enableDynamicWorker off."
+                if TF_CONFIG_ENV in source
+                else ""
+            )
             raise ValueError(
                 f"The tasks of job {job!r} must be numbered 0..n-1 without gaps. "
-                f"Received task indices {indices} from {source}."
+                f"Received task indices {sorted(tasks)} from {source}.{sparse}"
             )
-        tasks = [tasks[i] for i in indices]
+        tasks = [by_index[i] for i in indices]
     if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)):
         raise ValueError(
             f"Job {job!r} must be a list of 'host:port' addresses. "
@@ -51,11 +66,12 @@ def _validate(cluster, source):
             f"{{'ps': ['10.0.0.1:2222'], 'worker': ['10.0.0.2:2222', '10.0.0.3:2222']}}. "
             f"Received: {cluster!r} from {source}."
         )
+    cluster = {job: tasks for job, tasks in cluster.items() if job not in IGNORED_JOBS}
     unknown = [job for job in cluster if job not in CLUSTER_JOBS]
     if unknown:
         raise ValueError(
             f"Unknown job(s) {unknown} in the cluster from {source}; valid jobs: "
-            f"{', '.join(CLUSTER_JOBS)}. Received jobs: {list(cluster)}."
+            f"{', '.join(CLUSTER_JOBS + IGNORED_JOBS)}. Received jobs: {list(cluster)}."
         )
     if "worker" not in cluster:
         raise ValueError(
@@ -65,11 +81,17 @@ def _validate(cluster, source):
     jobs = {
         job: _normalize_job(job, cluster[job], source) for job in CLUSTER_JOBS if job in cluster
     }
-    if len(jobs.get("chief", [])) > 1:
+    if "chief" in jobs and "master" in jobs:
         raise ValueError(
-            f"The 'chief' job is this process (the client): it has one task. Received "
-            f"chief={jobs['chief']} from {source}."
+            f"A cluster names its client 'chief' or 'master' (the older name), not both. "
+            f"Received chief={jobs['chief']} and master={jobs['master']} from {source}."
         )
+    for job in CLIENT_JOBS:
+        if len(jobs.get(job, [])) > 1:
+            raise ValueError(
+                f"The {job!r} job is the client: it has one task. Received "
+                f"{job}={jobs[job]} from {source}."
+            )
     seen = {}
     for job, addresses in jobs.items():
         for index, address in enumerate(addresses):
@@ -83,10 +105,11 @@ def _validate(cluster, source):
     return tf.train.ClusterSpec(jobs)
 
 
-def _from_tf_config():
+def _tf_config():
+    """`TF_CONFIG` parsed, with its source for messages; `(None, None)` when unset."""
     raw = os.environ.get(TF_CONFIG_ENV)
     if raw is None or not raw.strip():
-        return None
+        return None, None
     source = f"{TF_CONFIG_ENV}={raw!r}"
     try:
         config = json.loads(raw)
@@ -94,19 +117,49 @@ def _from_tf_config():
         raise ValueError(f"{TF_CONFIG_ENV} is not valid JSON ({e}). Received: {source}.") from None
     if not isinstance(config, dict):
         raise ValueError(f"{TF_CONFIG_ENV} must be a JSON object. Received: {source}.")
-    cluster = config.get("cluster")
+    return config, source
+
+
+def _from_tf_config():
+    config, source = _tf_config()
+    cluster = None if config is None else config.get("cluster")
     if not isinstance(cluster, dict) or not ({"ps", "worker"} & set(cluster)):
         return None
-    task = config.get("task") or {}
-    task_type = task.get("type") if isinstance(task, dict) else None
-    if task_type not in (None, "chief"):
-        raise ValueError(
-            f"{TF_CONFIG_ENV} says this process is task {task_type!r} "
-            f"(index {task.get('index')!r}), but a process that builds a model under dpkeras "
-            f"is the client, task type 'chief' or no task. Start ps and worker tasks with "
-            f"`dpkeras serve`, which reads {TF_CONFIG_ENV}. Received: {source}."
-        )
     return _validate(cluster, source)
+
+
+def tf_config_task():
+    """`(task type, index)` of this process from `TF_CONFIG`, or None (no `TF_CONFIG`, no
+    cluster in it, or no task)."""
+    config, source = _tf_config()
+    if config is None or _from_tf_config() is None:
+        return None
+    task = config.get("task")
+    if not isinstance(task, dict) or task.get("type") is None:
+        return None
+    job, index = task.get("type"), task.get("index", 0)
+    if job not in CLUSTER_JOBS + IGNORED_JOBS or not isinstance(index, int) or index < 0:
+        raise ValueError(
+            f"{TF_CONFIG_ENV}'s task must have a type among "
+            f"{', '.join(CLUSTER_JOBS + IGNORED_JOBS)} and an index >= 0. Received: "
+            f"task={task!r} from {source}."
+        )
+    return job, index
+
+
+def client_task(cluster_spec):
+    """`(job, index)` of the client's own task in `cluster_spec`, or None (job `localhost`).
+
+    The client is the `chief` (or `master`) task; with neither, it is worker 0 when
+    `TF_CONFIG` says this process is worker 0 of this cluster (Kubeflow's layout without a
+    chief: worker 0 leads, and its devices compute too).
+    """
+    for job in CLIENT_JOBS:
+        if job in cluster_spec.jobs:
+            return job, 0
+    if tf_config_task() == ("worker", 0) and _from_tf_config().as_dict() == cluster_spec.as_dict():
+        return "worker", 0
+    return None
 
 
 def load_cluster(text, what="the cluster"):
@@ -147,10 +200,11 @@ def resolve_cluster(cluster=None):
     """Returns the cluster to run on as a validated `tf.train.ClusterSpec`, or None.
 
     Jobs: `worker` (required: workers run the replicas), `ps` (optional: the tasks that hold
-    variables; without it they live on the first worker) and `chief` (optional, one task: this
-    process's own address, needed when the tasks run on other machines, since they send results
-    back to the client). A cluster with `ps` only is refused: list the machine that computes as
-    a worker.
+    variables; without it they live on the first worker) and `chief` or `master` (optional, one
+    task: the client's own address, needed when the tasks run on other machines, since they
+    send results back to the client). An `evaluator` job (Kubeflow's TFJob lists it) is left
+    out: it takes no part in synchronous training. A cluster with `ps` only is refused: list
+    the machine that computes as a worker.
 
     ```python
     spec = resolve_cluster({"ps": ["10.0.0.1:2222"],
@@ -161,8 +215,8 @@ def resolve_cluster(cluster=None):
         cluster: a dict `{job: ["host:port", ...]}`, the same as JSON text or the path of a
             JSON file, a `tf.train.ClusterSpec`, a
             `tf.distribute.cluster_resolver.ClusterResolver`, or None. Defaults to None: the
-            cluster of the `TF_CONFIG` environment variable if it names a `ps` or `worker` job
-            (this process must then be task type `chief` or have no task), else no cluster.
+            cluster of the `TF_CONFIG` environment variable if it names a `ps` or `worker` job,
+            else no cluster.
 
     Returns:
         A `tf.train.ClusterSpec` with jobs listed as task-ordered address lists, or None when
@@ -170,8 +224,9 @@ def resolve_cluster(cluster=None):
 
     Raises:
         ValueError: for an unknown job, a missing `worker` job, an empty job, an address that
-            is not `host:port`, two tasks on one address, more than one chief, unparseable
-            `TF_CONFIG`, or a `TF_CONFIG` naming this process as a ps or worker task.
+            is not `host:port`, two tasks on one address, more than one chief (or both chief
+            and master), unparseable `TF_CONFIG`, or a sparse one (TFJob's
+            enableDynamicWorker).
     """
     if cluster is None:
         return _from_tf_config()
@@ -205,9 +260,16 @@ def task_addresses(cluster_spec):
 
 
 def remote_tasks(cluster_spec):
-    """The tasks this process connects to (every task but the chief, which it is)."""
+    """The tasks a client connects to: every task but its own (see `client_task`)."""
+    own = client_task(cluster_spec)
+    own = None if own is None else task_name(*own)
+    return {name: address for name, address in task_addresses(cluster_spec).items() if name != own}
+
+
+def training_tasks(cluster_spec):
+    """The ps and worker tasks (the client's own task included when it is worker 0)."""
     return {
         name: address
         for name, address in task_addresses(cluster_spec).items()
-        if not name.startswith("/job:chief/")
+        if name.split("/")[1][4:] in ("ps", "worker")
     }

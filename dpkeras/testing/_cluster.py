@@ -1,7 +1,6 @@
 """`LocalCluster`: ps and worker tasks as real `dpkeras serve` processes on loopback."""
 
 import atexit
-import ctypes
 import json
 import os
 import signal
@@ -12,19 +11,15 @@ import tempfile
 import threading
 import time
 
+from dpkeras.cluster import _local
+from dpkeras.cluster._local import free_port
+
 # The directory dpkeras is imported from (a checkout's root, or site-packages): subprocesses
 # put it first on their path, so they run this dpkeras.
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READY_TIMEOUT = 180.0  # seconds for a server to print `ready` (TF import on a loaded machine)
 
 _live = set()  # every LocalCluster not yet stopped, for the atexit safety net
-
-
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_command(spec, job, task, cpus=None):
@@ -79,16 +74,6 @@ def wait_for_line(proc, expected, timeout):
     return lines
 
 
-def _die_with_parent():
-    """In the child before exec (Linux): SIGKILL it when the process that started it dies, so
-    that even a test process killed without cleanup leaves no server behind. (Linux ties this
-    to the thread that started the child: start servers from a thread that outlives them.)"""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class LocalCluster:
     """`ps` + `workers` `dpkeras serve` processes on free loopback ports.
 
@@ -125,7 +110,7 @@ class LocalCluster:
             stderr=log,
             text=True,
             env=server_env(),
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            **_local.child_options(),
         )
         self.procs[(job, task)] = proc
         self._logs.append(log)

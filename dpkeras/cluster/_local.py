@@ -1,0 +1,29 @@
+"""The tasks of a cluster as processes of this machine: free ports, and children that end
+with the process that started them."""
+
+import ctypes
+import signal
+import socket
+import sys
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent():
+    """In the child before exec (Linux): SIGKILL it when the process that started it dies, so
+    that even a parent killed without cleanup leaves no task behind. (Linux ties this to the
+    thread that started the child: start tasks from a thread that outlives them.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def child_options():
+    """`subprocess.Popen` keyword arguments that tie a child's life to this process's."""
+    return {"preexec_fn": _die_with_parent} if sys.platform == "linux" else {}

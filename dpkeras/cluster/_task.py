@@ -1,0 +1,165 @@
+"""This process as a task of a cluster: its role under `TF_CONFIG`, and serving it.
+
+One program in every task, as TensorFlow's parameter-server guide and Kubeflow's TFJob run it:
+the same script starts in every task with its `TF_CONFIG`, and the first dpkeras entry it
+reaches (`dpkeras.scope()`, `get_strategy()`, `ParameterDeviceStrategy()`) decides:
+
+- the client (task `chief` or `master`; with neither, worker 0) goes on and trains;
+- a `ps` or other `worker` task serves (a `tf.distribute.Server`) and never returns: the
+  process ends with status 0 when the client finishes, or with status 75 when the client
+  stops answering (or never starts) before it finishes;
+- an `evaluator` takes no part in synchronous training: it ends at once with status 0.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+from dpkeras.cluster._connect import CPUS_ENV
+from dpkeras.cluster._health import probe
+from dpkeras.cluster._spec import (
+    CLIENT_JOBS,
+    client_task,
+    resolve_cluster,
+    task_addresses,
+    task_name,
+    tf_config_task,
+)
+
+CLIENT_START_TIMEOUT_ENV = "DPKERAS_CLIENT_START_TIMEOUT"
+DEFAULT_CLIENT_START_TIMEOUT = 1800.0  # seconds: a client's pod may start late
+CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
+_PROBE_INTERVAL = 2.0
+_FIRST_PROBE_INTERVAL = 0.25
+_PROBE_FAILURES = 3
+
+
+def client_address(cluster_spec):
+    """`(task name, "host:port")` of the client as a task of `cluster_spec` (its chief or
+    master; with neither, worker 0, which leads in that layout)."""
+    job = next((j for j in CLIENT_JOBS if j in cluster_spec.jobs), "worker")
+    name = task_name(job, 0)
+    return name, task_addresses(cluster_spec)[name]
+
+
+def take_part(cluster):
+    """The cluster this process trains on as the client; a task that is not the client serves
+    (or, an evaluator, ends) here, and does not return.
+
+    Args:
+        cluster: what `dpkeras.scope(cluster=...)` received; None reads `TF_CONFIG`.
+
+    Returns:
+        A `tf.train.ClusterSpec`, or None (no cluster).
+    """
+    spec = resolve_cluster(cluster)
+    if cluster is not None or spec is None:
+        return spec
+    task = tf_config_task()
+    if task is None or task[0] in CLIENT_JOBS or task == client_task(spec):
+        return spec
+    job, index = task
+    if job == "evaluator":
+        print(
+            f"dpkeras: this task is {task_name(job, index)}; dpkeras trains synchronously and "
+            f"uses no evaluator (evaluate in the client, with validation data or callbacks): "
+            f"nothing to do, ending with status 0.",
+            flush=True,
+        )
+        _end(0)
+    serve(
+        spec,
+        job,
+        index,
+        cpus=int(os.environ.get(CPUS_ENV, "1")),
+        client=client_address(spec),
+        client_start_timeout=float(
+            os.environ.get(CLIENT_START_TIMEOUT_ENV, DEFAULT_CLIENT_START_TIMEOUT)
+        ),
+    )
+
+
+def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, prefix="dpkeras"):
+    """Runs task `job`:`index` of `spec` as a `tf.distribute.Server`; ends the process.
+
+    Ends with status 0 on SIGTERM or SIGINT, or when the client finishes training (it ends
+    every task with TensorFlow's `Abort`, status 0). With `client`, `(task name, address)`,
+    the client is watched: the process ends with status 75 if the client does not answer
+    within `client_start_timeout` seconds, or stops answering afterwards before it finishes.
+
+    Args:
+        spec: the `tf.train.ClusterSpec`.
+        job, index: this task.
+        cpus: int, logical CPU devices of the task.
+        client: `(task name, "host:port")` of the client to watch, or None.
+        client_start_timeout: float, seconds allowed for the client to appear.
+        prefix: str, what the printed lines start with.
+    """
+    address = spec.job_tasks(job)[index]
+    workers = len(spec.job_tasks("worker"))
+    # TF's multi-worker tests: fewer inter-op threads than workers + 1 "may hang" the cluster.
+    config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": cpus},
+        inter_op_parallelism_threads=max(os.cpu_count() or 1, workers + 1),
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
+    name = task_name(job, index)
+    print(
+        f"{prefix}: {name} listening on {address} (port {address.rsplit(':', 1)[1]} of every "
+        f"interface; no authentication or encryption: private networks only)",
+        flush=True,
+    )
+    print("ready", flush=True)
+    status = 0 if client is None else _watch(client, client_start_timeout, stop, prefix, name)
+    if client is None:
+        while not stop.wait(1.0):
+            pass
+    if status == 0:
+        print(f"{prefix}: {name} stopped", flush=True)
+    _end(status)
+
+
+def _watch(client, start_timeout, stop, prefix, name):
+    """0 when stopped by a signal; `CLIENT_GONE` when the client never answers within
+    `start_timeout` or stops answering. (A client that finishes ends this process itself.)"""
+    client_name, address = client
+    deadline = time.monotonic() + (start_timeout or DEFAULT_CLIENT_START_TIMEOUT)
+    while probe(address, timeout=2.0) is not None:
+        if stop.wait(_FIRST_PROBE_INTERVAL):  # often: a client that fails at once is seen
+            return 0
+        if time.monotonic() > deadline:
+            print(
+                f"{prefix}: the client {client_name} at {address} did not answer within "
+                f"{start_timeout:g} s; ending {name} with status {CLIENT_GONE}.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return CLIENT_GONE
+    misses = 0
+    while not stop.wait(_PROBE_INTERVAL):
+        reason = probe(address, timeout=2.0)
+        misses = 0 if reason is None else misses + 1
+        if misses >= _PROBE_FAILURES:
+            print(
+                f"{prefix}: the client {client_name} at {address} stopped answering ({reason}) "
+                f"before training finished; ending {name} with status {CLIENT_GONE}.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return CLIENT_GONE
+    return 0
+
+
+def _end(status):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # TF's gRPC server cannot be stopped (Server.stop is unimplemented) and its threads can
+    # block interpreter shutdown: leave at once, the status already decided.
+    os._exit(status)

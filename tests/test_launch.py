@@ -1,0 +1,212 @@
+"""One program in every task (TF_CONFIG, as Kubeflow's TFJob runs TensorFlow), the local
+launcher, and how tasks end.
+
+Every cluster here is real: `dpkeras launch` starts each task as a process on free loopback
+ports with its TF_CONFIG, and every wait is bounded.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dpkeras.cluster import _spec, _task
+from dpkeras.testing import server_env
+
+LAUNCH_TIMEOUT = 300
+
+_TRAIN = """
+import json
+import numpy as np
+import dpkeras, keras
+
+def build():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 4),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+rng = np.random.RandomState(0)
+x, y = rng.randint(0, 50, (64, 4)).astype("int32"), rng.randint(0, 2, 64)
+with dpkeras.scope() as strategy:  # a ps or worker task serves from here, then ends
+    model = build()
+history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+reference = build()  # after connecting: this process's own variables, no strategy
+expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+print("RESULT " + json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "max_diff": max(float(np.abs(a - b).max())
+                    for a, b in zip(reference.get_weights(), model.get_weights())),
+    "loss": history.history["loss"], "expected": expected.history["loss"]}))
+"""
+
+
+def _launch(tmp_path, script, *flags, timeout=LAUNCH_TIMEOUT):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(script))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpkeras", "launch", *flags, "--", sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=timeout,
+    )
+    statuses = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("dpkeras launch: ") and " exited with status " in line:
+            task, status = line[len("dpkeras launch: ") :].split(" exited with status ")
+            statuses[task] = status if "stopped by" in status else int(status)
+    return proc, statuses
+
+
+@pytest.mark.parametrize("client", ["chief", "master", "worker"])
+def test_one_program_in_every_task_trains_and_every_task_ends_with_status_0(tmp_path, client):
+    proc, statuses = _launch(tmp_path, _TRAIN, "--ps=1", "--workers=2", f"--client={client}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    leader = "worker:0" if client == "worker" else f"{client}:0"
+    expected_tasks = {"ps:0", "worker:0", "worker:1"} | {leader}
+    assert statuses == dict.fromkeys(expected_tasks, 0)
+    line = next(li for li in proc.stdout.splitlines() if li.startswith(f"[{leader}] RESULT "))
+    out = json.loads(line.split("RESULT ", 1)[1])
+    # Without a chief, worker 0 leads and its own device computes too.
+    assert out["replicas"] == 2
+    assert out["max_diff"] < 1e-5
+    assert out["loss"] == pytest.approx(out["expected"], rel=1e-5)
+
+
+def test_a_client_that_fails_ends_every_task_with_status_75(tmp_path):
+    script = """
+    import dpkeras, keras
+    with dpkeras.scope():
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    raise RuntimeError("the training script failed")
+    """
+    start = time.monotonic()
+    proc, statuses = _launch(tmp_path, script, "--ps=1", "--workers=1")
+    assert proc.returncode == 1
+    assert statuses == {"chief:0": 1, "ps:0": 75, "worker:0": 75}
+    assert "stopped answering (Connection refused) before training finished" in proc.stderr
+    assert time.monotonic() - start < LAUNCH_TIMEOUT  # ended by themselves, bounded
+
+
+def test_the_launcher_stops_every_task_on_ctrl_c(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import time, dpkeras\nwith dpkeras.scope():\n    pass\nprint('STARTED', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpkeras", "launch", "--ps=1", "--workers=1", "--"]
+        + [sys.executable, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=server_env(),
+    )
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "STARTED" in line or time.monotonic() > deadline:
+                break
+        assert any("STARTED" in line for line in lines), lines
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT
+    assert rest.count(" exited with status ") == 3  # chief, ps and worker: all stopped
+    assert rest.count("(stopped by dpkeras launch)") == 3
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--workers=0"], r"--workers must be >= 1\. Received: 0"),
+        ([], r"no program: give it after --"),
+    ],
+)
+def test_launcher_usage_errors(flags, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpkeras", "launch", *flags],
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert __import__("re").search(message, proc.stderr), proc.stderr
+
+
+def _tf_config(cluster, job, index):
+    return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+
+
+def test_an_evaluator_takes_no_part_and_ends_with_status_0():
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import dpkeras\nwith dpkeras.scope():\n    print('NOT REACHED')"],
+        capture_output=True,
+        text=True,
+        env=dict(server_env(), TF_CONFIG=_tf_config(cluster, "evaluator", 0)),
+        timeout=120,
+    )
+    assert proc.returncode == 0
+    assert "uses no evaluator" in proc.stdout and "NOT REACHED" not in proc.stdout
+
+
+def test_the_roles_read_from_tf_config(monkeypatch):
+    """Kubeflow's layouts: chief, master (its older name), or neither (worker 0 leads)."""
+    for leader in ("chief", "master"):
+        cluster = {leader: ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"], "evaluator": ["h:5"]}
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = _spec.resolve_cluster()
+        assert sorted(spec.jobs) == sorted([leader, "ps", "worker"])  # no evaluator
+        assert _spec.client_task(spec) == (leader, 0)
+        assert _task.client_address(spec) == (f"/job:{leader}/replica:0/task:0", "h:1")
+    cluster = {"ps": ["h:2"], "worker": ["h:3", "h:4"]}
+    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+    spec = _spec.resolve_cluster()
+    assert _spec.client_task(spec) == ("worker", 0)
+    assert set(_spec.remote_tasks(spec)) == {
+        "/job:ps/replica:0/task:0",
+        "/job:worker/replica:0/task:1",
+    }
+    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 1))
+    assert _spec.client_task(_spec.resolve_cluster()) is None  # worker 1 serves
+
+
+def test_the_tfjob_manifest_names_the_roles_dpkeras_reads():
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "tfjob.json")
+    with open(path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["kind"] == "TFJob"
+    specs = manifest["spec"]["tfReplicaSpecs"]
+    assert set(specs) == {"Chief", "PS", "Worker"}
+    commands = {
+        role: spec["template"]["spec"]["containers"][0]["command"] for role, spec in specs.items()
+    }
+    assert len({json.dumps(c) for c in commands.values()}) == 1  # one program in every task
+    assert specs["Chief"]["replicas"] == 1
+    assert not manifest["spec"].get("enableDynamicWorker", False)
+    # The TF_CONFIG TFJob writes for each role (lower-cased replica types) is one dpkeras reads.
+    cluster = {
+        role.lower(): [f"job-{role.lower()}-{i}.ns.svc:2222" for i in range(spec["replicas"])]
+        for role, spec in specs.items()
+    }
+    for role in specs:
+        os.environ["TF_CONFIG"] = _tf_config(cluster, role.lower(), 0)
+        try:
+            assert _spec.tf_config_task() == (role.lower(), 0)
+            assert _spec.client_task(_spec.resolve_cluster()) == ("chief", 0)
+        finally:
+            del os.environ["TF_CONFIG"]
