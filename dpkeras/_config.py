@@ -42,3 +42,25 @@ def env_device(name):
     if raw is None or not raw.strip():
         return None
     return raw.strip()
+
+
+DEDUPLICATE_ENV = "DPKERAS_DEDUPLICATE"
+_DEDUPLICATE_VALUES = {"1": True, "true": True, "0": False, "false": False, "sum": "sum"}
+
+
+def env_deduplicate():
+    """`$DPKERAS_DEDUPLICATE` as True, False or "sum"; None if unset or blank.
+
+    Raises:
+        ValueError: for a value other than 1, 0, true, false or sum, naming it.
+    """
+    raw = env_device(DEDUPLICATE_ENV)
+    if raw is None:
+        return None
+    try:
+        return _DEDUPLICATE_VALUES[raw.lower()]
+    except KeyError:
+        raise ValueError(
+            f"{DEDUPLICATE_ENV} must be one of 1, 0, true, false or sum. "
+            f"Received: {DEDUPLICATE_ENV}={raw!r}"
+        ) from None

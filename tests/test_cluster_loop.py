@@ -221,3 +221,52 @@ def test_each_worker_maps_its_share_and_training_equals_one_process(cluster):
     assert out["max_diff"] < 1e-5 and out["predict_diff"] < 1e-5
     for name, values in out["expected"].items():
         assert out["history"][name] == pytest.approx(values, rel=1e-5), name
+
+
+def test_each_distinct_id_crosses_once_per_worker_each_way(cluster):
+    """The issue's case: a 20000 x 32 table looked up by 256 x 8 ids drawn from 16 distinct ids,
+    SGD. Bytes are the ps's own TCP counters, marginal per step (two fits, per-fit costs
+    cancel); the same client measures `deduplicate=False` for comparison."""
+    ps_pid = cluster.pids()["ps:0"]
+    out = _client(
+        f"""
+        from dpkeras.testing import TrafficMeter
+        rng = np.random.RandomState(0)
+        x = rng.choice(rng.permutation(20000)[:16], (256 * 60, 8)).astype("int32")
+        y = rng.normal(size=(256 * 60, 1)).astype("float32")
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(256).repeat()
+
+        def table_model():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([
+                keras.Input((8,), dtype="int32"), keras.layers.Embedding(20000, 32),
+                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+            return model
+
+        dpkeras.cluster.connect(SPEC)
+        reference = table_model()
+        reference.fit(ds, steps_per_epoch=10, epochs=1, verbose=0)
+        per_step, diff = {{}}, {{}}
+        for mode in (True, False):
+            with dpkeras.scope(cluster=SPEC, deduplicate=mode):
+                model = table_model()
+            model.fit(ds, steps_per_epoch=10, epochs=1, verbose=0)  # traced; equal to reference
+            diff[str(mode)] = max(float(np.abs(a - b).max())
+                                  for a, b in zip(reference.get_weights(), model.get_weights()))
+            traffic = []
+            for steps in (10, 40):
+                with TrafficMeter({{"ps": {ps_pid}}}) as meter:
+                    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+                traffic.append(meter.traffic["ps"])
+            per_step[str(mode)] = [(traffic[1].sent - traffic[0].sent) / 30,
+                                   (traffic[1].received - traffic[0].received) / 30]
+        print(json.dumps({{"per_step": per_step, "diff": diff}}))
+        """,
+        cluster.spec,
+    )
+    assert max(out["diff"].values()) < 1e-5, out
+    sent, received = out["per_step"]["True"]
+    assert sent <= 40_000 and received <= 40_000, out  # 16 rows x 128 B per worker, each way
+    without_sent, without_received = out["per_step"]["False"]
+    assert without_sent > 4 * sent and without_received > 4 * received, out

@@ -26,9 +26,9 @@ class CrossReplicaHooks:
         """The `ReductionLedger` of the reductions this strategy made."""
         return self._ledger
 
-    def aggregate(self, how, value, device, from_every_replica=True):
+    def aggregate(self, how, value, device, from_every_replica=True, sum_repeats=False):
         """Reduces `value` onto `device`; see `ReductionLedger.aggregate`."""
-        return self._ledger.aggregate(how, value, device, from_every_replica)
+        return self._ledger.aggregate(how, value, device, from_every_replica, sum_repeats)
 
     def _reduction_device(self, destinations):
         if isinstance(destinations, str):

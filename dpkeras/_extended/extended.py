@@ -47,9 +47,11 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         parameter_device=None,
         cluster_spec=None,
         partitioner=None,
+        deduplicate=True,
     ):
         super().__init__(container_strategy)
         self._cluster_spec = cluster_spec
+        self._deduplicate = deduplicate
         compute, policy, home, reason = devices.resolve_devices(
             compute_devices, parameter_device, cluster_spec
         )
@@ -163,6 +165,11 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
     def partitioner(self):
         """The partitioner of layer weights (`dpkeras._variables.partitioning`), or None."""
         return self._creator.partitioner
+
+    @property
+    def deduplicate(self):
+        """True, False or "sum": how repeated ids cross (`dpkeras._variables.dedup`)."""
+        return self._deduplicate
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         if not isinstance(colocate_with_variable, (ParameterVariable, ShardedParameterVariable)):

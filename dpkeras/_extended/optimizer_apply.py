@@ -1,12 +1,13 @@
 """The optimizer runs once, where the variables live, on the summed gradient."""
 
+import functools
 import weakref
 
 import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals
-from dpkeras._variables import replica_step
+from dpkeras._variables import dedup, replica_step
 from dpkeras._variables.shard_updates import sum_by_shard
 from dpkeras._variables.sharded import ShardedParameterVariable
 
@@ -78,12 +79,16 @@ def attach(optimizer, extended):
     def _sum(grad, variable):
         if grad is None:
             return None
+        sum_repeats = dedup.sums_gradient_rows(extended.deduplicate, optimizer)
         sharded = _tf_variable(variable)
         if isinstance(sharded, ShardedParameterVariable):
             components = extended.reductions.components(grad, from_every_replica=False)
-            return sum_by_shard(sharded, components, extended.reductions.reduce_components)
+            reduce = functools.partial(
+                extended.reductions.reduce_components, sum_repeats=sum_repeats
+            )
+            return sum_by_shard(sharded, components, reduce)
         return extended.aggregate(
-            "SUM", grad, _tf_variable(variable).device, from_every_replica=False
+            "SUM", grad, sharded.device, from_every_replica=False, sum_repeats=sum_repeats
         )
 
     _keras_internals.route_optimizer_apply(optimizer, apply)

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras._cache import GraphCache
+from dpkeras._variables import dedup
 
 
 def normalize_op(how):
@@ -104,7 +105,7 @@ class ReductionLedger:
             return list(self._local_results(value))
         return [value] * (self._n if from_every_replica else 1)
 
-    def aggregate(self, how, value, device, from_every_replica=True):
+    def aggregate(self, how, value, device, from_every_replica=True, sum_repeats=False):
         """Reduces `value` onto `device`.
 
         Args:
@@ -112,6 +113,7 @@ class ReductionLedger:
             value: a `DistributedValues`, or one value; see `components`.
             device: where the result is computed.
             from_every_replica: bool; see `components`.
+            sum_repeats: bool; see `reduce_components`.
 
         Returns:
             A tensor (or `tf.IndexedSlices`, kept sparse) on `device`.
@@ -123,14 +125,16 @@ class ReductionLedger:
         components = self.components(value, from_every_replica)
         if how == "ONLY_FIRST_REPLICA":
             return components[0]
-        result = self.reduce_components(how, components, device)
-        self._remember(result, (how, value, from_every_replica))
+        result = self.reduce_components(how, components, device, sum_repeats)
+        self._remember(result, (how, value, from_every_replica, sum_repeats))
         return result
 
-    def reduce_components(self, how, components, device):
+    def reduce_components(self, how, components, device, sum_repeats=False):
         """SUM or MEAN of a list of components onto `device` (kept sparse if all are sparse).
 
-        Components on other tasks of a cluster are first summed on their task's host.
+        Components on other tasks of a cluster are first summed on their task's host. With
+        `sum_repeats`, sparse components carry one summed row per distinct id before they
+        leave their device (or task), and so does the result (`dedup.sum_repeats`).
         """
         how = normalize_op(how)
         if how not in ("SUM", "MEAN"):
@@ -139,6 +143,9 @@ class ReductionLedger:
             )
         n = len(components)
         components = _presum_by_task(components, device)
+        sum_repeats = sum_repeats and all(isinstance(c, tf.IndexedSlices) for c in components)
+        if sum_repeats:
+            components = [dedup.sum_repeats(c) for c in components]
         with tf.device(device):
             if all(isinstance(c, tf.IndexedSlices) for c in components):
                 values = tf.concat([c.values for c in components], axis=0)
@@ -147,6 +154,8 @@ class ReductionLedger:
                 result = tf.IndexedSlices(
                     values, tf.concat([c.indices for c in components], 0), components[0].dense_shape
                 )
+                if sum_repeats and len(components) > 1:
+                    result = dedup.sum_repeats(result)
             else:
                 dense = [tf.convert_to_tensor(c) for c in components]
                 result = tf.add_n(dense) if len(dense) > 1 else tf.identity(dense[0])
@@ -193,8 +202,7 @@ class ReductionLedger:
         ):
             recipe = self._lookup(key)
             if recipe is not None:
-                how, value, from_every_replica = recipe
-                return self.aggregate(how, value, device, from_every_replica)
+                return self.aggregate(recipe[0], recipe[1], device, *recipe[2:])
         return x
 
     def select_single_value(self, structure, device=None):

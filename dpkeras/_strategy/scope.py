@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from dpkeras._extended import devices
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
+from dpkeras._variables import dedup
 from dpkeras._variables.partitioning import as_partitioner
 from dpkeras.cluster._task import take_part
 
@@ -14,7 +15,9 @@ _lock = threading.Lock()
 _strategies = {}  # (compute devices, parameter devices, cluster jobs) -> strategy
 
 
-def get_strategy(compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+def get_strategy(
+    compute_devices=None, parameter_device=None, cluster=None, partitioner=None, deduplicate=None
+):
     """Returns the `ParameterDeviceStrategy` for these devices, creating it once.
 
     Equal arguments (after defaults, environment settings and device-name canonicalisation)
@@ -23,6 +26,7 @@ def get_strategy(compute_devices=None, parameter_device=None, cluster=None, part
     Arguments are those of `ParameterDeviceStrategy`.
     """
     as_partitioner(partitioner)
+    deduplicate = dedup.resolve(deduplicate)
     spec = take_part(cluster)
     compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
     jobs = (
@@ -33,19 +37,29 @@ def get_strategy(compute_devices=None, parameter_device=None, cluster=None, part
     if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
         placed = tuple(getattr(policy, "devices", (home,)))
         parameter_device = placed[0] if len(placed) == 1 else list(placed)
-        key = (compute, placed, jobs, partitioner)
+        key = (compute, placed, jobs, partitioner, deduplicate)
     else:
-        key = (compute, parameter_device, jobs, partitioner)  # a policy: equal only to itself
+        key = (
+            compute,
+            parameter_device,
+            jobs,
+            partitioner,
+            deduplicate,
+        )  # a policy: equal only to itself
     with _lock:
         strategy = _strategies.get(key)
         if strategy is None:
-            strategy = ParameterDeviceStrategy(list(compute), parameter_device, spec, partitioner)
+            strategy = ParameterDeviceStrategy(
+                list(compute), parameter_device, spec, partitioner, deduplicate
+            )
             _strategies[key] = strategy
         return strategy
 
 
 @contextlib.contextmanager
-def scope(compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+def scope(
+    compute_devices=None, parameter_device=None, cluster=None, partitioner=None, deduplicate=None
+):
     """Builds and trains Keras models with variables on a parameter device.
 
     Enters the scope of the `ParameterDeviceStrategy` for these devices (created once per
@@ -69,6 +83,8 @@ def scope(compute_devices=None, parameter_device=None, cluster=None, partitioner
         partitioner: a `tf.distribute.experimental.partitioners` partitioner (or a callable
             like one) that cuts large layer weights into shards; see
             `ParameterDeviceStrategy`.
+        deduplicate: True, False or "sum": how an embedding lookup's repeated ids cross; see
+            `ParameterDeviceStrategy`.
 
     Yields:
         The `ParameterDeviceStrategy`.
@@ -77,7 +93,7 @@ def scope(compute_devices=None, parameter_device=None, cluster=None, partitioner
         ValueError: for bad devices (see `ParameterDeviceStrategy`), or when entered inside
             the scope of a different `tf.distribute` strategy.
     """
-    strategy = get_strategy(compute_devices, parameter_device, cluster, partitioner)
+    strategy = get_strategy(compute_devices, parameter_device, cluster, partitioner, deduplicate)
     if tf.distribute.has_strategy():
         current = tf.distribute.get_strategy()
         if current is not strategy:

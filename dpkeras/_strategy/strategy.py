@@ -5,6 +5,7 @@ import tensorflow as tf
 from dpkeras._device_names import short_device
 from dpkeras._extended.extended import ParameterDeviceExtended
 from dpkeras._patches import table as keras_patches
+from dpkeras._variables import dedup
 from dpkeras._variables.partitioning import as_partitioner
 from dpkeras.cluster._task import take_part
 
@@ -56,22 +57,44 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             `MinSizePartitioner(min_shard_bytes=1 << 20, max_shards=2)`) or any callable with
             their signature. Keras still sees one variable of the full shape; optimizer slots
             are sharded like their variable. See docs/sharding.md. Default: no sharding.
+        deduplicate: how an embedding lookup's repeated ids cross between a replica and the
+            parameter device. True: each distinct id and its row cross once per replica and
+            step; gradient rows of repeats are summed before they cross where that keeps
+            Keras's numbers (SGD without clipping), and sent as they are otherwise. "sum":
+            gradient rows are always summed per distinct id before the optimizer, tf.keras's
+            and TF1's semantics (Adam and Adagrad then square the sum, not each repeat).
+            False: every repeat crosses, both ways. Defaults to `$DPKERAS_DEDUPLICATE`
+            (1, 0 or sum), else True. See docs/sharding.md.
 
     Raises:
         TimeoutError: when a task of the cluster does not answer (it names the task).
         ValueError: for an invalid cluster, an unparseable, absent or duplicated device, an
             empty list, a parameter_device of another type, or a partitioner that is not
-            callable, before anything is created. A partitioner's invalid answer raises
+            callable, or a deduplicate other than True, False or "sum", before anything is
+            created. A partitioner's invalid answer raises
             ValueError naming the variable, before any of its shards is created. A
             policy that fails or returns a bad device raises ValueError when the variable is
             created, naming it.
     """
 
-    def __init__(self, compute_devices=None, parameter_device=None, cluster=None, partitioner=None):
+    def __init__(
+        self,
+        compute_devices=None,
+        parameter_device=None,
+        cluster=None,
+        partitioner=None,
+        deduplicate=None,
+    ):
         partitioner = as_partitioner(partitioner)
+        deduplicate = dedup.resolve(deduplicate)
         super().__init__(
             ParameterDeviceExtended(
-                self, compute_devices, parameter_device, take_part(cluster), partitioner
+                self,
+                compute_devices,
+                parameter_device,
+                take_part(cluster),
+                partitioner,
+                deduplicate,
             )
         )
 
@@ -90,6 +113,11 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         """The partitioner of layer weights, or None (no sharding)."""
         return self.extended.partitioner
 
+    @property
+    def deduplicate(self):
+        """True, False or "sum": how an embedding lookup's repeated ids cross (see the class)."""
+        return self.extended.deduplicate
+
     def scope(self):
         """`tf.distribute.Strategy.scope`, with dpkeras's patches (dpkeras._patches)."""
         return keras_patches.installed_during(super().scope(), self.extended.variables)
@@ -97,7 +125,8 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)
         partitioner = "" if self.partitioner is None else f", partitioner={self.partitioner!r}"
+        dedup_mode = "" if self.deduplicate is True else f", deduplicate={self.deduplicate!r}"
         return (
             f"ParameterDeviceStrategy(compute_devices=[{compute}], "
-            f"parameter_device={short_device(self.parameter_device)!r}{partitioner})"
+            f"parameter_device={short_device(self.parameter_device)!r}{partitioner}{dedup_mode})"
         )

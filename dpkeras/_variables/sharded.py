@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
-from dpkeras._variables import partitioning, replica_step, shard_updates
+from dpkeras._variables import dedup, partitioning, replica_step, shard_updates
 from dpkeras._variables.sharded_writes import ShardedWrites
 from dpkeras._variables.variables import ParameterVariable, scale_gradient
 
@@ -205,38 +205,58 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
             )
 
     def sparse_read(self, indices, name=None):
-        """Rows `indices` (ids of the full variable): each shard gathers its own ids."""
+        """Rows `indices` (ids of the full variable): each shard gathers its own ids.
+
+        In a replica, unless the strategy's `deduplicate` is False, each shard receives only
+        the distinct ids and sends one row per distinct id (`dpkeras._variables.dedup`).
+        """
         shard = self._focused()
         if shard is not None:
             return shard.sparse_read(indices, name=name)
         indices = tf.convert_to_tensor(indices)
         flat = tf.reshape(indices, [-1])
-        local, positions = shard_updates.partition_ids(flat, self._offsets)
-        rows = [s.sparse_read(ids) for s, ids in zip(self._shards, local)]
-        row_shape = self._shape.as_list()[1:]
-        value = tf.reshape(
-            tf.dynamic_stitch(positions, rows),
-            tf.concat([tf.shape(indices), tf.constant(row_shape, tf.int32)], 0),
-            name=name,
+        dedup_here = (
+            self._extended.deduplicate is not False
+            and replica_step.current(self._extended) is not None
         )
+        if dedup_here:
+            ids, positions = dedup.unique_ids(indices)
+            value = dedup.expand_rows(self._gather_by_shard(ids), positions, indices, name=name)
+        else:
+            value = tf.reshape(
+                self._gather_by_shard(flat),
+                tf.concat([tf.shape(indices), tf.constant(self._shape.as_list()[1:])], 0),
+                name=name,
+            )
         _tf_internals.variable_accessed(self)
         if self._trainable:
-            step = replica_step.current(self._extended)
-            weight = None if step is None else step.gradient_weight
-            dense_shape = tf.constant(self._shape.as_list())
-
-            def backward(grad):
-                values = tf.reshape(grad, [-1] + row_shape)
-                return [tf.IndexedSlices(scale_gradient(values, weight), flat, dense_shape)]
-
-            _tf_internals.record_operation(
-                "ResourceGather",
-                [value],
-                [self._handle],
-                backward_function=backward,
-                forward_function=lambda x: [x],
-            )
+            self._record_gather(value, flat)
         return value
+
+    def _gather_by_shard(self, ids):
+        """Rows `ids` (a vector of ids of the full variable), each gathered by its shard."""
+        local, positions = shard_updates.partition_ids(ids, self._offsets)
+        rows = [s.gather_rows(i) for s, i in zip(self._shards, local)]
+        return tf.dynamic_stitch(positions, rows)
+
+    def _record_gather(self, value, flat):
+        """Records `value` on the tape as rows `flat` of this variable (sparse gradient)."""
+        step = replica_step.current(self._extended)
+        weight = None if step is None else step.gradient_weight
+        dense_shape = tf.constant(self._shape.as_list())
+        row_shape = self._shape.as_list()[1:]
+
+        def backward(grad):
+            values = tf.reshape(grad, [-1] + row_shape)
+            return [tf.IndexedSlices(scale_gradient(values, weight), flat, dense_shape)]
+
+        _tf_internals.record_operation(
+            "ResourceGather",
+            [value],
+            [self._handle],
+            backward_function=backward,
+            forward_function=lambda x: [x],
+        )
 
     def gather_nd(self, indices, name=None):
         return tf.gather_nd(self.value(), indices, name=name)

@@ -5,7 +5,7 @@ import tensorflow as tf
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
-from dpkeras._variables import replica_step
+from dpkeras._variables import dedup, replica_step
 from dpkeras._variables.writes import ReplicaWrites
 from dpkeras.placement import VariableKind
 
@@ -132,35 +132,50 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
             return super()._read_variable_op()
 
     def sparse_read(self, indices, name=None):
-        """Gathers rows; in a replica, on the parameter device, sending only the rows."""
+        """Gathers rows; in a replica, on the parameter device, sending only the rows.
+
+        Unless the strategy's `deduplicate` is False, the replica sends its distinct ids and
+        receives one row per distinct id (`dpkeras._variables.dedup`). The gradient is one row
+        per looked-up id (Keras's), made sparse; the optimizer's sum decides whether repeats
+        are summed before they cross.
+        """
         step = replica_step.current(self._extended)
         if step is None:
             return super().sparse_read(indices, name=name)
-        with tf.device(self.device):
-            value = super().sparse_read(indices, name=name)
-        weight = step.gradient_weight if self.trainable else None
-        if weight is not None:
-            flat_indices = tf.reshape(indices, [-1])
-            row_shape = self.shape[1:]
-
-            def backward(grad):
-                values = tf.reshape(grad, tf.concat([[-1], row_shape], 0))
-                return [
-                    tf.IndexedSlices(
-                        values * tf.cast(weight, values.dtype),
-                        flat_indices,
-                        tf.constant(self.shape.as_list()),
-                    )
-                ]
-
-            _tf_internals.record_operation(
-                "ResourceGather",
-                [value],
-                [self.handle],
-                backward_function=backward,
-                forward_function=lambda x: [x],
-            )
+        indices = tf.convert_to_tensor(indices)
+        if self._extended.deduplicate is False:
+            value = self.gather_rows(indices, name=name)
+        else:
+            ids, positions = dedup.unique_ids(indices)
+            value = dedup.expand_rows(self.gather_rows(ids), positions, indices, name=name)
+        if self.trainable:
+            self._record_gather(value, indices, step.gradient_weight)
         return value
+
+    def gather_rows(self, indices, name=None):
+        """Rows `indices`, gathered where the variable lives; no gradient of its own is kept
+        (the caller records the lookup it makes of them)."""
+        with tf.device(self.device):
+            return super().sparse_read(indices, name=name)
+
+    def _record_gather(self, value, indices, weight):
+        """Records `value` on the tape as rows `indices` of this variable (sparse gradient)."""
+        flat_indices = tf.reshape(indices, [-1])
+        row_shape = self.shape[1:]
+
+        def backward(grad):
+            values = tf.reshape(grad, tf.concat([[-1], row_shape], 0))
+            if weight is not None:
+                values = values * tf.cast(weight, values.dtype)
+            return [tf.IndexedSlices(values, flat_indices, tf.constant(self.shape.as_list()))]
+
+        _tf_internals.record_operation(
+            "ResourceGather",
+            [value],
+            [self.handle],
+            backward_function=backward,
+            forward_function=lambda x: [x],
+        )
 
     def _invalidate_reads(self):
         self._replica_reads.clear()
