@@ -1,13 +1,14 @@
 # The two commands of README.md. Each installs what it needs into .venv/ (git-ignored) first.
 #   make bench   the benchmark on the devices found (simulated CPU devices when there is no GPU)
 #   make test    the test suite
+#   make wheel-test  build the sdist and wheel, install the wheel in a fresh venv, smoke-test it
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint format clean
+.PHONY: install test wheel-test bench lint format clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml dpkeras/_version.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
@@ -17,6 +18,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n auto -q
+
+wheel-test: $(STAMP)
+	PYTHON=$(PYTHON) .ci/wheel-test
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.compare $(ARGS)
@@ -29,4 +33,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format dpkeras tests benchmarks
 
 clean:
-	rm -rf $(VENV) results build *.egg-info
+	rm -rf $(VENV) results build dist *.egg-info

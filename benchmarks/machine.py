@@ -50,6 +50,13 @@ def _version(package):
         return "not installed"
 
 
+def _dpkeras_version():
+    """The version of the dpkeras this run imports (an editable install's metadata can be older)."""
+    import dpkeras
+
+    return dpkeras.__version__
+
+
 def _git_state(root):
     try:
         head = subprocess.run(
@@ -94,7 +101,7 @@ def describe(gpus, replicas, parameter_device, replica_counts=None):
         "python": platform.python_version(),
         "tensorflow": _version("tensorflow"),
         "keras": _version("keras"),
-        "dpkeras": _version("dpkeras"),
+        "dpkeras": _dpkeras_version(),
         "git": _git_state(repo_root()),
         "gpus": list(gpus),
         "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

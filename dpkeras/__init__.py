@@ -28,7 +28,7 @@ The package, from the top down (each imports only what stands below it):
 - at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
   connecting, devices, health), `_tf_internals` and `_keras_internals` (every private
   TensorFlow and Keras use, each with its reason), `_cache` (the graph-keyed cache),
-  `_device_names`, `_sizes`, `_config`.
+  `_device_names`, `_sizes`, `_config`, `_version`.
 """
 
 from dpkeras import placement
@@ -38,6 +38,7 @@ from dpkeras._strategy.scope import get_strategy, scope
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
 from dpkeras._transfers import TransferReport, record_transfers, train_step_transfers
 from dpkeras._variables.variables import ParameterVariable
+from dpkeras._version import __version__
 from dpkeras.cluster import TaskFailedError
 from dpkeras.tf1 import (
     AUTO_REUSE,
@@ -56,8 +57,6 @@ from dpkeras.tf1 import (
     variable,
     variable_scope,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     # The strategy and its scope.

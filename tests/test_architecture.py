@@ -121,13 +121,19 @@ def test_the_underscore_import_check_sees_one():
 
 
 def test_every_package_is_installed_by_pyproject():
-    """A non-editable `pip install .` installs only the packages pyproject lists."""
+    """A non-editable `pip install .` installs the packages setuptools finds with pyproject's
+    `include`: every folder of dpkeras with Python files must be one (an `__init__.py`)."""
+    from setuptools import find_packages
+
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
         text = f.read()  # tomllib is Python 3.11+; dpkeras supports 3.10
-    section = text.split("[tool.setuptools]", 1)[1].split("\n[", 1)[0]
-    listed = set(re.findall(r'"([^"]+)"', re.search(r"packages = \[(.*?)\]", section, re.S)[1]))
-    packages = {name for name, path in _modules().items() if path.endswith("__init__.py")}
-    assert listed == packages
+    section = text.split("[tool.setuptools.packages.find]", 1)[1].split("\n[", 1)[0]
+    include = re.findall(r'"([^"]+)"', re.search(r"include = \[(.*?)\]", section, re.S)[1])
+    folders = {
+        os.path.relpath(os.path.dirname(path), ROOT).replace(os.sep, ".")
+        for path in _modules().values()
+    }
+    assert set(find_packages(ROOT, include=include)) == folders
 
 
 def test_no_module_over_700_lines_and_no_class_over_300():
