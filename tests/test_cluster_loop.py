@@ -114,6 +114,51 @@ def test_every_steps_per_execution_equals_one_process(cluster, k):
     np.testing.assert_allclose(predictions, expected_pred, rtol=1e-5, atol=1e-6)
 
 
+def test_backup_and_restore_resumes_a_multi_step_execution_exactly(cluster, tmp_path):
+    """K=3: a fit interrupted after its second epoch resumes at the third from the backup and
+    ends at the weights of an uninterrupted run; the resumed run trains only what is left."""
+    out = _client(
+        f"""
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
+
+        class Interrupt(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch == 1:
+                    raise RuntimeError("interrupted")
+
+        def fit(model, callbacks):
+            return model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0,
+                             callbacks=callbacks).history
+
+        dpkeras.cluster.connect(SPEC)
+        reference = build(3)
+        expected = fit(reference, [])
+        with dpkeras.scope(cluster=SPEC):
+            model = build(3)
+        backup = keras.callbacks.BackupAndRestore({str(tmp_path / "backup")!r})
+        try:
+            fit(model, [backup, Interrupt()])
+        except RuntimeError:
+            pass
+        with dpkeras.scope(cluster=SPEC):
+            model = build(3)
+        epochs_seen = []
+        seen = keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: epochs_seen.append(e))
+        resumed = fit(model, [keras.callbacks.BackupAndRestore({str(tmp_path / "backup")!r}), seen])
+        print(json.dumps({{
+            "max_diff": max(float(np.abs(a - b).max())
+                            for a, b in zip(reference.get_weights(), model.get_weights())),
+            "epochs_seen": epochs_seen, "resumed": resumed["loss"], "expected": expected["loss"],
+        }}))
+        """,
+        cluster.spec,
+    )
+    assert out["epochs_seen"] == [2, 3], out  # it really resumed
+    assert out["max_diff"] < 1e-5, out
+    assert out["resumed"] == pytest.approx(out["expected"][2:], rel=1e-5), out
+
+
 def test_the_step_function_runs_on_a_task_not_on_the_client(cluster):
     """The client instantiates no partition of the step: the loop task does."""
     out = _client(
