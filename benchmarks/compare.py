@@ -40,7 +40,7 @@ flags.DEFINE_list(
 )
 flags.DEFINE_list(
     "strategies",
-    [s for s in STRATEGIES if s != "dpkeras_sharded"],
+    [s for s in STRATEGIES if s not in ("dpkeras_sharded", "dpkeras_no_dedup")],
     f"Comma-separated strategies to run, of: {', '.join(STRATEGIES)}. "
     f"dpkeras_sharded (added by --partition) is dpkeras with large weights in shards. "
     f"one_device is the baseline of the ratios and of the loss check.",
@@ -131,6 +131,13 @@ flags.DEFINE_integer(
     "devices. 0: off.",
     lower_bound=0,
 )
+flags.DEFINE_bool(
+    "dedup_baseline",
+    None,
+    "Also run dpkeras_no_dedup: dpkeras with DPKERAS_DEDUPLICATE=0, every id of a lookup "
+    "pulling its own row, beside dpkeras (deduplicating, or as DPKERAS_DEDUPLICATE says). "
+    "Default: on when --models includes dlrm.",
+)
 flags.DEFINE_bool("chart", True, "Draw the PNG chart (needs matplotlib).")
 
 DEFAULT_CPU_REPLICAS = 3
@@ -194,6 +201,11 @@ def config_from_flags(f, gpus):
     if f.partition and "dpkeras_sharded" not in strategies:
         strategies.insert(
             strategies.index("dpkeras") + 1 if "dpkeras" in strategies else 0, "dpkeras_sharded"
+        )
+    dedup_baseline = "dlrm" in models if f.dedup_baseline is None else f.dedup_baseline
+    if dedup_baseline and "dpkeras_no_dedup" not in strategies:
+        strategies.insert(
+            strategies.index("dpkeras") + 1 if "dpkeras" in strategies else 0, "dpkeras_no_dedup"
         )
     if "dpkeras_sharded" in strategies and f.partition < 2:
         raise app.UsageError(
@@ -458,6 +470,7 @@ def report(records, config, info):
     elapsed = info.get("elapsed_seconds", 0.0)
     targets = [] if config.scaling else results.check_targets(records)
     extra = results.scaling_tables(records) if config.scaling else []
+    extra += results.lookup_tables(records)
     extra += [
         f"Loss check tolerances (relative, on the loss over the first {config.check_steps} steps):",
         "",
@@ -479,6 +492,9 @@ def report(records, config, info):
             )
             + "."
         )
+    lookups = results.lookup_tables(records)
+    if lookups:
+        print("\n" + "\n".join(lookups))
     if targets:
         print("\nTargets (dpkeras on the MLP):")
         print("\n".join(results.format_targets(targets)))

@@ -9,6 +9,13 @@ Each model is a realistic shape for its kind, scaled by `size` (1.0 is the defau
   on top; the tables get sparse (`IndexedSlices`) gradients, updated by Adagrad.
 - `transformer`: a 2-layer Transformer encoder over 64 tokens from a 5k vocabulary, with Dropout
   (whose `SeedGenerator` state is a variable too).
+- `dlrm`: DLRM-DCNv2 on Criteo Kaggle's shape: 13 dense features through a bottom MLP, 26
+  categorical features, one table each with Criteo Kaggle's cardinality capped at
+  `200_000 * size` rows (1,483,115 rows, 90.5 MiB at dim 16 and size 1; 33.8M rows, 2.06 GiB
+  uncapped from size 51), Zipf ids (exponent 1.1, popular ids scattered over the table), three
+  DCNv2 cross layers and a top MLP; keras-rs's `DistributedEmbedding` and `FeatureCross` when
+  keras-rs is installed, the same computation from Keras layers when not. Adagrad, as keras-rs's
+  DLRM example.
 
 Every model is compiled with a metric, so the transfers counted include whatever metrics cost.
 """
@@ -17,7 +24,15 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["MODELS", "ModelSpec", "build", "synthetic_data"]
+__all__ = [
+    "MODELS",
+    "ModelSpec",
+    "build",
+    "synthetic_data",
+    "id_features",
+    "lookup_rows",
+    "table_bytes",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +116,17 @@ MODELS = {
         0.1,
         "Dropout masks come from each strategy's own random streams "
         "(MirroredStrategy repeats one mask on every replica)",
+    ),
+    "dlrm": ModelSpec(
+        "dlrm",
+        "DLRM-DCNv2, 26 Criteo Kaggle tables (rows capped at 200k x size), Zipf ids",
+        "binary_crossentropy",
+        "binary_accuracy",
+        _optimizer("Adagrad", learning_rate=0.05),
+        960,
+        10,
+        1e-4,
+        _EXACT + " (Adagrad: as long as repeated ids' squares are summed as on one device)",
     ),
 }
 
@@ -205,11 +231,200 @@ def _transformer(keras, size):
     return keras.Model(tokens, outputs, name="transformer")
 
 
+# Criteo Kaggle (Display Advertising Challenge): distinct values of C1..C26 (33,762,577 in all).
+CRITEO_KAGGLE_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+DLRM_ROW_CAP = 200_000
+DLRM_DIM = 16
+DLRM_DENSE = 13
+DLRM_ZIPF = 1.1
+
+
+def dlrm_rows(size):
+    """Rows of the 26 tables: Criteo Kaggle's cardinalities capped at `DLRM_ROW_CAP * size`."""
+    cap = _scaled(DLRM_ROW_CAP, size, 16)
+    return [min(c, cap) for c in CRITEO_KAGGLE_CARDINALITIES]
+
+
+def _dlrm_embeddings(keras, size, inputs):
+    """The 26 embedded features, `(batch, DLRM_DIM)` each, from keras-rs or Keras."""
+    rows = dlrm_rows(size)
+    try:
+        import keras_rs
+    except ImportError:
+        return [
+            keras.layers.Flatten()(keras.layers.Embedding(n, DLRM_DIM, name=f"cat_{i}_table")(x))
+            for i, (n, x) in enumerate(zip(rows, inputs))
+        ]
+    features = {}
+    for i, n in enumerate(rows):
+        table = keras_rs.layers.TableConfig(
+            name=f"cat_{i}_table",
+            vocabulary_size=n,
+            embedding_dim=DLRM_DIM,
+            initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=i),
+            combiner="sum",
+            placement="auto",
+        )
+        features[f"cat_{i}"] = keras_rs.layers.FeatureConfig(
+            f"cat_{i}", table, (None, 1), (None, DLRM_DIM)
+        )
+    embedded = keras_rs.layers.DistributedEmbedding(features, name="embedding")(
+        {f"cat_{i}": x for i, x in enumerate(inputs)}
+    )
+    return [embedded[f"cat_{i}"] for i in range(len(rows))]
+
+
+_CROSS = []
+
+
+def _cross_layer(keras):
+    """keras-rs's `FeatureCross` (DCNv2), or the same computation as a Keras layer."""
+    try:
+        import keras_rs
+
+        return lambda i: keras_rs.layers.FeatureCross(projection_dim=64, name=f"cross_{i}")
+    except ImportError:
+        pass
+    if not _CROSS:
+
+        class FeatureCross(keras.layers.Layer):
+            """DCNv2's cross layer: `x0 * (V(U x) + b) + x`, U and V of rank 64."""
+
+            def build(self, input_shape):
+                width = input_shape[-1]
+                self.down = keras.layers.Dense(64, use_bias=False)
+                self.up = keras.layers.Dense(width)
+                self.down.build(input_shape)
+                self.up.build(input_shape[:-1] + (64,))
+
+            def call(self, x0, x):
+                return x0 * self.up(self.down(x)) + x
+
+        _CROSS.append(FeatureCross)
+    return lambda i: _CROSS[0](name=f"cross_{i}")
+
+
+def _dlrm(keras, size):
+    layers = keras.layers
+    dense = keras.Input((DLRM_DENSE,), name="dense_features")
+    ids = [keras.Input((1,), dtype="int32", name=f"cat_{i}") for i in range(26)]
+    bottom = layers.Dense(64, activation="relu")(dense)
+    bottom = layers.Dense(DLRM_DIM, activation="relu")(bottom)
+    x0 = layers.Concatenate()([bottom] + _dlrm_embeddings(keras, size, ids))
+    cross = _cross_layer(keras)
+    x = x0
+    for i in range(3):
+        x = cross(i)(x0, x)
+    top = layers.Dense(256, activation="relu")(x)
+    top = layers.Dense(64, activation="relu")(top)
+    outputs = layers.Dense(1, activation="sigmoid")(top)
+    return keras.Model(
+        {"dense_features": dense, **{f"cat_{i}": t for i, t in enumerate(ids)}}, outputs
+    )
+
+
+def _zipf_ids(rng, rows, n):
+    """`n` ids in `[0, rows)`, id rank k drawn with probability proportional to k^-1.1, the
+    ranks scattered over the table by a fixed permutation (hashed ids are not sorted by
+    popularity)."""
+    weights = np.arange(1, rows + 1, dtype=np.float64) ** -DLRM_ZIPF
+    cdf = np.cumsum(weights)
+    ranks = np.searchsorted(cdf, rng.random(n) * cdf[-1])
+    return rng.permutation(rows)[np.minimum(ranks, rows - 1)].astype(np.int32)
+
+
+def _dlrm_data(rng, examples, size):
+    dense = np.log1p(rng.exponential(3.0, (examples, DLRM_DENSE))).astype(np.float32)
+    x = {"dense_features": dense}
+    score = dense @ rng.standard_normal(DLRM_DENSE).astype(np.float32) * 0.3
+    for i, rows in enumerate(dlrm_rows(size)):
+        ids = _zipf_ids(rng, rows, examples)
+        x[f"cat_{i}"] = ids[:, None]
+        score += np.where((ids.astype(np.int64) * 40503 + i) % 7 < 3, 0.4, -0.3)
+    y = (score + rng.normal(0, 1, examples) > np.median(score)).astype(np.float32)
+    return x, y[:, None]
+
+
+def id_features(name, size=1.0):
+    """`{input name: (table name, row width)}` of a model's embedding lookups ({} for none)."""
+    if name == "recommender":
+        return {"item": ("item_table", 32), "user": ("user_table", 32)}
+    if name == "dlrm":
+        return {f"cat_{i}": (f"cat_{i}_table", DLRM_DIM) for i in range(26)}
+    return {}
+
+
+def lookup_rows(name, x, batch_size, replicas, size=1.0, steps=None):
+    """What a step's lookups need, from the ids themselves (independent of any strategy).
+
+    Averaged over the first `steps` global batches (all by default), for float32 rows:
+
+    - `ids_per_replica_per_step`, `id_row_bytes_per_replica_per_step`: every id a replica
+      looks up, and its rows' bytes: what crosses when each id's row is pulled.
+    - `distinct_ids_per_replica_per_step`, `distinct_row_bytes_per_replica_per_step`: each
+      table's distinct ids within a replica's share: what crosses when each distinct row is
+      pulled once per replica.
+    - `distinct_ids_per_step`, `distinct_row_bytes_per_step`: distinct ids in the global batch,
+      per table: what crosses when each distinct row is pulled once per step.
+
+    Returns {} for a model without lookups.
+    """
+    features = id_features(name, size)
+    if not features:
+        return {}
+    batches = len(next(iter(x.values()))) // batch_size
+    batches = min(batches, steps or batches)
+    share = batch_size // replicas
+    keys = ("ids", "ids_bytes", "replica", "replica_bytes", "step", "step_bytes")
+    totals = dict.fromkeys(keys, 0)
+    for b in range(batches):
+        start = b * batch_size
+        per_table = {}
+        for feature, (table, width) in features.items():
+            per_table.setdefault(table, (width, []))[1].append(
+                np.asarray(x[feature][start : start + batch_size]).reshape(batch_size, -1)
+            )
+        for width, blocks in per_table.values():
+            ids = np.concatenate(blocks, axis=1)
+            distinct_step = len(np.unique(ids))
+            totals["step"] += distinct_step
+            totals["step_bytes"] += distinct_step * width * 4
+            for r in range(replicas):
+                mine = ids[r * share : (r + 1) * share]
+                totals["ids"] += mine.size
+                totals["ids_bytes"] += mine.size * width * 4
+                distinct = len(np.unique(mine))
+                totals["replica"] += distinct
+                totals["replica_bytes"] += distinct * width * 4
+    per_replica_step = batches * replicas
+    return {
+        "ids_per_replica_per_step": totals["ids"] / per_replica_step,
+        "id_row_bytes_per_replica_per_step": totals["ids_bytes"] / per_replica_step,
+        "distinct_ids_per_replica_per_step": totals["replica"] / per_replica_step,
+        "distinct_row_bytes_per_replica_per_step": totals["replica_bytes"] / per_replica_step,
+        "distinct_ids_per_step": totals["step"] / batches,
+        "distinct_row_bytes_per_step": totals["step_bytes"] / batches,
+    }
+
+
+def table_bytes(name, size=1.0):
+    """Bytes of a model's embedding tables (float32), without optimizer slots; 0 for none."""
+    if name == "dlrm":
+        return sum(dlrm_rows(size)) * DLRM_DIM * 4
+    if name == "recommender":
+        return sum(_table_sizes(size)) * 32 * 4
+    return 0
+
+
 _BUILDERS = {
     "mlp": _mlp,
     "resnet": _resnet,
     "recommender": _recommender,
     "transformer": _transformer,
+    "dlrm": _dlrm,
 }
 
 
@@ -252,6 +467,8 @@ def synthetic_data(name, examples, size=1.0, seed=0):
         user = rng.integers(0, users, examples, dtype=np.int32)
         y = ((item * 7 + user * 3) % 5 < 2).astype(np.float32)
         return {"item": item[:, None], "user": user[:, None]}, y[:, None]
+    if name == "dlrm":
+        return _dlrm_data(rng, examples, size)
     if name == "transformer":
         x = rng.integers(0, _VOCABULARY, (examples, _SEQUENCE), dtype=np.int32)
         return x, noisy(np.sum(x < _VOCABULARY // 2, axis=1) > _SEQUENCE // 2, 2)

@@ -17,6 +17,7 @@ __all__ = [
     "markdown_report",
     "write_results",
     "short_error",
+    "lookup_tables",
 ]
 
 # Every JSON line has at least these keys (None where a failed pair has no value).
@@ -405,6 +406,55 @@ def write_results(records, out_dir, stem, title, machine_lines, targets=None, ex
     with open(md, "w") as f:
         f.write(markdown_report(records, title, machine_lines, targets, extra) + "\n")
     return jsonl, md
+
+
+def lookup_tables(records):
+    """Markdown lines: per model with embedding lookups, the rows a step's ids need per replica
+    (every id, distinct per replica, distinct per step), from the data, next to each strategy's
+    counted transfers and its tables' memory. [] when no record has lookups."""
+    rows = [r for r in records if r.get("ids_per_replica_per_step") is not None]
+    if not rows:
+        return []
+    lines = [
+        "Embedding lookups, per replica per step (from the ids; float32 rows): every id's row, "
+        "each distinct row of the replica's share, each distinct row of the global batch "
+        "(shared by the replicas); then the bytes to each replica the step graph's transfers "
+        "count (a row count known only at run time, as after deduplication, is not counted "
+        "there) and the tables' memory with optimizer slots, times the copies kept.",
+        "",
+        "| model | strategy | repl | dedup | ids | MB all ids | distinct | MB distinct "
+        "| distinct/step | MB distinct/step | ->repl MB counted | tables GiB x copies | status |",
+        "|" + "---|" * 13,
+    ]
+    for r in rows:
+        copies = r.get("table_copies")
+        tables = r.get("table_bytes_with_slots")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["model"],
+                    r["strategy"],
+                    str(r["replicas"]),
+                    str(r.get("deduplicate") or "-"),
+                    _fmt(r.get("ids_per_replica_per_step"), ".0f"),
+                    _fmt(_mb(r.get("id_row_bytes_per_replica_per_step")), ".3f"),
+                    _fmt(r.get("distinct_ids_per_replica_per_step"), ".0f"),
+                    _fmt(_mb(r.get("distinct_row_bytes_per_replica_per_step")), ".3f"),
+                    _fmt(r.get("distinct_ids_per_step"), ".0f"),
+                    _fmt(_mb(r.get("distinct_row_bytes_per_step")), ".3f"),
+                    _fmt(_mb(r.get("bytes_to_replicas_per_step")), ".3f"),
+                    "-" if not tables else f"{tables / 2**30:.3f} x {copies}",
+                    "ok" if _ok(r) else f"FAILED ({r.get('phase') or 'run'})",
+                ]
+            )
+            + " |"
+        )
+    return lines
+
+
+def _mb(value):
+    return None if value is None else value / MB
 
 
 def scaling_tables(records):

@@ -27,9 +27,21 @@ import traceback
 
 RESULT_PREFIX = "DPKERAS_BENCH_RESULT "
 
-STRATEGIES = ("dpkeras", "mirrored", "central_storage", "one_device", "dpkeras_sharded")
+STRATEGIES = (
+    "dpkeras",
+    "mirrored",
+    "central_storage",
+    "one_device",
+    "dpkeras_sharded",
+    "dpkeras_no_dedup",
+)
 # dpkeras_sharded: dpkeras with large weights cut into shards over the parameter devices
 # (`PairSpec.partition`); run only when asked for (`compare.py --partition`).
+# dpkeras_no_dedup: dpkeras with DPKERAS_DEDUPLICATE=0 (every id of a lookup pulls its row);
+# `compare.py --dedup_baseline`, on by default for dlrm. dpkeras itself runs with the
+# environment's DPKERAS_DEDUPLICATE, or dpkeras's default (on).
+DEDUPLICATION_OFF = {"dpkeras_no_dedup": "0"}
+DPKERAS_STRATEGIES = ("dpkeras", "dpkeras_sharded", "dpkeras_no_dedup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +151,7 @@ def make_strategy(spec):
 
     compute = compute_devices(spec)
     parameter_devices = parameter_device_list(spec.parameter_device)
-    if spec.strategy in ("dpkeras", "dpkeras_sharded"):
+    if spec.strategy in DPKERAS_STRATEGIES:
         # Several devices: variables spread over them by dpkeras.placement.greedy_by_size.
         partitioner = None
         if spec.strategy == "dpkeras_sharded":
@@ -325,6 +337,11 @@ def _run(spec, progress):
             f"Received: batch_size={spec.batch_size}, replicas={spec.effective_replicas}"
         )
 
+    if spec.strategy in DEDUPLICATION_OFF:  # read by dpkeras when the strategy is made
+        os.environ["DPKERAS_DEDUPLICATE"] = DEDUPLICATION_OFF[spec.strategy]
+    progress.phase = "memory check"
+    memory = memory_check(spec)
+
     import dpkeras
 
     if spec.devices == "simulated":
@@ -345,10 +362,16 @@ def _run(spec, progress):
         "compute_devices": replica_devices,
         "parameter_device": (
             spec.parameter_device
-            if spec.strategy in ("dpkeras", "dpkeras_sharded", "central_storage")
+            if spec.strategy in DPKERAS_STRATEGIES + ("central_storage",)
             else None
         ),
         "partition": spec.partition or None,
+        "deduplicate": (
+            os.environ.get("DPKERAS_DEDUPLICATE", "default")
+            if spec.strategy in DPKERAS_STRATEGIES
+            else None
+        ),
+        **memory,
     }
 
     progress.phase = "build"
@@ -370,6 +393,11 @@ def _run(spec, progress):
 
     batches = max(2, -(-spec.data_examples // spec.batch_size))
     x, y = models.synthetic_data(spec.model, spec.batch_size * batches, spec.size, seed=spec.seed)
+    out.update(
+        models.lookup_rows(
+            spec.model, x, spec.batch_size, spec.effective_replicas, spec.size, steps=batches
+        )
+    )
     dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .batch(spec.batch_size, drop_remainder=True)
@@ -426,6 +454,60 @@ def _run(spec, progress):
     out["peak_memory_bytes_by_device"] = peak_memory_by_device(devices_used)
     out["measure_seconds"] = time.perf_counter() - t
     return out
+
+
+# Optimizer slots per table row, per optimizer class name: Adagrad one accumulator, Adam two.
+_SLOTS = {"SGD": 0, "Adagrad": 1, "Adam": 2, "AdamW": 2}
+
+
+def copies_of_the_tables(strategy, replicas):
+    """How many copies of every embedding table a strategy keeps: MirroredStrategy one per
+    replica; the others one (on the parameter device, or the one device)."""
+    return replicas if strategy == "mirrored" else 1
+
+
+def available_memory_bytes():
+    """The host's available memory (`MemAvailable` of /proc/meminfo), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory_check(spec, available=None):
+    """The memory the pair's embedding tables need; raises `MemoryError` if it cannot fit.
+
+    The tables with their optimizer slots, times the copies the strategy keeps
+    (`copies_of_the_tables`). On simulated devices every copy is in host memory, checked
+    against `available` (default: `available_memory_bytes()`) with a quarter kept free for
+    activations and TensorFlow; on GPUs each replica's copy must fit its GPU, which TensorFlow
+    reports as an out-of-memory error in the build. Returns the record's memory fields.
+    """
+    from benchmarks import models
+
+    one_copy = models.table_bytes(spec.model, spec.size)
+    optimizer = (
+        models.MODELS[spec.model].optimizer["class_name"] if spec.model in models.MODELS else ""
+    )
+    one_copy *= 1 + _SLOTS.get(optimizer, 2)
+    copies = copies_of_the_tables(spec.strategy, spec.effective_replicas)
+    needed = one_copy * copies
+    fields = {"table_bytes_with_slots": one_copy, "table_copies": copies}
+    if spec.devices != "simulated" or not needed:
+        return fields
+    available = available_memory_bytes() if available is None else available
+    if available is not None and needed > 0.75 * available:
+        raise MemoryError(
+            f"{spec.strategy} does not fit: it keeps {copies} copies of the embedding tables "
+            f"and their optimizer slots ({one_copy / 2**30:.2f} GiB each, "
+            f"{needed / 2**30:.2f} GiB in all) and this host has {available / 2**30:.2f} GiB "
+            f"available (at most 75% of it used for tables). Run with a smaller --size."
+        )
+    return fields
 
 
 def _epoch_timer(keras):

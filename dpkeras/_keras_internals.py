@@ -277,3 +277,50 @@ def set_backup_epoch(callback, epoch):
     the first epoch after a resume would record the wrong epoch; there is no public setter.
     """
     callback._current_epoch = epoch
+
+
+# -- keras-rs (used by dpkeras/_patches/keras_rs.py)
+# ------------------------------------------------------------------------
+
+
+KERAS_RS_SPARSECORE_INIT = ("self", "feature_configs", "table_stacking")  # its parameters
+
+
+def wrap_keras_rs_sparsecore_init(wrapper):
+    """Puts `wrapper(original, layer, feature_configs, table_stacking)` in place of keras-rs's
+    `DistributedEmbedding._sparsecore_init`; returns a callable that puts keras-rs's back.
+
+    keras-rs 0.4.0 reads each table's `TableConfig.placement` in `DistributedEmbedding`'s
+    constructor and hands the tables placed on "sparsecore" to this private method, which
+    raises off TPU without naming a table. keras-rs has no public hook between reading the
+    configs and that error, so dpkeras wraps the method (on keras-rs's public class only) to
+    refuse with the tables' names. Returns None, wrapping nothing, if keras-rs is not imported
+    or its method no longer has the parameters `KERAS_RS_SPARSECORE_INIT` (keras-rs's own error
+    stands then; tests/test_keras_rs.py fails on such an upgrade).
+    """
+    import inspect
+    import sys
+
+    if "keras_rs" not in sys.modules:
+        return None
+    layer_class = sys.modules["keras_rs"].layers.DistributedEmbedding
+    original = getattr(layer_class, "_sparsecore_init", None)
+    if (
+        original is None
+        or tuple(inspect.signature(original).parameters) != KERAS_RS_SPARSECORE_INIT
+    ):
+        return None
+    own = "_sparsecore_init" in vars(layer_class)
+
+    def wrapped(layer, feature_configs, table_stacking):
+        return wrapper(original, layer, feature_configs, table_stacking)
+
+    layer_class._sparsecore_init = wrapped
+
+    def restore():
+        if own:
+            layer_class._sparsecore_init = original
+        else:
+            del layer_class._sparsecore_init
+
+    return restore

@@ -337,10 +337,15 @@ class _Flags(dict):
         )()
 
 
+OFF = "dpkeras_no_dedup"
+
+
 def _flags(present=(), **kw):
     values = dict(
         models=list(MODELS),
-        strategies=[s for s in worker.STRATEGIES if s != "dpkeras_sharded"],
+        strategies=[
+            s for s in worker.STRATEGIES if s not in ("dpkeras_sharded", "dpkeras_no_dedup")
+        ],
         replicas=None,
         steps=None,
         check_steps=5,
@@ -357,6 +362,7 @@ def _flags(present=(), **kw):
         parameter_device="/cpu:0",
         chart=False,
         partition=0,
+        dedup_baseline=False,
     )
     values.update(kw)
     return _Flags(values, present)

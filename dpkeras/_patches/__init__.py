@@ -11,4 +11,5 @@ model. The `tf.gather` dispatcher of `dpkeras._variables.lookups` is registered 
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client.
+- `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here).
 """
