@@ -5,10 +5,10 @@ shared by two features, multi-hot features with each combiner, `DotInteraction`,
 `FeatureCross`, and a small DLRM-DCNv2. Replicas are /cpu:1../cpu:3, parameters on /cpu:0 (and
 /cpu:3 when sharded). Every comparison is with the same model trained without a strategy.
 
-SGD is exact with any ids. Adam is compared on ids that do not repeat within a global batch:
-with repeats, Keras 3's Adam on one device adds the squares of the repeated rows' gradients,
-and what dpkeras does then depends on its deduplication mode (`DPKERAS_DEDUPLICATE`, README
-"What is exact"), not on keras-rs.
+SGD is exact with any ids, and so is Adam under the default deduplication (each distinct id's
+row is pulled once; Adam's gradient rows cross per repeat, so Keras 3's squares of the repeats
+are kept); `deduplicate="sum"` would change Adam's numbers on repeated ids (README "What is
+exact"). Adam is also compared on ids that do not repeat within a global batch.
 
 Skipped when keras-rs is not installed (`pip install dpkeras[rs]`).
 """
@@ -81,6 +81,11 @@ def test_keras_rs_models_train_to_one_device_weights_under_sgd(name, layout):
 @pytest.mark.parametrize("name", ["features", "dlrm"])
 def test_adam_on_ids_that_do_not_repeat_within_a_batch(name):
     _assert_like_one_device(name, cpu_strategy(2), "adam", distinct=True)
+
+
+@pytest.mark.parametrize("layout", list(STRATEGIES))
+def test_adam_on_repeated_ids_equals_one_device_under_the_default_deduplication(layout):
+    _assert_like_one_device("dlrm", STRATEGIES[layout](), "adam", distinct=False)
 
 
 def test_the_sharded_dlrm_under_adam_on_distinct_ids():
