@@ -78,13 +78,13 @@ class DynamicEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(
             shape=(self.capacity, self.output_dim), initializer="zeros", name="embeddings"
         )
-        vectors = [
-            self._bookkeeping((self.capacity,), -1, "row_ids"),
-            self._bookkeeping((self.capacity,), 0, "counts"),
-            self._bookkeeping((self.capacity,), 0, "last_seen"),
-            self._bookkeeping((), 0, "step"),
-            self._bookkeeping((), 0, "used"),
-        ]
+        # Attributes (not only tracked weights), so that tf.train.Checkpoint saves them.
+        self.row_ids = self._bookkeeping((self.capacity,), -1, "row_ids")
+        self.counts = self._bookkeeping((self.capacity,), 0, "counts")
+        self.last_seen = self._bookkeeping((self.capacity,), 0, "last_seen")
+        self.step_count = self._bookkeeping((), 0, "step")
+        self.rows_used = self._bookkeeping((), 0, "used")
+        vectors = [self.row_ids, self.counts, self.last_seen, self.step_count, self.rows_used]
         rows = _keras_internals.underlying_variable(self.embeddings)
         self._index = row_index.RowIndex(
             self.name,
