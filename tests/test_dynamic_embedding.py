@@ -375,3 +375,28 @@ def test_a_custom_loop_resets_the_slots_of_a_tracked_optimizer():
     np.testing.assert_allclose(accumulator[row], 0.5 + 1.0, rtol=1e-6)  # reset, then one step
     np.testing.assert_allclose(accumulator[1 - row], 0.5 + 2.0, rtol=1e-6)  # id 1: two steps
     assert os.environ.get("TF_CONFIG") is None
+
+
+def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order():
+    from types import SimpleNamespace
+
+    from dpkeras._dynamic.merge import StepIds
+
+    devices = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)]
+    strategy = SimpleNamespace(extended=SimpleNamespace(worker_devices=devices))
+    ids = [[7, 3], [3, 9], [9, 1], [7, 5]]  # each replica's distinct ids, in its order
+    counts = [[1, 2], [1, 1], [3, 1], [1, 1]]
+    step = StepIds(
+        strategy,
+        [tf.constant(i, tf.int64) for i in ids],
+        [tf.constant(c, tf.int64) for c in counts],
+        "/cpu:0",
+    )
+    assert step.ids.numpy().tolist() == [7, 3, 9, 1, 5]  # first seen in the global batch
+    assert step.seen.numpy().tolist() == [2, 3, 4, 1, 1]
+    # what each task sends to the index: its replicas' ids, each once
+    sent = [t[0].numpy().tolist() for t in step._task_ids]
+    assert sent == [[7, 3, 9], [9, 1, 7, 5]]
+    rows = tf.constant([70, 30, 90, 10, 50], tf.int64)  # a row per id of step.ids
+    back = [r.numpy().tolist() for r in step.per_replica(rows)]
+    assert back == [[70, 30], [30, 90], [90, 10], [70, 50]]

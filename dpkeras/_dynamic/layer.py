@@ -7,7 +7,7 @@ import tensorflow as tf
 from dpkeras import _keras_internals
 from dpkeras._dynamic import ids as id_types
 from dpkeras._dynamic import index as row_index
-from dpkeras._dynamic import initial, policy, slots
+from dpkeras._dynamic import initial, merge, policy, slots
 
 
 @keras.saving.register_keras_serializable(package="dpkeras")
@@ -144,26 +144,27 @@ class DynamicEmbedding(keras.layers.Layer):
     def _merge_update(self, strategy, unique, seen):
         """Updates the index once for every replica's ids; returns each replica's rows.
 
-        The replicas' distinct ids are concatenated in replica order (the order of the global
-        batch) and deduplicated, so each distinct id is looked up and inserted once, and rows
-        are handed out in the order one device would hand them out.
+        The replicas' distinct ids are merged in replica order (the order of the global batch;
+        `merge.StepIds`), so each distinct id is looked up and inserted once, and rows are
+        handed out in the order one device would hand them out.
         """
-        parts = list(strategy.experimental_local_results(unique))
-        counts = list(strategy.experimental_local_results(seen))
         plan = self._slot_resetter.plan(self.embeddings)
+        step_ids = merge.StepIds(
+            strategy,
+            list(strategy.experimental_local_results(unique)),
+            list(strategy.experimental_local_results(seen)),
+            self._index.device,
+        )
+
+        def initialise(new_ids, new_rows):
+            vectors = self.initial_vectors(new_ids, as_ids=True)
+            rows = _keras_internals.underlying_variable(self.embeddings)
+            rows.scatter_update(tf.IndexedSlices(tf.cast(vectors, rows.dtype), new_rows))
+            slots.reset_rows(plan, new_rows, vectors)
+
         with tf.device(self._index.device):
-            union, where = tf.unique(tf.concat(parts, 0), out_idx=tf.int64)
-            total = tf.math.unsorted_segment_sum(tf.concat(counts, 0), where, tf.size(union))
-
-            def initialise(new_ids, new_rows):
-                vectors = self.initial_vectors(new_ids, as_ids=True)
-                rows = _keras_internals.underlying_variable(self.embeddings)
-                rows.scatter_update(tf.IndexedSlices(tf.cast(vectors, rows.dtype), new_rows))
-                slots.reset_rows(plan, new_rows, vectors)
-
-            rows = self._index.update(union, total, initialise)
-            pieces = tf.split(where, [tf.size(p) for p in parts])
-            return [tf.gather(rows, piece) for piece in pieces]
+            rows = self._index.update(step_ids.ids, step_ids.seen, initialise)
+        return step_ids.per_replica(rows)
 
     def initial_vectors(self, ids, as_ids=False):
         """The vector a new row for each of `ids` starts from (a function of id and seed).
