@@ -377,12 +377,20 @@ def test_a_custom_loop_resets_the_slots_of_a_tracked_optimizer():
     assert os.environ.get("TF_CONFIG") is None
 
 
-def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order():
+def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monkeypatch):
     from types import SimpleNamespace
 
+    from dpkeras._dynamic import merge
     from dpkeras._dynamic.merge import StepIds
 
-    devices = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)]
+    tasks = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)]
+    assert [
+        r
+        for r, _ in merge._runs(SimpleNamespace(extended=SimpleNamespace(worker_devices=tasks)), 4)
+    ] == [[0, 1], [2, 3]]
+    # Two "tasks" this process has: /cpu:1 and /cpu:2 stand for the CPUs of two workers.
+    monkeypatch.setattr(merge, "_task", lambda device: device)
+    devices = ["/cpu:1", "/cpu:1", "/cpu:2", "/cpu:2"]
     strategy = SimpleNamespace(extended=SimpleNamespace(worker_devices=devices))
     ids = [[7, 3], [3, 9], [9, 1], [7, 5]]  # each replica's distinct ids, in its order
     counts = [[1, 2], [1, 1], [3, 1], [1, 1]]
