@@ -424,3 +424,36 @@ def test_the_benchmark_feeds_raw_non_negative_63_bit_ids_with_a_zipf_head():
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_string_collisions_are_counted_within_a_batch_across_replicas_and_over_time(
+    monkeypatch,
+):
+    from dpkeras._dynamic import ids as id_types
+
+    # A weak hash stands in for a fingerprint collision: strings of one length collide.
+    monkeypatch.setattr(id_types, "hash_strings", lambda s: tf.cast(tf.strings.length(s), tf.int64))
+    with cpu_strategy(2).scope():
+        ids = keras.Input((2,), dtype="string")
+        layer = DynamicEmbedding(DIM, 8, key_dtype="string", seed=1, eviction="lru")
+        model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(layer(ids))))
+        model.compile(optimizer="sgd", loss="mse")
+
+    def fit(rows):
+        model.fit(tf.constant(rows), np.ones((len(rows), 1)), batch_size=len(rows), verbose=0)
+
+    fit([["a", "bb"], ["a", "ccc"]])  # no clash: a, bb, ccc
+    assert layer.collisions == 0 and layer.size == 3
+    # xx has bb's hash. Replica 0 keeps xx, replica 1 brings bb: one mismatch in the step;
+    # the step's xx against the row's kept bb: one more.
+    fit([["a", "xx"], ["bb", "bb"]])
+    assert layer.collisions == 2
+    # yy then bb in replica 0 (one), zz in replica 1 against yy (one), yy against bb (one)
+    fit([["yy", "bb"], ["zz", "a"]])
+    assert layer.collisions == 5 and layer.size == 3
+    assert layer(tf.constant([["a", "qq"]]), training=False).shape == (1, 2, DIM)
+
+
+def test_integer_layers_have_no_collision_count():
+    with pytest.raises(ValueError, match="integer ids: no collisions"):
+        _model()[1].collisions  # noqa: B018

@@ -43,6 +43,7 @@ class RowIndex:
         self.eviction = eviction
         self.device = device
         self.row_ids, self.counts, self.last_seen, self.step, self.used = weights
+        self.on_evict = None  # called with the ids losing their row, if set
         with tf.init_scope(), tf.device(device):
             self.table = tf.lookup.experimental.MutableHashTable(
                 tf.int64, tf.int64, default_value=_NO_ROW, name=f"{layer_name}_index"
@@ -174,8 +175,13 @@ class RowIndex:
             ),
         )
         with tf.control_dependencies([check]):
-            self.table.remove(tf.gather(row_ids, evicted))
+            self._forget(tf.gather(row_ids, evicted))
             return tf.concat([free[: n - short], evicted], 0)
+
+    def _forget(self, ids):
+        self.table.remove(ids)
+        if self.on_evict is not None:
+            self.on_evict(ids)
 
     def _claim(self, rows, ids, seen, step):
         self.row_ids.scatter_update(_slices(ids, rows))
@@ -188,7 +194,7 @@ class RowIndex:
         """Frees `rows`: their ids lose their row (and look up the default vector)."""
         with tf.device(self.device):
             ids = tf.gather(tf.convert_to_tensor(self.row_ids), rows)
-            self.table.remove(ids)
+            self._forget(ids)
             self.row_ids.scatter_update(
                 _slices(tf.fill(tf.shape(rows), tf.constant(-1, tf.int64)), rows)
             )

@@ -5,9 +5,9 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals
+from dpkeras._dynamic import collisions, initial, merge, policy, slots
 from dpkeras._dynamic import ids as id_types
 from dpkeras._dynamic import index as row_index
-from dpkeras._dynamic import initial, merge, policy, slots
 
 
 @keras.saving.register_keras_serializable(package="dpkeras")
@@ -98,6 +98,12 @@ class DynamicEmbedding(keras.layers.Layer):
         self.index_table = self._index.table
         if self._index.pending is not None:
             self.pending_table = self._index.pending
+        self._strings = None
+        if self.key_dtype == "string":
+            self.collision_count = self._bookkeeping((), 0, "collisions")
+            self._strings = collisions.KeyStrings(self.name, self._index.device)
+            self._index.on_evict = self._strings.forget
+            self.strings_table = self._strings.table
 
     def _bookkeeping(self, shape, value, name):
         return self.add_weight(
@@ -113,13 +119,28 @@ class DynamicEmbedding(keras.layers.Layer):
         """How many ids have a row now (an int, eagerly)."""
         return int(self._index.size())
 
+    @property
+    def collisions(self):
+        """String ids only: mismatches found between strings with one 63-bit fingerprint (an
+        int, eagerly). Each step compares, per fingerprint, every replica's strings with the
+        first of the step, and that one with the string the row was first given; zero means
+        every string seen so far has had a row of its own."""
+        if self._strings is None:
+            raise ValueError(f"DynamicEmbedding {self.name!r} has integer ids: no collisions")
+        return int(self.collision_count.numpy())
+
     # -- calling ------------------------------------------------------------------------------
 
     def call(self, inputs, training=None):
-        ids = id_types.as_int64(self.name, self.key_dtype, tf.convert_to_tensor(inputs))
-        flat = tf.reshape(ids, [-1])
-        unique, where, seen = tf.unique_with_counts(flat, out_idx=tf.int64)
-        rows = self._train_rows(unique, seen) if training else self._index.lookup(unique)
+        inputs = tf.convert_to_tensor(inputs)
+        ids = id_types.as_int64(self.name, self.key_dtype, inputs)
+        strings = tf.reshape(inputs, [-1]) if self._strings is not None else None
+        distinct = merge.distinct(tf.reshape(ids, [-1]), strings)
+        where = distinct[1]
+        if training:
+            rows = self._train_rows(*distinct[:1], *distinct[2:])
+        else:
+            rows = self._index.lookup(distinct[0])
         vectors = tf.gather(self._read_rows(rows), where)
         out = tf.reshape(vectors, tf.concat([tf.shape(ids), [self.output_dim]], 0))
         return tf.cast(out, self.compute_dtype)
@@ -132,16 +153,16 @@ class DynamicEmbedding(keras.layers.Layer):
         shape = tf.stack([tf.size(rows, out_type=tf.int64), self.output_dim])
         return tf.scatter_nd(admitted, vectors, shape)
 
-    def _train_rows(self, unique, seen):
+    def _train_rows(self, unique, seen, strings, clashes):
         self._slot_resetter.discover()
+        args = (unique, seen) if strings is None else (unique, seen, strings, clashes)
         ctx = tf.distribute.get_replica_context()
         if ctx is None:  # cross-replica context: one call for the whole batch
-            strategy = tf.distribute.get_strategy()
-            return self._merge_update(strategy, unique, seen)[0]
+            return self._merge_update(tf.distribute.get_strategy(), *args)[0]
         replica = int(tf.get_static_value(ctx.replica_id_in_sync_group) or 0)
-        return ctx.merge_call(self._merge_update, args=(unique, seen))[replica]
+        return ctx.merge_call(self._merge_update, args=args)[replica]
 
-    def _merge_update(self, strategy, unique, seen):
+    def _merge_update(self, strategy, unique, seen, strings=None, clashes=None):
         """Updates the index once for every replica's ids; returns each replica's rows.
 
         The replicas' distinct ids are merged in replica order (the order of the global batch;
@@ -149,11 +170,13 @@ class DynamicEmbedding(keras.layers.Layer):
         handed out in the order one device would hand them out.
         """
         plan = self._slot_resetter.plan(self.embeddings)
+        local = strategy.experimental_local_results
         step_ids = merge.StepIds(
             strategy,
-            list(strategy.experimental_local_results(unique)),
-            list(strategy.experimental_local_results(seen)),
+            list(local(unique)),
+            list(local(seen)),
             self._index.device,
+            None if strings is None else list(local(strings)),
         )
 
         def initialise(new_ids, new_rows):
@@ -163,7 +186,12 @@ class DynamicEmbedding(keras.layers.Layer):
             slots.reset_rows(plan, new_rows, vectors)
 
         with tf.device(self._index.device):
+            known = self._index.lookup(step_ids.ids) >= 0 if strings is not None else None
             rows = self._index.update(step_ids.ids, step_ids.seen, initialise)
+            if strings is not None:
+                found = self._strings.check(step_ids.ids, step_ids.strings, known, rows >= 0)
+                total = tf.add_n(list(local(clashes)) + [step_ids.clashes, found])
+                self.collision_count.assign_add(total)
         return step_ids.per_replica(rows)
 
     def initial_vectors(self, ids, as_ids=False):
