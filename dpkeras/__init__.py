@@ -8,10 +8,11 @@ with dpkeras.scope():
 model.fit(x, y, batch_size=256)
 ```
 
-The public API is the names below (`__all__`) and four public modules: `dpkeras.placement`
+The public API is the names below (`__all__`) and five public modules: `dpkeras.placement`
 (where variables live), `dpkeras.tf1` (TF1's variable scopes, re-exported here too),
-`dpkeras.cluster` (ps/worker clusters) and `dpkeras.testing` (simulated devices, a local
-cluster). Everything else is private: its names start with an underscore.
+`dpkeras.cluster` (ps/worker clusters), `dpkeras.layers` (`DynamicEmbedding`) and
+`dpkeras.testing` (simulated devices, a local cluster). Everything else is private: its
+names start with an underscore.
 
 The package, from the top down (each imports only what stands below it):
 
@@ -22,6 +23,8 @@ The package, from the top down (each imports only what stands below it):
 - `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
   variable creator, reductions, the optimizer on the sum, Keras steps, input); beside it
   `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
+- `layers` and `_dynamic/`: `DynamicEmbedding`, its hash index, admission and eviction,
+  new rows' initial values and optimizer slots (above `_keras_internals` only);
 - `_variables/`: `ParameterVariable` and `ShardedParameterVariable`, how replicas read and
   write them, lookups, partitioning;
 - `placement`: placement policies; `_transfers`: counting what a step sends;
@@ -31,7 +34,7 @@ The package, from the top down (each imports only what stands below it):
   `_device_names`, `_sizes`, `_config`, `_version`.
 """
 
-from dpkeras import placement
+from dpkeras import layers, placement
 from dpkeras._extended.devices import simulate_cpu_devices
 from dpkeras._strategy.report import PlacementReport, placement_report
 from dpkeras._strategy.scope import get_strategy, scope
@@ -68,6 +71,7 @@ __all__ = [
     "TaskFailedError",
     # Where variables live, and what a step sends.
     "placement",
+    "layers",
     "placement_report",
     "PlacementReport",
     "TransferReport",

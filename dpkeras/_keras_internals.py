@@ -324,3 +324,31 @@ def wrap_keras_rs_sparsecore_init(wrapper):
             del layer_class._sparsecore_init
 
     return restore
+
+
+# -- dynamic embeddings (used by dpkeras/_dynamic/slots.py)
+# ------------------------------------------
+
+
+def training_model():
+    """The Keras model whose `train_step` is running in this thread's calls, or None.
+
+    A `DynamicEmbedding` that hands a row to a new id must reset the optimizer's slots of that
+    row, but a Keras layer never learns which model (and so which optimizer) trains it. Keras
+    3.15's `fit` calls `model.train_step(data)` (in each replica's thread under a strategy),
+    which calls the layer: the innermost frame of a function named `train_step` whose `self`
+    is a `keras.Model` is the model being trained. Neither the frame walk nor Keras's call
+    chain is a public API.
+    """
+    import inspect
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self") if frame.f_code.co_name == "train_step" else None
+            if isinstance(owner, keras.Model):
+                return owner
+            frame = frame.f_back
+        return None
+    finally:
+        del frame

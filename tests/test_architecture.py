@@ -319,6 +319,7 @@ PUBLIC_MODULES = {
     "dpkeras.placement",
     "dpkeras.tf1",
     "dpkeras.cluster",
+    "dpkeras.layers",
     "dpkeras.testing",
 }
 

@@ -185,6 +185,7 @@ def test_a_gpu_reports_its_peak_memory():
         ["benchmarks/compare.py"],
         ["-m", "benchmarks.cluster"],
         ["benchmarks/cluster.py"],
+        ["-m", "benchmarks.dynamic_embedding"],
     ],
 )
 def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
