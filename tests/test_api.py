@@ -26,6 +26,7 @@ def test_public_names():
             "TaskFailedError",
             "train_step_transfers",
             "placement",
+            "layers",
             "placement_report",
             "PlacementReport",
             "AUTO_REUSE",
