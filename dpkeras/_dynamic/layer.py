@@ -141,7 +141,10 @@ class DynamicEmbedding(keras.layers.Layer):
             rows = self._train_rows(*distinct[:1], *distinct[2:])
         else:
             rows = self._index.lookup(distinct[0])
-        vectors = tf.gather(self._read_rows(rows), where)
+        # One row index per looked-up position, as a plain Embedding reads: repeated ids then
+        # reach the optimizer as Keras gives them (Adam squares each repeat), and under dpkeras
+        # the lookup still pulls each distinct row once (its deduplication).
+        vectors = self._read_rows(tf.gather(rows, where))
         out = tf.reshape(vectors, tf.concat([tf.shape(ids), [self.output_dim]], 0))
         return tf.cast(out, self.compute_dtype)
 
