@@ -58,7 +58,9 @@ def test_gradients_are_reduced_on_the_configured_parameter_device():
 
 
 def test_metrics_accumulate_like_one_device():
-    """CentralStorageStrategy gives totals 6, 24, 78 here; one device 6, 12, 18."""
+    """Replica r adds 2 + r. One device seeing the same values: totals 9, 18, 27, mean 3.
+    Every replica reports that global mean, not its own value (2, 3 or 4); CentralStorageStrategy
+    adds each replica's update more than once."""
     strategy = cpu_strategy(3)
     with strategy.scope():
         metric = keras.metrics.Mean()
@@ -67,7 +69,7 @@ def test_metrics_accumulate_like_one_device():
     def step(value):
         def replica_fn():
             ctx = tf.distribute.get_replica_context()
-            metric.update_state(value + tf.cast(ctx.replica_id_in_sync_group, tf.float32) * 0)
+            metric.update_state(value + tf.cast(ctx.replica_id_in_sync_group, tf.float32))
             return metric.result()
 
         return strategy.run(replica_fn)
@@ -77,8 +79,8 @@ def test_metrics_accumulate_like_one_device():
         per_replica = step(tf.constant(2.0))
         results.append([float(r) for r in strategy.experimental_local_results(per_replica)])
         totals.append(float(metric.total.numpy()))
-    assert totals == [6.0, 12.0, 18.0]
-    assert results == [[2.0] * 3] * 3  # every replica reports the global value
+    assert totals == [9.0, 18.0, 27.0]
+    assert results == [[3.0] * 3] * 3  # every replica reports the global value
     assert float(metric.count.numpy()) == 9.0
 
 
