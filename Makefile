@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint format clean
+.PHONY: install test bench lint format clean mutants
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n auto -q
+
+# Breaks dpkeras on purpose in named ways (tests/mutations.py) and expects the guarding tests
+# to fail; slow (a cluster per cluster mutant), not part of `make test`.
+mutants: $(STAMP)
+	$(VENV)/bin/python -m tests.mutations $(ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.compare $(ARGS)
