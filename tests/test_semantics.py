@@ -1,5 +1,7 @@
 """Behaviour by kind of variable: metrics, BatchNormalization, Dropout, loss scaling, sparsity."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -177,6 +179,49 @@ def test_loss_scale_backs_off_on_overflow_once_per_step(bad_rows):
     assert int(model.optimizer.step_counter.numpy()) == 0
     for a, b in zip(initial, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_mirrored_contrasts_the_readme_states():
+    """Pinned, so a TensorFlow or Keras change to them fails here: under MirroredStrategy every
+    replica draws the same Dropout mask, and an overflow on replica 1 alone reaches the weights
+    (the two tests above show dpkeras doing otherwise)."""
+    out = run_python(
+        """
+        import json
+        import keras, numpy as np, tensorflow as tf
+        from tests.models import build_model, make_data
+        mirrored = tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2", "/cpu:3"])
+        keras.utils.set_random_seed(5)
+        with mirrored.scope():
+            layer = keras.layers.Dropout(0.5)
+
+        @tf.function
+        def step():
+            return mirrored.run(lambda: layer(tf.ones((1, 64)), training=True))
+
+        masks = {tuple((r.numpy() > 0).ravel())
+                 for r in mirrored.experimental_local_results(step())}
+        keras.config.set_dtype_policy("mixed_float16")
+        with tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2"]).scope():
+            model = build_model("dense")
+        initial = model.get_weights()
+        x, y = make_data("dense", 96)
+        x[60:61, 0] = np.inf  # a row of replica 1's half
+        model.fit(x, y, batch_size=96, epochs=1, shuffle=False, verbose=0)
+        print(json.dumps({
+            "masks": len(masks),
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "weights_changed": any(not np.array_equal(a, b)
+                                   for a, b in zip(initial, model.get_weights())),
+        }))
+        """,
+        cpus=4,
+    )
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "masks": 1,
+        "iterations": 1,
+        "weights_changed": True,
+    }
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
