@@ -141,11 +141,16 @@ def test_dropout_model_trains_and_is_reproducible():
     assert np.all(np.isfinite(losses[0]))
 
 
-@pytest.mark.parametrize("policy,atol", [("mixed_float16", 2e-4), ("mixed_bfloat16", 2e-2)])
-def test_mixed_precision_trains_like_one_device(policy, atol):
+@pytest.mark.parametrize(
+    "policy,atol,optimizer",
+    # bfloat16 keeps 8 bits of mantissa: with SGD (not Adam, which normalises a gradient's
+    # size away) the tolerance still tells a gradient 3 times too small.
+    [("mixed_float16", 2e-4, "adam"), ("mixed_bfloat16", 2e-2, "sgd")],
+)
+def test_mixed_precision_trains_like_one_device(policy, atol, optimizer):
     keras.config.set_dtype_policy(policy)
-    expected, expected_history, _ = train("dense")
-    model, history, _ = train("dense", cpu_strategy(3))
+    expected, expected_history, _ = train("dense", optimizer=optimizer)
+    model, history, _ = train("dense", cpu_strategy(3), optimizer=optimizer)
     assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-3, atol=atol)
     np.testing.assert_allclose(history["loss"], expected_history["loss"], rtol=1e-3)
     if policy == "mixed_float16":
