@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test wheel-test bench lint format clean
+.PHONY: install test wheel-test bench lint format clean mutants
 
 $(STAMP): pyproject.toml dpkeras/_version.py
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ test: $(STAMP)
 
 wheel-test: $(STAMP)
 	PYTHON=$(PYTHON) .ci/wheel-test
+
+# Breaks dpkeras on purpose in named ways (tests/mutations.py) and expects the guarding tests
+# to fail; slow (a cluster per cluster mutant), not part of `make test`.
+mutants: $(STAMP)
+	$(VENV)/bin/python -m tests.mutations $(ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.compare $(ARGS)

@@ -7,6 +7,8 @@ and returns its weights, loss history and evaluate result, all from the same ini
 MirroredStrategy (tests/test_exact_matrix.py).
 """
 
+import re
+
 import keras
 import numpy as np
 
@@ -133,7 +135,8 @@ def _data(kind):
 
 
 def run(feature, strategy=None):
-    """Trains `feature`'s model; returns `{"weights", "loss", "evaluate"}` as lists."""
+    """Trains `feature`'s model; returns `{"weights", "history", "evaluate"}` as lists (the
+    history has every key `fit` logs: loss, metrics, validation loss and metrics)."""
     build, fit_kwargs, kind = FEATURES[feature]
     fit_kwargs = dict(fit_kwargs)
     if fit_kwargs.get("callbacks") == "lr_schedule":
@@ -163,17 +166,26 @@ def run(feature, strategy=None):
         keras.config.set_dtype_policy("float32")
     return {
         "weights": [w.tolist() for w in model.get_weights()],
-        "loss": [float(v) for v in history["loss"]],
+        # A metric made again in one process is renamed (`auc`, `auc_1`): keys without it.
+        "history": {
+            re.sub(r"_\d+$", "", key): [float(v) for v in values] for key, values in history.items()
+        },
         "evaluate": np.ravel(evaluation).astype(float).tolist(),
     }
 
 
 def compare(feature, expected, actual):
-    """`("exact", max relative difference)` within tolerance, else `("differs", ...)`."""
+    """`("exact", max relative difference)` within tolerance, else `("differs", ...)`.
+
+    Compares the weights, every history key (a key one run logs and the other does not
+    differs) and `evaluate`."""
     rtol, atol = TOLERANCE.get(feature, (1e-5, 1e-6))
+    if sorted(expected["history"]) != sorted(actual["history"]):
+        return "differs", float("inf")
     worst, exact = 0.0, True
     pairs = list(zip(expected["weights"], actual["weights"]))
-    pairs += [(expected["loss"], actual["loss"]), (expected["evaluate"], actual["evaluate"])]
+    pairs += [(expected["history"][key], actual["history"][key]) for key in expected["history"]]
+    pairs += [(expected["evaluate"], actual["evaluate"])]
     for e, a in pairs:
         e, a = np.asarray(e, dtype="float64"), np.asarray(a, dtype="float64")
         difference = np.abs(a - e)

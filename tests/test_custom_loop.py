@@ -373,7 +373,8 @@ def test_aggregated_variable_writes(replicas, mode):
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_none_aggregation_write_inside_cond(replicas):
     """NONE-aggregated writes need no synchronisation, so they are legal in `tf.cond` (as
-    Keras's LossScaleOptimizer does); replica 0's write wins."""
+    Keras's LossScaleOptimizer does); replica 0's write wins, and every replica that reads the
+    variable after the write in the same step sees it (one variable, not a copy per replica)."""
     strategy = cpu_strategy(replicas)
     with strategy.scope():
         v = tf.Variable(0.0)
@@ -389,10 +390,10 @@ def test_none_aggregation_write_inside_cond(replicas):
 
         return strategy.experimental_local_results(strategy.run(replica_fn))
 
-    step(tf.constant(True))
+    assert [float(read) for read in step(tf.constant(True))] == [3.0] * replicas
     assert float(v) == 3.0
     assert int(counter) == 1
-    step(tf.constant(False))
+    assert [float(read) for read in step(tf.constant(False))] == [-1.0] * replicas
     assert float(v) == -1.0
     assert int(counter) == 2
 

@@ -13,24 +13,30 @@ import pytest
 from dpkeras.testing import cpu_strategy, run_python
 from tests import exact_features
 
-# Measured on TF 2.21 / Keras 3.15, 3 replicas on logical CPU devices.
+# Measured on TF 2.21 / Keras 3.15, 3 replicas on logical CPU devices. A failure is pinned
+# with the exception's type and a part of its message: the reason the README states.
+_MERGE_CALL_IN_COND = ("RuntimeError", "Cond.call()", "`merge_call` called while defining")
 MIRRORED = {
-    "steps_per_execution": "fails",
-    "jit_compile": "fails",
+    "steps_per_execution": ("fails", "InvalidArgumentError", "Detected at node while/"),
+    "jit_compile": ("fails", "InvalidArgumentError", "Graph execution error"),
     "sample_weight": "exact",
     "class_weight": "exact",
     "add_loss_and_regularizers": "exact",
     "multi_input_output": "exact",
     "auc_metric": "exact",
-    "ema": "fails",
+    "ema": ("fails", *_MERGE_CALL_IN_COND),
     "weight_decay": "exact",
     "clipnorm": "differs",
-    "gradient_accumulation": "fails",
+    "gradient_accumulation": ("fails", *_MERGE_CALL_IN_COND),
     "masking": "exact",
     "validation": "exact",
     "callbacks": "exact",
     "mixed_precision": "exact",
-    "uneven_batches": "fails",
+    "uneven_batches": (
+        "fails",
+        "InvalidArgumentError",
+        "Inputs to operation AddN of type AddN must have the same size and shape",
+    ),
     "generator": "differs",
 }
 
@@ -59,10 +65,19 @@ def test_mirrored_strategy_verdicts():
             expected = F.run(feature)
             try:
                 verdicts[feature] = F.compare(feature, expected, F.run(feature, mirrored))[0]
-            except Exception as e:  # the verdict "fails", with its type
-                verdicts[feature] = "fails"
+            except Exception as e:  # the verdict "fails", with its type and message
+                verdicts[feature] = ["fails", type(e).__name__, str(e)]
         print(json.dumps(verdicts))
         """,
         cpus=4,
     )
-    assert json.loads(out.strip().splitlines()[-1]) == MIRRORED
+    verdicts = json.loads(out.strip().splitlines()[-1])
+    assert sorted(verdicts) == sorted(MIRRORED)
+    for feature, pinned in MIRRORED.items():
+        verdict = verdicts[feature]
+        if isinstance(pinned, str):
+            assert verdict == pinned, (feature, verdict)
+        else:
+            assert verdict[:2] == list(pinned[:2]), (feature, verdict[:2], verdict[2][:2000])
+            for part in pinned[2:]:
+                assert part in verdict[2], (feature, part, verdict[2][:2000])

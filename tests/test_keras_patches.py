@@ -9,6 +9,8 @@ import ast
 import dataclasses
 import gc
 import inspect
+import pathlib
+import re
 import threading
 
 import keras
@@ -81,6 +83,12 @@ def test_the_table_names_thirteen_distinct_keras_functions():
     names = [p.qualname for p in keras_patches.PATCHES]
     assert len(names) == 13 == len(set(names))
     assert len({id(o) for o in originals().values()}) == 13
+
+
+def test_the_readme_counts_the_table_right():
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    counts = re.findall(r"names, in one table, the (\d+) Keras functions dpkeras wraps", readme)
+    assert counts == [str(len(keras_patches.PATCHES))], counts
 
 
 def test_creating_a_strategy_patches_nothing():

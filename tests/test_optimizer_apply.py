@@ -56,6 +56,11 @@ CASES = {
     "accumulation-with-clipnorm": lambda: keras.optimizers.Adam(
         0.01, gradient_accumulation_steps=2, clipnorm=0.1
     ),
+    # Clipping active on some steps only (test_partial_clipping_clips_some_steps_only): a
+    # gradient of the wrong size changes which steps clip, so these see it; the cases above
+    # clip every step, which hides a gradient's size.
+    "clipnorm-some-steps": lambda: keras.optimizers.SGD(0.05, clipnorm=1.5),
+    "global_clipnorm-some-steps": lambda: keras.optimizers.SGD(0.05, global_clipnorm=3.0),
     "weight-decay": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
     "ema": lambda: keras.optimizers.SGD(0.05, use_ema=True, ema_overwrite_frequency=3),
 }
@@ -75,6 +80,32 @@ def test_clipping_actually_clips_here():
     assert (
         max(np.abs(a - b).max() for a, b in zip(clipped.get_weights(), plain.get_weights())) > 1e-3
     )
+
+
+def _gradient_norms(optimizer):
+    """Per step of `_compare`'s one-device run (mse, batches of 16, 4 epochs): the global norm
+    and each variable's norm of the gradient, applying `optimizer` as `fit` does."""
+    model, norms = _build(optimizer), []
+    for _ in range(4):
+        for i in range(0, len(X), 16):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(
+                    keras.losses.mean_squared_error(Y[i : i + 16], model(X[i : i + 16]))
+                )
+            grads = tape.gradient(loss, model.trainable_variables)
+            norms.append((float(tf.linalg.global_norm(grads)), [float(tf.norm(g)) for g in grads]))
+            model.optimizer.apply(grads, model.trainable_variables)
+    return norms
+
+
+def test_partial_clipping_clips_some_steps_only():
+    norms = _gradient_norms(CASES["global_clipnorm-some-steps"])
+    clipped = sum(total > 3.0 for total, _ in norms)
+    assert 0 < clipped < len(norms), [total for total, _ in norms]
+    norms = _gradient_norms(CASES["clipnorm-some-steps"])
+    clipped = sum(any(n > 1.5 for n in each) for _, each in norms)
+    unclipped = sum(all(n <= 1.5 for n in each) for _, each in norms)
+    assert clipped > 0 and unclipped > 0, norms
 
 
 @pytest.mark.parametrize("steps", [2, 4])

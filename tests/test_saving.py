@@ -370,6 +370,22 @@ model.fit(d["x"], d["y"], batch_size=16, epochs=1, steps_per_epoch=2, shuffle=Fa
 dump(out + "/trained.npz")
 model.save(out + "/mirrored.keras")
 print("DONE", int(model.optimizer.iterations.numpy()))
+# dpkeras's other formats, read under Mirrored: each restores the state over the trained one.
+model.load_weights({weights!r})
+dump(out + "/weights_file.npz")
+model.fit(d["x"], d["y"], batch_size=16, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
+status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore({checkpoint!r})
+status.assert_existing_objects_matched()
+dump(out + "/checkpoint.npz")
+served = tf.saved_model.load({export!r})  # referenced: its variables must stay alive
+np.save(out + "/served.npy", served.serve(tf.constant(d["x"])).numpy())
+try:  # MirroredStrategy cannot serve a SavedModel loaded inside its scope
+    with strategy.scope():
+        in_scope = tf.saved_model.load({export!r})
+        in_scope.serve(tf.constant(d["x"]))
+    print("SERVED IN SCOPE")
+except Exception as e:
+    print("NOT SERVED IN SCOPE", type(e).__name__)
 """
 
 
@@ -386,15 +402,31 @@ def test_mirrored_round_trip(dpkeras_bn, tmp_path):
     np.savez(tmp_path / "data.npz", x=x, y=y)
     out = run_python(
         _MIRRORED_CODE.format(
-            src=dpkeras_bn.keras, out=str(tmp_path), data=str(tmp_path / "data.npz")
+            src=dpkeras_bn.keras,
+            out=str(tmp_path),
+            data=str(tmp_path / "data.npz"),
+            weights=dpkeras_bn.weights,
+            checkpoint=dpkeras_bn.checkpoint,
+            export=dpkeras_bn.export,
         ),
         cpus=3,
     )
     assert "MirroredVariable" in out, out
     assert f"DONE {DPKERAS_STEPS + 2}" in out, out
 
-    # Loaded under Mirrored: identical weights and optimizer state.
+    # Loaded under Mirrored: identical weights and optimizer state, from `.keras`, from
+    # `.weights.h5` and from a `tf.train.Checkpoint` (each over a state trained further).
     assert_same_state(dpkeras_bn.state, _npz_state(tmp_path / "loaded.npz"))
+    assert_same_state(dpkeras_bn.state, _npz_state(tmp_path / "weights_file.npz"))
+    assert_same_state(dpkeras_bn.state, _npz_state(tmp_path / "checkpoint.npz"))
+    # The exported SavedModel serves the same predictions in Mirrored's process; loaded inside
+    # Mirrored's scope it cannot serve (dpkeras can: test_export_and_serve_inside_scope).
+    with dpkeras.scope(TWO_REPLICAS, PARAMETER_DEVICE):
+        reference = keras.models.load_model(dpkeras_bn.keras)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "served.npy"), reference.predict(x, verbose=0), rtol=1e-5, atol=1e-6
+    )
+    assert "NOT SERVED IN SCOPE" in out, out
 
     # Trained two steps under Mirrored, saved, loaded back under dpkeras: identical.
     mirrored_state = _npz_state(tmp_path / "trained.npz")

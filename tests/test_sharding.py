@@ -4,6 +4,8 @@ Replicas run on /cpu:1 and /cpu:2; the parameter devices are /cpu:0 and /cpu:3. 
 comparison is with plain Keras on one device, unsharded, from the same initial weights.
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -289,6 +291,18 @@ def test_a_step_moves_looked_up_rows_never_the_table_or_a_shard():
     assert max(t.bytes for t in report.transfers) < shard_bytes / 10
     tables = [t for t in report.transfers if t.shape and t.shape[0] in (4000, 2000)]
     assert tables == []
+    # A tensor of unknown shape counts 0 bytes, so the checks above would miss a table sent
+    # with a dynamic shape: every float tensor of unknown shape a replica receives must be
+    # the output of a gather on a parameter device (looked-up rows), nothing else.
+    unknown = [
+        t
+        for t in report.transfers
+        if t.destination in REPLICAS and t.dtype == "float32" and None in (t.shape or (0,))
+    ]
+    assert unknown, report.transfers
+    assert all(
+        t.source in PARAMETER_DEVICES and re.search(r"/Gather(_\d+)?$", t.tensor) for t in unknown
+    ), unknown
     # What the replicas receive of the table: rows of width 16 (a count known only at run
     # time, so shaped (None, 16)).
     rows = [t for t in report.transfers if t.destination in ("/cpu:1", "/cpu:2")]

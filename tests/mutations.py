@@ -1,0 +1,223 @@
+"""Mutation check: break dpkeras on purpose, one named way at a time, and expect the tests that
+guard each behaviour to fail. A script, not a test module (pytest collects `test_*.py` only):
+
+    .venv/bin/python -m tests.mutations            # every mutant (`make mutants`)
+    .venv/bin/python -m tests.mutations resume     # only the named ones
+
+For each mutant it copies the checkout (without .venv and .git) to a scratch directory,
+replaces one small exact text in one dpkeras source file (asserted to occur exactly once, so a
+mutant whose code moved fails loudly instead of testing nothing), and runs the named tests
+there with PYTHONPATH pointing at the copy, so the mutant is what the tests and the processes
+they start (clients, `dpkeras serve` tasks) import. A mutant is caught when its tests fail. It
+prints a table and exits 1 if a mutant survives, 2 if one no longer applies.
+"""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_TIMEOUT = 1800  # seconds per mutant: a cluster module starts its own 4-task cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One break: in `path`, `old` (occurring exactly once) becomes `new`; `tests` must fail."""
+
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple
+
+
+MUTANTS = (
+    Mutant(
+        "sum",
+        "gradients averaged instead of summed on the parameter device",
+        "dpkeras/_extended/optimizer_apply.py",
+        '"SUM", grad, _tf_variable(variable).device',
+        '"MEAN", grad, _tf_variable(variable).device',
+        (
+            "tests/test_equivalence.py::test_training_actually_moves_the_weights",
+            "tests/test_equivalence.py::test_replicas_equal_one_device[dense-sgd-2]",
+        ),
+    ),
+    Mutant(
+        "sum-clipped",
+        "the same break, seen where clipping is active on some steps only, and in bfloat16",
+        "dpkeras/_extended/optimizer_apply.py",
+        '"SUM", grad, _tf_variable(variable).device',
+        '"MEAN", grad, _tf_variable(variable).device',
+        (
+            "tests/test_optimizer_apply.py::test_equals_one_device[clipnorm-some-steps]",
+            "tests/test_optimizer_apply.py::test_equals_one_device[global_clipnorm-some-steps]",
+            "tests/test_semantics.py::test_mixed_precision_trains_like_one_device",
+        ),
+    ),
+    Mutant(
+        "rows-only",
+        "a lookup reads the whole table into the replica, then gathers there",
+        "dpkeras/_variables/lookups.py",
+        "return table.sparse_read(indices, name=name)",
+        "return tf.gather(table.read_value(), indices, name=name)",
+        (
+            "tests/test_semantics.py::test_embedding_rows_travel_not_the_table",
+            "tests/test_sharding.py::test_a_step_moves_looked_up_rows_never_the_table_or_a_shard",
+        ),
+    ),
+    Mutant(
+        "rows-only-cluster",
+        "the same break, on a cluster: the table crosses from the ps to the workers",
+        "dpkeras/_variables/lookups.py",
+        "return table.sparse_read(indices, name=name)",
+        "return tf.gather(table.read_value(), indices, name=name)",
+        (
+            "tests/test_cluster_training.py::"
+            "test_only_looked_up_rows_of_a_table_cross_between_ps_and_workers",
+        ),
+    ),
+    Mutant(
+        "metric-sync",
+        "a metric counts replica 0's update only",
+        "dpkeras/_variables/writes.py",
+        "aggregate(self.aggregation, per_replica_delta, self.device)",
+        'aggregate("ONLY_FIRST_REPLICA", per_replica_delta, self.device)',
+        ("tests/test_semantics.py::test_metrics_accumulate_like_one_device",),
+    ),
+    Mutant(
+        "resume",
+        "BackupAndRestore restores nothing (a rerun trains from scratch)",
+        "dpkeras/_patches/resume.py",
+        "    if not _backup_applies(callback):\n        return original(callback, logs)\n",
+        "    if True:  # mutant: no restore\n        return None\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker]",
+        ),
+    ),
+    Mutant(
+        "monitor",
+        "the strategy starts no health monitor on a cluster",
+        "dpkeras/_extended/extended.py",
+        "_health.watch(cluster_spec)",
+        "pass",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_frozen_task_ends_the_client_through_the_strategy_s_own_monitor",
+        ),
+    ),
+    Mutant(
+        "dead-task",
+        "a lost task's TensorFlow error is not named (no TaskFailedError)",
+        "dpkeras/cluster/_health.py",
+        "        if error is None or isinstance(error, TaskFailedError) or not _may_be",
+        "        if True or isinstance(error, TaskFailedError) or not _may_be",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps]",
+        ),
+    ),
+)
+
+
+def _copy(scratch):
+    ignore = shutil.ignore_patterns(
+        ".venv", ".git", "__pycache__", "*.egg-info", "results", ".pytest_cache", ".ruff_cache"
+    )
+    shutil.copytree(ROOT, scratch, ignore=ignore)
+
+
+def apply(mutant, root):
+    """Applies `mutant` to the checkout at `root`; raises if its text is not there once."""
+    path = os.path.join(root, mutant.path)
+    with open(path) as f:
+        text = f.read()
+    found = text.count(mutant.old)
+    if found != 1:
+        raise LookupError(
+            f"mutant {mutant.name!r}: {mutant.old!r} occurs {found} times in {mutant.path}, "
+            f"expected exactly once; update tests/mutations.py to the moved code"
+        )
+    with open(path, "w") as f:
+        f.write(text.replace(mutant.old, mutant.new))
+
+
+def run(mutant):
+    """`(verdict, seconds, last line of pytest)` of one mutant."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"dpkeras-mutant-{mutant.name}-") as scratch:
+        root = os.path.join(scratch, "checkout")
+        _copy(root)
+        try:
+            apply(mutant, root)
+        except LookupError as e:
+            return "NOT APPLIED", time.monotonic() - start, str(e)
+        env = dict(os.environ, PYTHONPATH=root, PYTHONDONTWRITEBYTECODE="1")
+        check = subprocess.run(
+            [sys.executable, "-c", "import dpkeras; print(dpkeras.__file__)"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if not check.stdout.startswith(root):
+            return "NOT APPLIED", time.monotonic() - start, f"imports {check.stdout.strip()}"
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            *mutant.tests,
+        ]
+        try:
+            proc = subprocess.run(
+                command, cwd=root, env=env, capture_output=True, text=True, timeout=TEST_TIMEOUT
+            )
+        except subprocess.TimeoutExpired:
+            return "caught (timeout)", time.monotonic() - start, f"no result in {TEST_TIMEOUT} s"
+    lines = proc.stdout.strip().splitlines() or ["(no output)"]
+    failed = [line.split()[1].rsplit("::", 1)[-1] for line in lines if line.startswith("FAILED")]
+    if proc.returncode == 0:
+        verdict = "SURVIVED"
+    elif proc.returncode == 1:
+        verdict = "caught"
+    else:  # 2-5: interrupted, internal error, usage error, nothing collected
+        verdict = f"ERROR (pytest status {proc.returncode})"
+    return verdict, time.monotonic() - start, f"{lines[-1]}; failed: {', '.join(failed) or '-'}"
+
+
+def main(names):
+    unknown = set(names) - {m.name for m in MUTANTS}
+    if unknown:
+        sys.exit(f"unknown mutants {sorted(unknown)}; known: {[m.name for m in MUTANTS]}")
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    rows = []
+    for mutant in chosen:
+        print(f"mutant {mutant.name}: {mutant.what} ...", flush=True)
+        verdict, seconds, detail = run(mutant)
+        rows.append((mutant, verdict, seconds, detail))
+        print(f"  {verdict} in {seconds:.0f} s: {detail}", flush=True)
+    print()
+    print(f"{'mutant':<18} {'verdict':<18} {'seconds':>7}  tests")
+    for mutant, verdict, seconds, _ in rows:
+        tests = ", ".join(t.rsplit("::", 1)[-1] for t in mutant.tests)
+        print(f"{mutant.name:<18} {verdict:<18} {seconds:>7.0f}  {tests}")
+    verdicts = [verdict for _, verdict, _, _ in rows]
+    if any(v.startswith(("NOT APPLIED", "ERROR")) for v in verdicts):
+        return 2
+    return 1 if "SURVIVED" in verdicts else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
