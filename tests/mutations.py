@@ -41,8 +41,8 @@ MUTANTS = (
         "sum",
         "gradients averaged instead of summed on the parameter device",
         "dpkeras/_extended/optimizer_apply.py",
-        '"SUM", grad, _tf_variable(variable).device',
-        '"MEAN", grad, _tf_variable(variable).device',
+        '"SUM", grad, sharded.device',
+        '"MEAN", grad, sharded.device',
         (
             "tests/test_equivalence.py::test_training_actually_moves_the_weights",
             "tests/test_equivalence.py::test_replicas_equal_one_device[dense-sgd-2]",
@@ -52,8 +52,8 @@ MUTANTS = (
         "sum-clipped",
         "the same break, seen where clipping is active on some steps only, and in bfloat16",
         "dpkeras/_extended/optimizer_apply.py",
-        '"SUM", grad, _tf_variable(variable).device',
-        '"MEAN", grad, _tf_variable(variable).device',
+        '"SUM", grad, sharded.device',
+        '"MEAN", grad, sharded.device',
         (
             "tests/test_optimizer_apply.py::test_equals_one_device[clipnorm-some-steps]",
             "tests/test_optimizer_apply.py::test_equals_one_device[global_clipnorm-some-steps]",
@@ -81,6 +81,26 @@ MUTANTS = (
             "tests/test_cluster_training.py::"
             "test_only_looked_up_rows_of_a_table_cross_between_ps_and_workers",
         ),
+    ),
+    Mutant(
+        "dedup",
+        "a lookup sends every id, repeats included (no deduplication)",
+        "dpkeras/_variables/dedup.py",
+        "    return tf.unique(tf.reshape(indices, [-1]))\n",
+        "    flat = tf.reshape(indices, [-1])\n    return flat, tf.range(tf.size(flat))\n",
+        (
+            "tests/test_dedup.py::"
+            "test_under_sgd_each_replica_sends_only_its_distinct_ids_both_ways",
+            "tests/test_cluster_loop.py::test_each_distinct_id_crosses_once_per_worker_each_way",
+        ),
+    ),
+    Mutant(
+        "dedup-sum",
+        "gradient rows of repeated ids summed before every optimizer (Adam's numbers change)",
+        "dpkeras/_variables/dedup.py",
+        '    if mode == "sum":\n        return True\n',
+        "    if True:\n        return True\n",
+        ("tests/test_dedup.py::test_by_default_every_optimizer_equals_one_device[plain-adam]",),
     ),
     Mutant(
         "metric-sync",
