@@ -82,7 +82,14 @@ class _null:
 
 @pytest.mark.parametrize(
     "replicas, optimizer, unique",
-    [(0, "sgd", False), (0, "adam", True), (0, "adam", False), (2, "sgd", False), (2, "adam", True), (2, "adam", False)],
+    [
+        (0, "sgd", False),
+        (0, "adam", True),
+        (0, "adam", False),
+        (2, "sgd", False),
+        (2, "adam", True),
+        (2, "adam", False),
+    ],
 )
 def test_training_equals_a_plain_embedding_with_rows_in_first_seen_order(
     replicas, optimizer, unique

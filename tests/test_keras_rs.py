@@ -31,6 +31,7 @@ from dpkeras import _keras_internals  # noqa: E402
 from dpkeras._patches import keras_rs as keras_rs_patch  # noqa: E402
 from dpkeras.testing import LocalCluster, assert_weights_close, cpu_strategy, server_env  # noqa: E402
 from tests import keras_rs_models as rs  # noqa: E402
+from tests.guides import python_blocks  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "keras-rs.md"
@@ -174,23 +175,9 @@ def test_the_keras_rs_method_dpkeras_wraps_is_still_there_with_its_signature():
 # -- the guide ---------------------------------------------------------------------------------
 
 
-def _guide_blocks():
-    blocks, block = [], None
-    for line in GUIDE.read_text().splitlines(keepends=True):
-        if block is not None:
-            if line.startswith("```"):
-                blocks.append("".join(block))
-                block = None
-            else:
-                block.append(line)
-        elif line.strip() == "```python":
-            block = []
-    return blocks
-
-
 @pytest.mark.parametrize("index", range(2))
 def test_the_guide_blocks_run(index):
-    blocks = _guide_blocks()
+    blocks = python_blocks(GUIDE)
     assert len(blocks) == 2
     exec(compile(blocks[index], str(GUIDE), "exec"), {"__name__": "guide"})
 

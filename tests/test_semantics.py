@@ -1,6 +1,7 @@
 """Behaviour by kind of variable: metrics, BatchNormalization, Dropout, loss scaling, sparsity."""
 
 import json
+import re
 
 import keras
 import numpy as np
@@ -230,12 +231,18 @@ def test_mirrored_contrasts_the_readme_states():
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
-def test_embedding_rows_travel_not_the_table(replicas):
+@pytest.mark.parametrize("deduplicate", [False, True])
+def test_embedding_rows_travel_not_the_table(replicas, deduplicate):
     """Lookups gather on the parameter device and gradients come back as IndexedSlices: each
-    replica receives and returns only its looked-up rows of the 5000 x 64 table."""
+    replica receives and returns only its looked-up rows of the 5000 x 64 table. Without
+    deduplication the rows' count is static (every id's row); with it, the distinct ids' rows,
+    a count known at run time only: then each tensor of run-time size must be a gather's rows
+    (or a gradient's), and nothing near the table's size crosses."""
     keras.utils.set_random_seed(0)
     global_batch = 48
-    with cpu_strategy(replicas).scope():
+    devices = list(cpu_strategy(replicas).extended.worker_devices)
+    strategy = dpkeras.get_strategy(devices, "/cpu:0", None, None, deduplicate)
+    with strategy.scope():
         model = keras.Sequential(
             [
                 keras.Input((4,), dtype="int32"),
@@ -248,13 +255,21 @@ def test_embedding_rows_travel_not_the_table(replicas):
     x = np.random.RandomState(0).randint(0, 5000, (global_batch, 4)).astype("int32")
     report = dpkeras.train_step_transfers(model, x, np.zeros(global_batch), batch_size=global_batch)
     rows_bytes = global_batch // replicas * 4 * 64 * 4
-    for replica in cpu_strategy(replicas).extended.worker_devices:
+    for replica in devices:
         short = dpkeras._device_names.short_device(replica)
         received = [t for t in report.transfers if t.destination == short]
         sent = [t for t in report.transfers if t.source == short and t.destination == "/cpu:0"]
-        assert max(t.bytes for t in received) == rows_bytes, [(t.tensor, t.shape) for t in received]
         assert max(t.bytes for t in sent) == rows_bytes, [(t.tensor, t.shape) for t in sent]
-        assert sum(t.bytes for t in received) < 2 * rows_bytes
+        if not deduplicate:
+            assert max(t.bytes for t in received) == rows_bytes, [
+                (t.tensor, t.shape) for t in received
+            ]
+            assert sum(t.bytes for t in received) < 2 * rows_bytes
+            continue
+        assert sum(t.bytes for t in received) < rows_bytes, [(t.tensor, t.shape) for t in received]
+        sized_at_run_time = [t for t in received if t.shape is None or None in t.shape]
+        assert [t.shape for t in sized_at_run_time] == [(None, 64)], sized_at_run_time
+        assert re.search(r"/Gather(_\d+)?$", sized_at_run_time[0].tensor), sized_at_run_time
 
 
 def test_embedding_lookups_outside_replicas_are_unchanged():

@@ -1,27 +1,13 @@
 """Runs every `python` block of docs/sharding.md, so the guide stays true."""
 
-import pathlib
-
 import pytest
 
-GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "sharding.md"
+from tests.guides import DOCS, python_blocks
+
+GUIDE = DOCS / "sharding.md"
 
 
-def _blocks():
-    blocks, block = [], None
-    for line in GUIDE.read_text().splitlines(keepends=True):
-        if block is not None:
-            if line.startswith("```"):
-                blocks.append("".join(block))
-                block = None
-            else:
-                block.append(line)
-        elif line.strip() == "```python":
-            block = []
-    return blocks
-
-
-BLOCKS = _blocks()
+BLOCKS = python_blocks(GUIDE)
 
 
 def test_the_guide_has_its_examples():

@@ -9,7 +9,7 @@ from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
 from dpkeras._variables import dedup, partitioning, replica_step, shard_updates
 from dpkeras._variables.sharded_writes import ShardedWrites
-from dpkeras._variables.variables import ParameterVariable, scale_gradient
+from dpkeras._variables.variables import ParameterVariable, record_lookup, scale_gradient
 
 _ids = itertools.count()
 
@@ -230,7 +230,9 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
             )
         _tf_internals.variable_accessed(self)
         if self._trainable:
-            self._record_gather(value, flat)
+            step = replica_step.current(self._extended)
+            weight = None if step is None else step.gradient_weight
+            record_lookup(value, flat, self._handle, self._shape, weight)
         return value
 
     def _gather_by_shard(self, ids):
@@ -238,25 +240,6 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
         local, positions = shard_updates.partition_ids(ids, self._offsets)
         rows = [s.gather_rows(i) for s, i in zip(self._shards, local)]
         return tf.dynamic_stitch(positions, rows)
-
-    def _record_gather(self, value, flat):
-        """Records `value` on the tape as rows `flat` of this variable (sparse gradient)."""
-        step = replica_step.current(self._extended)
-        weight = None if step is None else step.gradient_weight
-        dense_shape = tf.constant(self._shape.as_list())
-        row_shape = self._shape.as_list()[1:]
-
-        def backward(grad):
-            values = tf.reshape(grad, [-1] + row_shape)
-            return [tf.IndexedSlices(scale_gradient(values, weight), flat, dense_shape)]
-
-        _tf_internals.record_operation(
-            "ResourceGather",
-            [value],
-            [self._handle],
-            backward_function=backward,
-            forward_function=lambda x: [x],
-        )
 
     def gather_nd(self, indices, name=None):
         return tf.gather_nd(self.value(), indices, name=name)

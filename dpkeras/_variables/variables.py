@@ -25,6 +25,30 @@ def scale_gradient(grad, weight):
     return grad * tf.cast(weight, grad.dtype)
 
 
+def record_lookup(value, indices, handle, shape, weight):
+    """Records `value` on the tape as the rows `indices` of the variable `handle` of `shape`.
+
+    Its gradient is the variable's: a `tf.IndexedSlices` with one row per looked-up id (repeats
+    kept, as Keras gives them), scaled by the replica's `weight` (None: unscaled). The lookup
+    itself may have pulled each distinct id once (`dedup`); the tape does not see that.
+    """
+    flat = tf.reshape(indices, [-1])
+    row_shape = shape.as_list()[1:]
+    dense_shape = tf.constant(shape.as_list())
+
+    def backward(grad):
+        values = tf.reshape(grad, [-1] + row_shape)
+        return [tf.IndexedSlices(scale_gradient(values, weight), flat, dense_shape)]
+
+    _tf_internals.record_operation(
+        "ResourceGather",
+        [value],
+        [handle],
+        backward_function=backward,
+        forward_function=lambda x: [x],
+    )
+
+
 class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
     """A variable on the parameter device of a `dpkeras.ParameterDeviceStrategy`.
 
@@ -149,7 +173,7 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
             ids, positions = dedup.unique_ids(indices)
             value = dedup.expand_rows(self.gather_rows(ids), positions, indices, name=name)
         if self.trainable:
-            self._record_gather(value, indices, step.gradient_weight)
+            record_lookup(value, indices, self.handle, self.shape, step.gradient_weight)
         return value
 
     def gather_rows(self, indices, name=None):
@@ -157,25 +181,6 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
         (the caller records the lookup it makes of them)."""
         with tf.device(self.device):
             return super().sparse_read(indices, name=name)
-
-    def _record_gather(self, value, indices, weight):
-        """Records `value` on the tape as rows `indices` of this variable (sparse gradient)."""
-        flat_indices = tf.reshape(indices, [-1])
-        row_shape = self.shape[1:]
-
-        def backward(grad):
-            values = tf.reshape(grad, tf.concat([[-1], row_shape], 0))
-            if weight is not None:
-                values = values * tf.cast(weight, values.dtype)
-            return [tf.IndexedSlices(values, flat_indices, tf.constant(self.shape.as_list()))]
-
-        _tf_internals.record_operation(
-            "ResourceGather",
-            [value],
-            [self.handle],
-            backward_function=backward,
-            forward_function=lambda x: [x],
-        )
 
     def _invalidate_reads(self):
         self._replica_reads.clear()
