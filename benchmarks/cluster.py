@@ -13,9 +13,10 @@ steps/s; the client's CPU (getrusage); each task's CPU (/proc); the bytes each p
 and receives (the kernel's TCP counters, `dpkeras.testing.TrafficMeter`: rows, gRPC and RPC
 overhead included); for dpkeras, the step graph's static count beside it
 (`dpkeras.train_step_transfers`, which names the tensors of run-time size it cannot count).
-With `--input_rounds` > 0, the input's CPU: the CPU of every process (client and tasks) for an
+With `--input_rounds` > 0, the input's CPU: the CPU of each process (client and tasks) for an
 epoch over a dataset with an expensive per-element map, less the same with a trivial map,
-shown per worker.
+shown as the workers' total and every process's (the client and ps also spend CPU for as long
+as the slower epoch lasts: polling and health probes, not input work).
 
     python -m benchmarks.cluster                              # --workers=1,2,4,8
     python -m benchmarks.cluster --workers=2 --k=1,10 --strategies=dpkeras
@@ -184,7 +185,7 @@ if rounds and strategy is not None:
         spent.append({{t: cpu_seconds(p) - before[t] for t, p in every.items()}})
     extra = {{t: spent[1][t] - spent[0][t] for t in every}}
     record["input_cpu_s_total"] = sum(extra.values())
-    record["input_cpu_s_per_worker"] = sum(extra.values()) / len(spec["worker"])
+    record["input_cpu_s_workers"] = sum(v for t, v in extra.items() if t.startswith("worker"))
     record["input_cpu_s_by_process"] = extra
 print(json.dumps(record))
 """
@@ -237,7 +238,7 @@ def markdown(records):
         f"warm-up. Bytes: the kernel's TCP counters (sent / received, KB per step).",
         "",
         "| model | strategy | W | K | steps/s | client CPU ms/step | worker CPU ms/step "
-        "(mean) | client KB/step | ps:0 KB/step | worker:0 KB/step | input CPU s/worker | "
+        "(mean) | client KB/step | ps:0 KB/step | worker:0 KB/step | input CPU s, workers / all | "
         "loss |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -247,12 +248,16 @@ def markdown(records):
             lines.append(f"{head} failed: {r['error']} | | | | | | | |")
             continue
         workers = [v for t, v in r["task_cpu_ms_per_step"].items() if t.startswith("worker")]
-        input_cpu = r.get("input_cpu_s_per_worker")
+        input_cpu = (
+            f"{r['input_cpu_s_workers']:.2f} / {r['input_cpu_s_total']:.2f}"
+            if "input_cpu_s_workers" in r
+            else ""
+        )
         lines.append(
             f"{head} {r['steps_per_s']:.1f} | {r['client_cpu_ms_per_step']:.2f} | "
             f"{statistics.mean(workers):.1f} | {_wire(r, 'client')} | {_wire(r, 'ps:0')} | "
             f"{_wire(r, 'worker:0')} | "
-            f"{'' if input_cpu is None else f'{input_cpu:.2f}'} | {r['loss']:.4f} |"
+            f"{input_cpu} | {r['loss']:.4f} |"
         )
     static = [r for r in records if "static_bytes_per_step" in r]
     if static:
@@ -286,7 +291,7 @@ def chart(records, path):
     panels = (
         ("steps/s", lambda r: r["steps_per_s"]),
         ("client CPU ms per step", lambda r: r["client_cpu_ms_per_step"]),
-        ("input CPU s per worker (an epoch)", lambda r: r.get("input_cpu_s_per_worker")),
+        ("input CPU s of the workers (an epoch)", lambda r: r.get("input_cpu_s_workers")),
     )
     for ax, (title, value) in zip(axes, panels):
         for key in sorted({(r["model"], r["strategy"], r["k"]) for r in ok}):
