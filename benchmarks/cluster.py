@@ -160,8 +160,7 @@ if name == "dpkeras":
             static[f"{{a}} -> {{b}}"] = static.get(f"{{a}} -> {{b}}", 0) + t.bytes
     record["static_bytes_per_step"] = static
     record["static_unknown_size"] = sorted({{f"{{t.source}} -> {{t.destination}}: {{t.tensor}}"
-                                            for t in report.transfers
-                                            if t.shape is None or None in t.shape}})[:10]
+                                            for t in report.sized_at_run_time}})[:10]
 if rounds and strategy is not None:
     def items(work):
         def element(i):

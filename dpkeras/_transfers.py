@@ -37,7 +37,13 @@ class Transfer:
 
 @dataclasses.dataclass(frozen=True)
 class TransferReport:
-    """The transfers of one execution of a traced function.
+    """The transfers of one execution of a traced function, counted from its partitioned graph.
+
+    Counts are static: each tensor's bytes come from its shape in the graph. A tensor whose
+    size is known only at run time (an embedding lookup's rows after deduplication, a sharded
+    table's rows, a batch dimension that is not static) counts 0 bytes; `sized_at_run_time`
+    lists them, and `dpkeras.testing.TrafficMeter` measures what really crosses between
+    processes.
 
     Attributes:
         transfers: tuple of `Transfer`, one per tensor per destination device.
@@ -48,6 +54,11 @@ class TransferReport:
     transfers: tuple
     collectives: tuple
     devices: tuple
+
+    @property
+    def sized_at_run_time(self):
+        """The `Transfer`s whose size the graph does not fix (counted as 0 bytes)."""
+        return tuple(t for t in self.transfers if t.shape is None or None in t.shape)
 
     def to_device(self, device):
         """`(tensors, bytes)` received by `device` from other devices."""
@@ -68,7 +79,8 @@ class TransferReport:
         return len(cs), sum(c[2] for c in cs)
 
     def summary(self):
-        """A dict `{"src -> dst": (tensors, bytes)}` plus collectives per device."""
+        """A dict `{"src -> dst": (tensors, bytes)}` plus collectives per device, and
+        `"sized at run time (not counted)"`: how many transfers count 0 bytes for that."""
         pairs = collections.defaultdict(lambda: [0, 0])
         for t in self.transfers:
             pairs[f"{t.source} -> {t.destination}"][0] += 1
@@ -78,6 +90,8 @@ class TransferReport:
             n, b = self.collectives_on(d)
             if n:
                 out[f"collectives on {d}"] = (n, b)
+        if self.sized_at_run_time:
+            out["sized at run time (not counted)"] = (len(self.sized_at_run_time), 0)
         return out
 
 
@@ -259,7 +273,8 @@ def train_step_transfers(model, x, y=None, batch_size=None, sample_weight=None):
         batch_size: int; defaults to the length of `x` (none for a dataset).
 
     Returns:
-        The `TransferReport` of the step.
+        The `TransferReport` of the step: static counts, with the tensors sized only at run
+        time in its `sized_at_run_time` (see `TransferReport`).
     """
     if batch_size is None and not isinstance(x, tf.data.Dataset):
         batch_size = len(tf.nest.flatten(x)[0])

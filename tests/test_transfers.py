@@ -1,6 +1,7 @@
 """Each replica receives each variable at most once per step, counted from the partitioned graph."""
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -84,6 +85,26 @@ def test_report_counts_match_the_model():
     assert set(report.devices) == {"/cpu:0", "/cpu:1", "/cpu:2"}
     summary = report.summary()
     assert summary["/cpu:0 -> /cpu:1"][1] >= weight_bytes
+
+
+def test_the_report_names_what_only_run_time_sizes():
+    """Deduplicated lookups send a row count known at run time: listed, counted as 0 bytes."""
+    with cpu_strategy(2).scope():
+        model = keras.Sequential(
+            [
+                keras.Input((4,), dtype="int32"),
+                keras.layers.Embedding(500, 8, name="table"),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="sgd", loss="mse")
+    x = np.random.RandomState(0).randint(0, 500, (16, 4)).astype("int32")
+    report = dpkeras.train_step_transfers(model, x, np.zeros(16))
+    rows = [t for t in report.sized_at_run_time if t.dtype == "float32" and "table" in t.tensor]
+    assert {t.destination for t in rows} == {"/cpu:1", "/cpu:2"}, report.sized_at_run_time
+    assert all(t.bytes == 0 and t.shape == (None, 8) for t in rows)
+    assert report.summary()["sized at run time (not counted)"][0] == len(report.sized_at_run_time)
 
 
 def test_report_requires_a_step_traced_inside():
