@@ -120,6 +120,8 @@ def test_sharded_rows_under_two_replicas_train_as_one_device():
     with strategy.scope():
         sharded, layer = _model(optimizer="adagrad")
     assert len(_keras_internals.underlying_variable(layer.embeddings).shards) == 2
+    tables = [layer.index_table, layer.index_table_1]  # the index is cut by id like the rows
+    assert [t.resource_handle.device[-5:] for t in tables] == ["CPU:0", "CPU:3"]
     keras.utils.set_random_seed(1234)
     plain, plain_layer = _model(optimizer="adagrad")
     plain.set_weights(sharded.get_weights())
@@ -127,6 +129,32 @@ def test_sharded_rows_under_two_replicas_train_as_one_device():
         model.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
     for a, b in zip(sharded.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_sharded_index_keeps_each_id_in_its_own_shard_and_checkpoints_every_shard(tmp_path):
+    """Rows in 2 shards: ids with id % 2 == i are in table i (admitted and pending alike),
+    and a checkpoint restores both tables."""
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    strategy = dpkeras.ParameterDeviceStrategy(
+        ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=partitioner
+    )
+    x, y = _stream()
+    with strategy.scope():
+        model, layer = _model(optimizer="adagrad", min_count=2)
+    model.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    admitted = [layer.index_table.export()[0].numpy(), layer.index_table_1.export()[0].numpy()]
+    pending = [layer.pending_table.export()[0].numpy(), layer.pending_table_1.export()[0].numpy()]
+    for shard in (0, 1):
+        assert len(admitted[shard]) and set(admitted[shard] % 2) == {shard}
+        assert set(pending[shard] % 2) <= {shard}
+    assert layer.size == sum(len(a) for a in admitted)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    with strategy.scope():
+        fresh, fresh_layer = _model(optimizer="adagrad", min_count=2)
+    tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
+    assert sorted(fresh_layer.index_table_1.export()[0].numpy()) == sorted(admitted[1])
+    assert fresh_layer.size == layer.size
+    np.testing.assert_allclose(fresh.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
 
 
 def test_a_new_rows_vector_depends_on_its_id_and_seed_only():

@@ -1,13 +1,18 @@
 """`DynamicEmbedding` on a real cluster (2 ps + 2 workers, 4 replicas): the index and rows on
-the ps tasks, training equal to one process."""
+the ps tasks, training equal to one process; with a partitioner, both cut over the two ps."""
+
+import pytest
 
 from tests.test_cluster_training import _client
 
 
-def test_on_a_cluster_the_index_and_rows_live_on_ps_and_training_equals_one_process(local):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_on_a_cluster_the_index_and_rows_live_on_ps_and_training_equals_one_process(local, shards):
     out = _client(
-        """
+        f"""
+        SHARDS = {shards}
         from dpkeras.layers import DynamicEmbedding
+        partitioners = tf.distribute.experimental.partitioners
 
         def build():
             keras.utils.set_random_seed(1)
@@ -24,21 +29,25 @@ def test_on_a_cluster_the_index_and_rows_live_on_ps_and_training_equals_one_proc
         dpkeras.cluster.connect(SPEC)
         reference, reference_layer = build()
         reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-        with dpkeras.scope(cluster=SPEC):
+        partitioner = partitioners.FixedShardsPartitioner(2) if SHARDS == 2 else None
+        with dpkeras.scope(cluster=SPEC, partitioner=partitioner):
             model, layer = build()
         model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-        print(json.dumps({
+        rows = layer.embeddings.value
+        print(json.dumps({{
             "max_diff": max(float(np.abs(a - b).max())
                             for a, b in zip(reference.get_weights(), model.get_weights())),
             "size": [layer.size, reference_layer.size],
-            "table": layer.index_table.resource_handle.device,
-            "rows": layer.embeddings.value.device,
-        }))
+            "tables": [getattr(layer, "index_table" + (f"_{{i}}" if i else "")
+                               ).resource_handle.device for i in range(SHARDS)],
+            "rows": [s.device for s in getattr(rows, "shards", [rows])],
+        }}))
         """,
         local.spec,
     )
     assert out["max_diff"] < 1e-5  # rows, row ids, counts, last-seen steps and the head
     assert out["size"][0] == out["size"][1] > 0
-    assert out["table"].startswith("/job:ps/replica:0/task:")
-    assert out["rows"].startswith("/job:ps/replica:0/task:")
-    assert out["table"].rsplit("/device:", 1)[0] == out["rows"].rsplit("/device:", 1)[0]
+    tasks = [device.rsplit("/device:", 1)[0] for device in out["tables"]]
+    assert all(task.startswith("/job:ps/replica:0/task:") for task in tasks), out
+    assert tasks == [device.rsplit("/device:", 1)[0] for device in out["rows"]], out
+    assert len(set(tasks)) == shards, out  # with 2 shards, one table on each ps

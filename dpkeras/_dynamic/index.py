@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from dpkeras._dynamic import policy
+from dpkeras._dynamic.tables import ShardedHashTable
 
 _NO_ROW = -1
 
@@ -16,45 +17,45 @@ def table_device(variable_device):
     if not variable_device:
         return "/cpu:0"
     spec = tf.DeviceSpec.from_string(variable_device)
+    if (spec.device_type or "").upper() == "CPU":
+        return spec.to_string()
     return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
 class RowIndex:
     """Which row holds which id, and each row's count and last-seen step.
 
-    State (all on the device of the rows, `device`):
-    - `table`: a `tf.lookup.experimental.MutableHashTable`, id -> row; ids without a row
+    State, beside the rows:
+    - `table`: id -> row, cut by id over `devices` (one `MutableHashTable` per device of the
+      rows' shards, `ShardedHashTable`: ids with `id % n == i` on the i-th); ids without a row
       look up -1;
-    - `pending`: with `min_count > 1`, id -> times seen, for ids not yet admitted;
+    - `pending`: with `min_count > 1`, id -> times seen, for ids not yet admitted, cut the
+      same way;
     - `row_ids`, `counts`, `last_seen` (vectors over rows; -1 is a free row), `step` (training
-      calls so far) and `used` (rows below it were ever handed out): Keras weights of the layer,
-      so files and checkpoints hold them; `row_ids` is the index inverted, which `rebuild`
-      turns back into `table` after a file is loaded.
+      calls so far) and `used` (rows below it were ever handed out): Keras weights of the layer
+      (on `device`, the first of `devices`), so files and checkpoints hold them; `row_ids` is
+      the index inverted, which `rebuild` turns back into `table` after a file is loaded.
 
     Rows are handed out in first-seen order (row 0 to the first id) until `used` reaches the
     capacity; then free rows (freed by eviction) are reused, lowest first, and with an eviction
     policy, rows not seen in this step are evicted to make room.
     """
 
-    def __init__(self, layer_name, capacity, min_count, eviction, device, weights):
+    def __init__(self, layer_name, capacity, min_count, eviction, devices, weights):
         self.layer_name = layer_name
         self.capacity = capacity
         self.min_count = min_count
         self.eviction = eviction
-        self.device = device
+        self.devices = list(devices)
+        self.device = self.devices[0]
         self.row_ids, self.counts, self.last_seen, self.step, self.used = weights
         self.on_evict = None  # called with the ids losing their row, if set
-        with tf.init_scope(), tf.device(device):
-            self.table = tf.lookup.experimental.MutableHashTable(
-                tf.int64, tf.int64, default_value=_NO_ROW, name=f"{layer_name}_index"
-            )
-            self.pending = (
-                tf.lookup.experimental.MutableHashTable(
-                    tf.int64, tf.int64, default_value=0, name=f"{layer_name}_pending"
-                )
-                if min_count > 1
-                else None
-            )
+        self.table = ShardedHashTable(self.devices, tf.int64, _NO_ROW, f"{layer_name}_index")
+        self.pending = (
+            ShardedHashTable(self.devices, tf.int64, 0, f"{layer_name}_pending")
+            if min_count > 1
+            else None
+        )
 
     # -- reading ------------------------------------------------------------------------------
 

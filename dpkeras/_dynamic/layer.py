@@ -91,13 +91,16 @@ class DynamicEmbedding(keras.layers.Layer):
             self.capacity,
             self.min_count,
             self.eviction,
-            row_index.table_device(rows.device),
+            [row_index.table_device(v.device) for v in getattr(rows, "shards", [rows])],
             [_keras_internals.underlying_variable(v) for v in vectors],
         )
-        # Attributes, so that tf.train.Checkpoint saves and restores the tables too.
-        self.index_table = self._index.table
+        # Attributes, so that tf.train.Checkpoint saves and restores the tables too (one per
+        # shard of the rows: `index_table`, `index_table_1`, ...).
+        for i, table in enumerate(self._index.table.tables):
+            setattr(self, "index_table" + (f"_{i}" if i else ""), table)
         if self._index.pending is not None:
-            self.pending_table = self._index.pending
+            for i, table in enumerate(self._index.pending.tables):
+                setattr(self, "pending_table" + (f"_{i}" if i else ""), table)
         self._strings = None
         if self.key_dtype == "string":
             self.collision_count = self._bookkeeping((), 0, "collisions")
