@@ -103,6 +103,16 @@ MUTANTS = (
         ("tests/test_dedup.py::test_by_default_every_optimizer_equals_one_device[plain-adam]",),
     ),
     Mutant(
+        "task-pulls",
+        "a worker's replicas each pull their own rows (no merge per task)",
+        "dpkeras/_variables/task_pulls.py",
+        "    return extended.cluster_spec is not None and any(",
+        "    return False and any(",
+        (
+            "tests/test_task_pulls.py::test_replicas_of_one_worker_share_one_pull_of_each_distinct_id",
+        ),
+    ),
+    Mutant(
         "metric-sync",
         "a metric counts replica 0's update only",
         "dpkeras/_variables/writes.py",
