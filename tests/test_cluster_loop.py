@@ -38,6 +38,15 @@ def build(k):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], steps_per_execution=k)
     return model
+
+
+def table_model():  # a 20000 x 32 table looked up by 8 ids per example, SGD
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((8,), dtype="int32"), keras.layers.Embedding(20000, 32),
+        keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    return model
 """
 
 
@@ -280,14 +289,6 @@ def test_each_distinct_id_crosses_once_per_worker_each_way(cluster):
         x = rng.choice(rng.permutation(20000)[:16], (256 * 60, 8)).astype("int32")
         y = rng.normal(size=(256 * 60, 1)).astype("float32")
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(256).repeat()
-
-        def table_model():
-            keras.utils.set_random_seed(1)
-            model = keras.Sequential([
-                keras.Input((8,), dtype="int32"), keras.layers.Embedding(20000, 32),
-                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-            model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
-            return model
 
         dpkeras.cluster.connect(SPEC)
         reference = table_model()

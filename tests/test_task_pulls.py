@@ -34,14 +34,6 @@ def test_replicas_of_one_worker_share_one_pull_of_each_distinct_id(two_replica_w
             y = rng.normal(size=(steps * 512, 1)).astype("float32")
             return tf.data.Dataset.from_tensor_slices((x, y)).batch(512).repeat()
 
-        def table_model():
-            keras.utils.set_random_seed(1)
-            model = keras.Sequential([
-                keras.Input((8,), dtype="int32"), keras.layers.Embedding(20000, 32),
-                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-            model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
-            return model
-
         dpkeras.cluster.connect(SPEC)
         reference = table_model()
         same = data(shared)

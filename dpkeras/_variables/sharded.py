@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
-from dpkeras._variables import dedup, partitioning, replica_step, shard_updates, task_pulls
+from dpkeras._variables import partitioning, replica_step, shard_updates, task_pulls
 from dpkeras._variables.sharded_writes import ShardedWrites
 from dpkeras._variables.variables import ParameterVariable, record_lookup, scale_gradient
 
@@ -220,13 +220,7 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
             and replica_step.current(self._extended) is not None
         )
         if dedup_here:
-            ids, positions = dedup.unique_ids(indices)
-            rows = (
-                task_pulls.rows(self._extended, self._gather_by_shard, ids)
-                if task_pulls.applies(self._extended)
-                else self._gather_by_shard(ids)
-            )
-            value = dedup.expand_rows(rows, positions, indices, name=name)
+            value = task_pulls.lookup(self._extended, self._gather_by_shard, indices, name=name)
         else:
             value = tf.reshape(
                 self._gather_by_shard(flat),

@@ -13,6 +13,7 @@ import functools
 import tensorflow as tf
 
 from dpkeras import _device_names as device_names
+from dpkeras._variables import dedup
 
 
 def replicas_by_task(extended):
@@ -33,6 +34,21 @@ def applies(extended):
     return extended.cluster_spec is not None and any(
         len(replicas) > 1 for replicas, _ in replicas_by_task(extended)
     )
+
+
+def lookup(extended, gather, indices, name=None):
+    """In a replica: the rows of `indices`, each distinct id pulled once (once per task where
+    `applies`), expanded to the shape of `indices` where the replica computes.
+
+    Args:
+        extended: the `ParameterDeviceExtended`.
+        gather: callable, a vector of distinct ids -> their rows, gathered where they live.
+        indices: the ids looked up (any shape).
+        name: the result's name.
+    """
+    ids, positions = dedup.unique_ids(indices)
+    pulled = rows(extended, gather, ids) if applies(extended) else gather(ids)
+    return dedup.expand_rows(pulled, positions, indices, name=name)
 
 
 def rows(extended, gather, ids):

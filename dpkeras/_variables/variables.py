@@ -5,7 +5,7 @@ import tensorflow as tf
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
-from dpkeras._variables import dedup, replica_step, task_pulls
+from dpkeras._variables import replica_step, task_pulls
 from dpkeras._variables.writes import ReplicaWrites
 from dpkeras.placement import VariableKind
 
@@ -170,13 +170,7 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
         if self._extended.deduplicate is False:
             value = self.gather_rows(indices, name=name)
         else:
-            ids, positions = dedup.unique_ids(indices)
-            rows = (
-                task_pulls.rows(self._extended, self.gather_rows, ids)
-                if task_pulls.applies(self._extended)
-                else self.gather_rows(ids)
-            )
-            value = dedup.expand_rows(rows, positions, indices, name=name)
+            value = task_pulls.lookup(self._extended, self.gather_rows, indices, name=name)
         if self.trainable:
             record_lookup(value, indices, self.handle, self.shape, step.gradient_weight)
         return value
