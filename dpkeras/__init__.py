@@ -16,7 +16,8 @@ names start with an underscore.
 
 The package, from the top down (each imports only what stands below it):
 
-- `_cli/`: the `dpkeras` command, one module a verb (`env`, `serve`, `bench`); `testing`;
+- `_cli/`: the `dpkeras` command, one module a verb (`env`, `serve`, `bench`, `launch`);
+  `testing`;
 - `_strategy/`: `ParameterDeviceStrategy`, `dpkeras.scope()`, the placement report;
 - `_patches/`: what dpkeras installs into Keras and TensorFlow while in use (crash-safe
   saving, exact resume, the symbolic build, naming failed tasks), checked and reversible;
@@ -26,11 +27,12 @@ The package, from the top down (each imports only what stands below it):
 - `layers` and `_dynamic/`: `DynamicEmbedding`, its hash index, admission and eviction,
   new rows' initial values and optimizer slots (above `_keras_internals` only);
 - `_variables/`: `ParameterVariable` and `ShardedParameterVariable`, how replicas read and
-  write them, lookups, partitioning;
+  write them, lookups (each distinct id once), partitioning;
 - `placement`: placement policies; `_transfers`: counting what a step sends;
 - at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
-  connecting, devices, health), `_tf_internals` and `_keras_internals` (every private
-  TensorFlow and Keras use, each with its reason), `_cache` (the graph-keyed cache),
+  `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop, input),
+  `_tf_internals` and `_keras_internals` (every private TensorFlow and Keras use, each with
+  its reason), `_cache` (the graph-keyed cache),
   `_device_names`, `_sizes`, `_config`, `_version`.
 """
 
