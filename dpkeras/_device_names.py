@@ -73,6 +73,18 @@ def host_of(device):
     return f"{task_of(canonical_device(device))}/device:CPU:0"
 
 
+def replicas_by_host(devices):
+    """`[(replica ids, host CPU)]` of consecutive `devices` (replicas in order) on one task."""
+    runs = []
+    for replica, device in enumerate(devices):
+        host = host_of(device)
+        if runs and runs[-1][1] == host:
+            runs[-1][0].append(replica)
+        else:
+            runs.append(([replica], host))
+    return runs
+
+
 def pull_device(source, consumer):
     """Where a consumer on another task should receive a value from `source`, else None.
 

@@ -424,7 +424,9 @@ def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monk
         for r, _ in merge._runs(SimpleNamespace(extended=SimpleNamespace(worker_devices=tasks)), 4)
     ] == [[0, 1], [2, 3]]
     # Two "tasks" this process has: /cpu:1 and /cpu:2 stand for the CPUs of two workers.
-    monkeypatch.setattr(merge, "_task", lambda device: device)
+    monkeypatch.setattr(
+        merge, "_runs", lambda strategy, n: [([0, 1], "/cpu:1"), ([2, 3], "/cpu:2")]
+    )
     devices = ["/cpu:1", "/cpu:1", "/cpu:2", "/cpu:2"]
     strategy = SimpleNamespace(extended=SimpleNamespace(worker_devices=devices))
     ids = [[7, 3], [3, 9], [9, 1], [7, 5]]  # each replica's distinct ids, in its order

@@ -2,25 +2,14 @@
 
 import tensorflow as tf
 
-
-def _task(device):
-    """The CPU of the task of `device` (where a worker's replicas' ids are deduplicated)."""
-    spec = tf.DeviceSpec.from_string(device)
-    return spec.replace(device_type="CPU", device_index=0).to_string()
+from dpkeras import _device_names as device_names
 
 
 def _runs(strategy, n):
     """Consecutive replicas on the same task, as `[(replica ids, task CPU or None)]`."""
     if n == 1:
         return [([0], None)]
-    runs = []
-    for replica, device in enumerate(strategy.extended.worker_devices[:n]):
-        host = _task(device)
-        if runs and runs[-1][1] == host:
-            runs[-1][0].append(replica)
-        else:
-            runs.append(([replica], host))
-    return runs
+    return device_names.replicas_by_host(strategy.extended.worker_devices[:n])
 
 
 def _unique_counts(ids, counts, strings=None):

@@ -19,14 +19,7 @@ from dpkeras._variables import dedup
 def replicas_by_task(extended):
     """`[(replica ids, host CPU)]`: consecutive replicas on one task (the order is the input's:
     replicas are grouped by task)."""
-    runs = []
-    for replica, device in enumerate(extended.worker_devices):
-        host = device_names.host_of(device)
-        if runs and runs[-1][1] == host:
-            runs[-1][0].append(replica)
-        else:
-            runs.append(([replica], host))
-    return runs
+    return device_names.replicas_by_host(extended.worker_devices)
 
 
 def applies(extended):
