@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from dpkeras.cluster import _local
+from dpkeras.cluster import _connect, _local
 
 _PREFIX = "dpkeras launch"
 _GRACE = 30.0  # seconds the other tasks get to end by themselves after the client
@@ -49,7 +49,7 @@ def _start(command, spec, job, index, cpus):
     env = dict(
         os.environ,
         TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": job, "index": index}}),
-        DPKERAS_CPUS=str(cpus),
+        **{_connect.CPUS_ENV: str(cpus)},
         PYTHONUNBUFFERED="1",
         TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
     )
@@ -129,7 +129,7 @@ def launch(argv=None):
         print(f"{_PREFIX}: error: {'; '.join(problems)}", file=sys.stderr, flush=True)
         return 2
     spec = _cluster(args)
-    client = (args.client, 0) if args.client != "worker" else ("worker", 0)
+    client = (args.client, 0)  # chief, master, or worker 0
     tasks = [(job, i) for job, addresses in spec.items() for i in range(len(addresses))]
     print(
         f"{_PREFIX}: {', '.join(f'{j}:{i}' for j, i in tasks)} on 127.0.0.1; the client is "

@@ -80,7 +80,7 @@ def _client_to_watch(spec, job, index, from_tf_config, exit_with_client):
     if exit_with_client is None:
         raw = os.environ.get(EXIT_WITH_CLIENT_ENV)
         exit_with_client = from_tf_config if raw is None else raw.strip() not in ("", "0")
-    leader = next((j for j in _spec.CLIENT_JOBS if j in spec.jobs), None)
+    leader = _spec.client_job(spec)
     if leader is None and from_tf_config and (job, index) == ("worker", 0):
         raise _UsageError(
             "this cluster has no chief or master, so worker 0 is the client: run the training "

@@ -11,7 +11,13 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._spec import client_task, remote_tasks, resolve_cluster, tf_config_task
+from dpkeras.cluster._spec import (
+    client_task,
+    remote_tasks,
+    resolve_cluster,
+    tf_config_task,
+    training_tasks,
+)
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
 CPUS_ENV = "DPKERAS_CPUS"  # logical CPU devices of a task (`dpkeras serve --cpus`, `launch`)
@@ -174,6 +180,5 @@ def _release_tasks(cluster_spec):
 
 def training_tasks_but_own(cluster_spec):
     """The ps and worker tasks other than this client's own."""
-    return [
-        name for name in remote_tasks(cluster_spec) if name.split("/")[1][4:] in ("ps", "worker")
-    ]
+    own = remote_tasks(cluster_spec)
+    return [name for name in training_tasks(cluster_spec) if name in own]

@@ -147,6 +147,11 @@ def tf_config_task():
     return job, index
 
 
+def client_job(cluster_spec):
+    """The job that names the client in `cluster_spec`, `chief` or `master`; None if neither."""
+    return next((job for job in CLIENT_JOBS if job in cluster_spec.jobs), None)
+
+
 def client_task(cluster_spec):
     """`(job, index)` of the client's own task in `cluster_spec`, or None (job `localhost`).
 
@@ -154,9 +159,9 @@ def client_task(cluster_spec):
     `TF_CONFIG` says this process is worker 0 of this cluster (Kubeflow's layout without a
     chief: worker 0 leads, and its devices compute too).
     """
-    for job in CLIENT_JOBS:
-        if job in cluster_spec.jobs:
-            return job, 0
+    job = client_job(cluster_spec)
+    if job is not None:
+        return job, 0
     if tf_config_task() == ("worker", 0) and _from_tf_config().as_dict() == cluster_spec.as_dict():
         return "worker", 0
     return None

@@ -23,6 +23,7 @@ from dpkeras.cluster._connect import CPUS_ENV
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._spec import (
     CLIENT_JOBS,
+    client_job,
     client_task,
     resolve_cluster,
     task_addresses,
@@ -41,8 +42,7 @@ _PROBE_FAILURES = 3
 def client_address(cluster_spec):
     """`(task name, "host:port")` of the client as a task of `cluster_spec` (its chief or
     master; with neither, worker 0, which leads in that layout)."""
-    job = next((j for j in CLIENT_JOBS if j in cluster_spec.jobs), "worker")
-    name = task_name(job, 0)
+    name = task_name(client_job(cluster_spec) or "worker", 0)
     return name, task_addresses(cluster_spec)[name]
 
 
