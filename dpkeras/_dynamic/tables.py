@@ -33,31 +33,31 @@ class ShardedHashTable:
                     )
                 )
 
-    def _parts(self, ids):
-        """`(ids of each table, positions of those ids in ids)`."""
+    def _each(self, ids):
+        """`(table, device, its ids, their positions in ids)` for each table."""
         n = len(self.tables)
         owner = tf.cast(tf.math.floormod(ids, n), tf.int32)
-        positions = tf.range(tf.size(ids))
-        return tf.dynamic_partition(ids, owner, n), tf.dynamic_partition(positions, owner, n)
+        parts = tf.dynamic_partition(ids, owner, n)
+        positions = tf.dynamic_partition(tf.range(tf.size(ids)), owner, n)
+        return zip(self.tables, self.devices, parts, positions)
 
     def lookup(self, ids):
         """Values of `ids` (a vector), the default for absent ones; each table on its device."""
         if len(self.tables) == 1:
             return self.tables[0].lookup(ids)
-        parts, positions = self._parts(ids)
-        found = []
-        for table, device, part in zip(self.tables, self.devices, parts):
+        found, positions = [], []
+        for table, device, part, where in self._each(ids):
             with tf.device(device):
                 found.append(table.lookup(part))
+            positions.append(where)
         return tf.dynamic_stitch(positions, found)
 
     def insert(self, ids, values):
         """Sets `ids` (a vector) to `values`, each in its table."""
         if len(self.tables) == 1:
             return self.tables[0].insert(ids, values)
-        parts, positions = self._parts(ids)
         ops = []
-        for table, device, part, where in zip(self.tables, self.devices, parts, positions):
+        for table, device, part, where in self._each(ids):
             with tf.device(device):
                 ops.append(table.insert(part, tf.gather(values, where)))
         return tf.group(ops)
@@ -66,9 +66,8 @@ class ShardedHashTable:
         """Removes `ids` (a vector), each from its table."""
         if len(self.tables) == 1:
             return self.tables[0].remove(ids)
-        parts, _ = self._parts(ids)
         ops = []
-        for table, device, part in zip(self.tables, self.devices, parts):
+        for table, device, part, _ in self._each(ids):
             with tf.device(device):
                 ops.append(table.remove(part))
         return tf.group(ops)
