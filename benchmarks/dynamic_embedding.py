@@ -28,6 +28,11 @@ import time
 
 from absl import app, flags
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.machine import resident_mib  # noqa: E402
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_integer("steps", 400, "Timed training steps of each model.")
@@ -44,15 +49,6 @@ flags.DEFINE_string("out", "results/dynamic_embedding.json", "JSON written here.
 flags.DEFINE_integer("seed", 1234, "Seed of the weights and the data.")
 
 CATEGORICAL, DENSE, DIM = 26, 13, 16
-
-
-def resident_mib():
-    """This process's resident memory (VmRSS) in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def raw_ids(np, rng, n, zipf):
@@ -243,6 +239,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     app.run(main)

@@ -8,6 +8,15 @@ import subprocess
 __all__ = ["describe", "find_gpus", "repo_root"]
 
 
+def resident_mib():
+    """This process's resident memory (VmRSS, Linux's /proc) in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def repo_root():
     """The checkout that holds `benchmarks/` (and, normally, `dpkeras/`)."""
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

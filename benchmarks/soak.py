@@ -26,6 +26,11 @@ import time
 
 from absl import app, flags
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.machine import resident_mib  # noqa: E402
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_integer("steps", 5000, "Training steps in all.")
@@ -40,15 +45,6 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_string("out", "results/soak.jsonl", "JSON lines written here (directory created).")
 flags.DEFINE_integer("seed", 1234, "Seed of the weights, the data and Dropout.")
-
-
-def resident_mib():
-    """This process's resident memory (VmRSS) in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def percentile(values, q):
