@@ -146,12 +146,34 @@ MUTANTS = (
         "dead-task",
         "a lost task's TensorFlow error is not named (no TaskFailedError)",
         "dpkeras/cluster/_health.py",
-        "        if error is None or isinstance(error, TaskFailedError) or not _may_be",
-        "        if True or isinstance(error, TaskFailedError) or not _may_be",
+        "        if not isinstance(error, (tf.errors.OpError, ValueError)):\n",
+        "        if True:\n",
         (
             "tests/test_cluster_training.py::"
             "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps]",
         ),
+    ),
+    Mutant(
+        "dead-from-text",
+        "a task that answers is called dead because an error's gRPC text names it (the old bug)",
+        "dpkeras/cluster/_health.py",
+        "        dead = failed_tasks(self._spec)\n",
+        "        dead = failed_tasks(self._spec) or {\n"
+        "            t: 'named' for t in remote_tasks(self._spec) if f'target {t}' in str(error)\n"
+        "        }\n",
+        (
+            "tests/test_cluster.py::test_an_error_naming_a_task_that_answers_passes_through",
+            "tests/test_cluster_loop.py::"
+            "test_an_ordinary_error_on_a_healthy_cluster_is_itself_and_the_next_fit_trains",
+        ),
+    ),
+    Mutant(
+        "restart-unseen",
+        "a restarted task (it answers probes, lost the client's context) is not named",
+        "dpkeras/cluster/_health.py",
+        "        if name in connected:\n",
+        "        if False:\n",
+        ("tests/test_cluster.py::test_a_restarted_task_is_named_from_its_state",),
     ),
 )
 

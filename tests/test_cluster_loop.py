@@ -316,3 +316,52 @@ def test_each_distinct_id_crosses_once_per_worker_each_way(cluster):
     assert sent <= 40_000 and received <= 40_000, out  # 16 rows x 128 B per worker, each way
     without_sent, without_received = out["per_step"]["False"]
     assert without_sent > 4 * sent and without_received > 4 * received, out
+
+
+def test_an_ordinary_error_on_a_healthy_cluster_is_itself_and_the_next_fit_trains(cluster):
+    """An id out of the Embedding's range (300 of [0, 300)) in the first batch, every task up:
+    the user gets TensorFlow's InvalidArgumentError naming the index and the range (not
+    TaskFailedError: no task is dead), no weight changes, and the next `fit` trains.
+
+    (Not compared with one process after the failure: Keras's `apply` counts the step with no
+    data dependency on the gradient, so a failed step may advance `optimizer.iterations`, on
+    one device too.)"""
+    out = _client(
+        """
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 300, (64, 4)).astype("int32"), rng.randint(0, 3, 64)
+        bad = x.copy()
+        bad[1, 2] = 300
+
+        def fit(model, features):
+            return model.fit(features, y, batch_size=16, epochs=1, shuffle=False,
+                             verbose=0).history["loss"]
+
+        def weights():
+            return [w.tolist() for w in model.get_weights()]
+
+        with dpkeras.scope(cluster=SPEC):
+            model = build(1)
+        fit(model, x)
+        before = weights()
+        try:
+            fit(model, bad)
+            error = None
+        except Exception as e:
+            error = [type(e).__module__ + "." + type(e).__name__, str(e)]
+        failed = weights()
+        loss = fit(model, x)
+        print(json.dumps({"error": error, "before": before, "failed": failed,
+                          "after": weights(), "loss": loss}))
+        """,
+        cluster.spec,
+    )
+    assert out["error"] is not None, out
+    kind, message = out["error"]
+    assert kind == "tensorflow.python.framework.errors_impl.InvalidArgumentError", kind
+    assert "= 300 is not in [0, 300)" in message, message[-2000:]
+    assert "Restart that task" not in message
+    assert out["failed"] == out["before"]  # the failed step applied nothing
+    assert len(out["loss"]) == 1 and np.isfinite(out["loss"][0])
+    moved = [np.abs(np.array(a) - np.array(b)).max() for a, b in zip(out["after"], out["failed"])]
+    assert min(moved) > 0, moved  # every variable trained in the next fit

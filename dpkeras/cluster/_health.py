@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from dpkeras.cluster._spec import remote_tasks, task_addresses, task_name
 
-_TASK_IN_TEXT = re.compile(r"/job:(\w+)/replica:0/task:(\d+)")
+_TASK_OF_DEVICE = re.compile(r"/job:(\w+)/replica:0/task:(\d+)/")
 # An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
 # SETTINGS frame. The kernel accepts TCP connections for a process that is frozen, so a bare
 # connect cannot tell a hung task from a live one; this exchange needs the server to run.
@@ -43,8 +43,6 @@ def probe(address, timeout=1.0):
 
 
 _RESTARTED = "it was restarted and lost this client's state"
-_NAMED = "named by TensorFlow's error"
-_NAMED_REASONS = (_RESTARTED, _NAMED)
 
 
 class TaskFailedError(tf.errors.UnavailableError):
@@ -62,7 +60,7 @@ class TaskFailedError(tf.errors.UnavailableError):
     def __init__(self, task, address, reason):
         self.task = task
         self.address = address
-        state = "failed" if reason in _NAMED_REASONS else "is unreachable"
+        state = "failed" if reason == _RESTARTED else "is unreachable"
         super().__init__(
             None,
             None,
@@ -72,20 +70,59 @@ class TaskFailedError(tf.errors.UnavailableError):
         )
 
 
-def failed_tasks(cluster_spec, error=None, timeout=1.0):
-    """Names the tasks that no longer answer, probing every task (see `probe`).
+def _connected_tasks():
+    """The tasks this process's TensorFlow context has devices of (empty when not connected)."""
+    names = set()
+    for device in tf.config.list_logical_devices():
+        match = _TASK_OF_DEVICE.match(device.name)
+        if match:
+            names.add(task_name(*match.groups()))
+    return names
+
+
+def serves_this_client(task, timeout=1.0):
+    """Returns None if `task` runs an op for this process's context, else why not (a string).
+
+    A restarted task answers `probe` like a live one but no longer holds the context this
+    client made at connecting: an op on it fails (TensorFlow's `AbortedError`). This runs one
+    tiny op on the task's CPU and waits for its value, from a thread bounded by `timeout`
+    (a frozen task would block it). It reads the task's state, never an error's text.
+    """
+    outcome = []
+
+    def run():
+        try:
+            with tf.device(f"{task}/device:CPU:0"):
+                tf.identity(tf.constant(1)).numpy()  # waits for the task's answer
+            outcome.append(None)
+        except tf.errors.AbortedError:
+            outcome.append(_RESTARTED)
+        except tf.errors.OpError as e:
+            outcome.append(f"an op on it failed: {type(e).__name__}")
+
+    thread = threading.Thread(target=run, name="dpkeras-context-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return f"no answer to an op within {timeout:g} s"
+    return outcome[0]
+
+
+def failed_tasks(cluster_spec, timeout=1.0):
+    """Names the tasks that no longer serve this client, from their state alone.
+
+    Every task is probed (see `probe`: a killed, unreachable or frozen task does not answer).
+    When all answer and this process is connected to them, each also runs one op for this
+    client (see `serves_this_client`: a restarted task answers probes but lost the client's
+    context). No error message is read: an ordinary error on a healthy cluster (an id out of
+    range, a shape mismatch) names no task.
 
     Args:
         cluster_spec: `tf.train.ClusterSpec`.
-        error: optional exception TensorFlow raised; when no port refuses, the tasks it names as
-            a remote target are returned instead, with the reason "named by TensorFlow's
-            error", or "it was restarted and lost this client's state" when TensorFlow says
-            the task no longer knows this client (a restarted task answers probes).
-        timeout: float, seconds allowed per probe.
+        timeout: float, seconds allowed per probe and per op.
 
     Returns:
-        `{task name: reason}`, in cluster order; empty if every task answers and the error names
-        none.
+        `{task name: reason}`, in cluster order; empty if every task answers and serves.
     """
     tasks = remote_tasks(cluster_spec)
     dead = {}
@@ -93,13 +130,14 @@ def failed_tasks(cluster_spec, error=None, timeout=1.0):
         reason = probe(address, timeout)
         if reason is not None:
             dead[name] = reason
-    if dead or error is None:
+    if dead:
         return dead
-    text = str(error)
-    for job, index in _TASK_IN_TEXT.findall(text):
-        name = task_name(job, index)
-        if name in tasks and name not in dead and f"remote target {name}" in text:
-            dead[name] = _RESTARTED if "Unable to find a context_id" in text else _NAMED
+    connected = _connected_tasks()
+    for name in tasks:
+        if name in connected:
+            reason = serves_this_client(name, timeout)
+            if reason is not None:
+                dead[name] = reason
     return dead
 
 
@@ -111,20 +149,13 @@ def name_failures(cluster_spec):
         model.fit(...)   # a killed ps -> TaskFailedError("/job:ps/replica:0/task:1 at ...")
     ```
 
-    TensorFlow's errors (`tf.errors.OpError`, and a `ValueError` carrying a gRPC error) are
-    translated when a task no longer answers, or when every task answers but a gRPC error names
-    a remote target; anything else passes through. The original is the `__cause__`.
+    TensorFlow's errors (`tf.errors.OpError`, and `ValueError`, which Keras's `fit` may raise
+    for a lost ps) become `TaskFailedError` when a task no longer serves this client (see
+    `failed_tasks`: decided from the tasks' state, never from the error's text). Anything else
+    passes through as itself, such as an id out of an Embedding's range on a healthy cluster.
+    The original is the `__cause__`.
     """
     return _NameFailures(cluster_spec)
-
-
-def _may_be_task_failure(error):
-    """Whether `error` can come from a lost task: any TF op error, or a ValueError carrying a
-    gRPC error (with streaming enqueue on, TF 2.21 raises a lost ps inside Keras `fit` as
-    ValueError "... Additional GRPC error information from remote target ...")."""
-    if isinstance(error, tf.errors.OpError):
-        return True
-    return isinstance(error, ValueError) and "GRPC" in str(error)
 
 
 class _NameFailures:
@@ -135,10 +166,11 @@ class _NameFailures:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if error is None or isinstance(error, TaskFailedError) or not _may_be_task_failure(error):
+        if not isinstance(error, (tf.errors.OpError, ValueError)):
             return False
-        grpc = isinstance(error, tf.errors.UnavailableError) or "GRPC" in str(error)
-        dead = failed_tasks(self._spec, error if grpc else None)
+        if isinstance(error, TaskFailedError):
+            return False
+        dead = failed_tasks(self._spec)
         if not dead:
             return False
         task, reason = next(iter(dead.items()))
