@@ -5,8 +5,9 @@ guard each behaviour to fail. A script, not a test module (pytest collects `test
     .venv/bin/python -m tests.mutations resume     # only the named ones
 
 For each mutant it copies the checkout (without .venv and .git) to a scratch directory,
-replaces one small exact text in one dpkeras source file (asserted to occur exactly once, so a
-mutant whose code moved fails loudly instead of testing nothing), and runs the named tests
+replaces one small exact text in one file (a dpkeras module, or pyproject.toml; asserted to
+occur exactly once, so a mutant whose code moved fails loudly instead of testing nothing), and
+runs the named tests
 there with PYTHONPATH pointing at the copy, so the mutant is what the tests and the processes
 they start (clients, `dpkeras serve` tasks) import. A mutant is caught when its tests fail. It
 prints a table and exits 1 if a mutant survives, 2 if one no longer applies.
@@ -175,6 +176,14 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_cluster.py::test_a_restarted_task_is_named_from_its_state",),
     ),
+    Mutant(
+        "wheel-drops-subpackage",
+        "the package configuration leaves dpkeras.tf1 out of the wheel",
+        "pyproject.toml",
+        'include = ["dpkeras*"]',
+        'include = ["dpkeras", "dpkeras._*", "dpkeras.cluster", "dpkeras.testing"]',
+        ("tests/test_wheel.py::test_the_wheel_holds_every_module_of_dpkeras_and_nothing_else",),
+    ),
 )
 
 
@@ -261,10 +270,10 @@ def main(names):
         rows.append((mutant, verdict, seconds, detail))
         print(f"  {verdict} in {seconds:.0f} s: {detail}", flush=True)
     print()
-    print(f"{'mutant':<18} {'verdict':<18} {'seconds':>7}  tests")
+    print(f"{'mutant':<24} {'verdict':<18} {'seconds':>7}  tests")
     for mutant, verdict, seconds, _ in rows:
         tests = ", ".join(t.rsplit("::", 1)[-1] for t in mutant.tests)
-        print(f"{mutant.name:<18} {verdict:<18} {seconds:>7.0f}  {tests}")
+        print(f"{mutant.name:<24} {verdict:<18} {seconds:>7.0f}  {tests}")
     verdicts = [verdict for _, verdict, _, _ in rows]
     if any(v.startswith(("NOT APPLIED", "ERROR")) for v in verdicts):
         return 2
