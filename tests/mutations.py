@@ -7,10 +7,10 @@ guard each behaviour to fail. A script, not a test module (pytest collects `test
 For each mutant it copies the checkout (without .venv and .git) to a scratch directory,
 replaces one small exact text in one file (a dpkeras module, or pyproject.toml; asserted to
 occur exactly once, so a mutant whose code moved fails loudly instead of testing nothing), and
-runs the named tests
-there with PYTHONPATH pointing at the copy, so the mutant is what the tests and the processes
-they start (clients, `dpkeras serve` tasks) import. A mutant is caught when its tests fail. It
-prints a table and exits 1 if a mutant survives, 2 if one no longer applies.
+runs the named tests there with PYTHONPATH pointing at the copy, so the mutant is what the
+tests and the processes they start (clients, `dpkeras serve` tasks) import. A mutant is caught
+when its tests fail. It prints a table and exits 1 if a mutant survives, 2 if one no longer
+applies.
 """
 
 import dataclasses
