@@ -19,8 +19,10 @@ The package, from the top down (each imports only what stands below it):
 - `_cli/`: the `dpkeras` command, one module a verb (`env`, `serve`, `bench`, `launch`);
   `testing`;
 - `_strategy/`: `ParameterDeviceStrategy`, `dpkeras.scope()`, the placement report;
-- `_patches/`: what dpkeras installs into Keras and TensorFlow while in use (crash-safe
-  saving, exact resume, the symbolic build, naming failed tasks), checked and reversible;
+- `_patches/`: every change dpkeras makes to Keras, TensorFlow and keras-rs, one table of
+  entries (crash-safe saving, exact resume, the symbolic build, naming failed tasks, the
+  on-cluster loop, the optimizer summing first, the `tf.gather` dispatcher), checked and
+  reversible (`uninstall()`);
 - `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
   variable creator, reductions, the optimizer on the sum, Keras steps, input); beside it
   `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
@@ -38,6 +40,7 @@ The package, from the top down (each imports only what stands below it):
 
 from dpkeras import layers, placement
 from dpkeras._extended.devices import simulate_cpu_devices
+from dpkeras._patches.table import uninstall
 from dpkeras._strategy.report import PlacementReport, placement_report
 from dpkeras._strategy.scope import get_strategy, scope
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
@@ -71,6 +74,7 @@ __all__ = [
     "scope",
     "simulate_cpu_devices",
     "TaskFailedError",
+    "uninstall",
     # Where variables live, and what a step sends.
     "placement",
     "layers",

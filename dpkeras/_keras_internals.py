@@ -162,20 +162,6 @@ def creating_optimizer():
     return None
 
 
-def route_optimizer_apply(optimizer, apply):
-    """Makes `optimizer.apply` (and so `apply_gradients`, which calls it) call `apply`.
-
-    Keras 3.15 has no hook for where gradients are summed relative to clipping, weight decay
-    and gradient accumulation: `BaseOptimizer._backend_apply_gradients` clips, decays and
-    accumulates first, and sums across replicas last (`_backend_update_step`). dpkeras needs
-    the sum first, so it routes this optimizer object's `apply` (an instance attribute; the
-    class and every other optimizer are untouched) through a merge that sums the gradients,
-    then calls Keras's own `apply` once, in cross-replica context. `apply_gradients` calls
-    `self.apply(grads, trainable_variables)` (tests/test_optimizer_apply.py pins this).
-    """
-    optimizer.apply = apply
-
-
 # -- saving (used by dpkeras/_patches/__init__.py and dpkeras/_patches/resume.py)
 # ------------------------
 
@@ -279,55 +265,45 @@ def set_backup_epoch(callback, epoch):
     callback._current_epoch = epoch
 
 
-# -- keras-rs (used by dpkeras/_patches/keras_rs.py)
+# -- keras-rs (the table entry of dpkeras/_patches/keras_rs.py)
 # ------------------------------------------------------------------------
 
 
-KERAS_RS_SPARSECORE_INIT = ("self", "feature_configs", "table_stacking")  # its parameters
-
-
-def wrap_keras_rs_sparsecore_init(wrapper):
-    """Puts `wrapper(original, layer, feature_configs, table_stacking)` in place of keras-rs's
-    `DistributedEmbedding._sparsecore_init`; returns a callable that puts keras-rs's back.
+def keras_rs_distributed_embedding():
+    """keras-rs's `DistributedEmbedding` class, whose private `_sparsecore_init` the table of
+    dpkeras._patches wraps; None if keras-rs is not imported (dpkeras never imports it).
 
     keras-rs 0.4.0 reads each table's `TableConfig.placement` in `DistributedEmbedding`'s
-    constructor and hands the tables placed on "sparsecore" to this private method, which
+    constructor and hands the tables placed on "sparsecore" to that private method, which
     raises off TPU without naming a table. keras-rs has no public hook between reading the
-    configs and that error, so dpkeras wraps the method (on keras-rs's public class only) to
-    refuse with the tables' names. Returns None, wrapping nothing, if keras-rs is not imported
-    or its method no longer has the parameters `KERAS_RS_SPARSECORE_INIT` (keras-rs's own error
-    stands then; tests/test_keras_rs.py fails on such an upgrade).
+    configs and that error. The entry is skipped when the method no longer has the parameters
+    it names (keras-rs's own error stands then; tests/test_keras_rs.py fails on such an
+    upgrade).
     """
-    import inspect
     import sys
 
-    if "keras_rs" not in sys.modules:
-        return None
-    layer_class = sys.modules["keras_rs"].layers.DistributedEmbedding
-    original = getattr(layer_class, "_sparsecore_init", None)
-    if (
-        original is None
-        or tuple(inspect.signature(original).parameters) != KERAS_RS_SPARSECORE_INIT
-    ):
-        return None
-    own = "_sparsecore_init" in vars(layer_class)
-
-    def wrapped(layer, feature_configs, table_stacking):
-        return wrapper(original, layer, feature_configs, table_stacking)
-
-    layer_class._sparsecore_init = wrapped
-
-    def restore():
-        if own:
-            layer_class._sparsecore_init = original
-        else:
-            del layer_class._sparsecore_init
-
-    return restore
+    module = sys.modules.get("keras_rs")
+    return None if module is None else module.layers.DistributedEmbedding
 
 
 # -- dynamic embeddings (used by dpkeras/_dynamic/slots.py)
 # ------------------------------------------
+
+
+def optimizer_slots(optimizer, variable):
+    """`{slot name: slot variable}` of the variables `optimizer` made for `variable`.
+
+    A `DynamicEmbedding` resets the slots of a row it hands to a new id. Keras 3.15 has no
+    public map from a variable to its slots: `add_variable_from_reference` names a slot
+    `<variable path with _ for />_<slot name>` (and gives it the variable's shape), and the
+    optimizer lists it in `optimizer.variables`; the slot is found by that name.
+    """
+    prefix = f"{variable.path.replace('/', '_')}_"
+    return {
+        v.name[len(prefix) :]: v
+        for v in optimizer.variables
+        if v.name.startswith(prefix) and tuple(v.shape) == tuple(variable.shape)
+    }
 
 
 def training_model():

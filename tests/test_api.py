@@ -24,6 +24,7 @@ def test_public_names():
             "scope",
             "simulate_cpu_devices",
             "TaskFailedError",
+            "uninstall",
             "train_step_transfers",
             "placement",
             "layers",

@@ -1,8 +1,9 @@
-"""dpkeras/_patches/__init__.py: named, checked, installed by a scope, and reversible.
+"""dpkeras/_patches: every change to Keras, TensorFlow and keras-rs is an entry of one table,
+checked, installed by a scope, and reversible.
 
-Each test starts from `uninstall()` (Keras's own functions in place, nothing leased) and uses
+Each test starts from `uninstall()` (every original in place, nothing leased) and uses
 strategies made here, on devices no other test file uses, so no variable of another test keeps
-the patches installed.
+the entries installed.
 """
 
 import ast
@@ -19,13 +20,14 @@ import tensorflow as tf
 
 import dpkeras
 from dpkeras import _keras_internals
-from dpkeras._patches import resume
+from dpkeras._patches import entries, resume
 from dpkeras._patches import table as keras_patches
-from dpkeras._variables import lookups
 from dpkeras.testing import run_python
 
 COMPUTE = ["/cpu:2", "/cpu:3"]
 PARAMETERS = "/cpu:1"
+ATTRIBUTES = [e for e in keras_patches.ENTRIES if isinstance(e, entries.Attribute)]
+GATHER = keras_patches.entry("tf.gather")
 
 
 @pytest.fixture(autouse=True)
@@ -36,27 +38,18 @@ def keras_as_shipped():
 
 
 def current():
-    return {p.qualname: getattr(p.owner(), p.name) for p in keras_patches.PATCHES}
+    return {e.qualname: e.current() for e in ATTRIBUTES if e.available()}
 
 
 def originals():
-    return {p.qualname: keras_patches.keras_original(p) for p in keras_patches.PATCHES}
-
-
-def gather_dispatched():
-    """Whether dpkeras's `tf.gather` dispatcher is registered with TensorFlow now."""
-    try:
-        tf.experimental.unregister_dispatch_for(lookups.gather)
-    except ValueError:  # TensorFlow: "was not registered"
-        return False
-    lookups.register()  # put it back as it was
-    return True
+    return {e.qualname: keras_patches.keras_original(e) for e in ATTRIBUTES if e.available()}
 
 
 def assert_keras_as_shipped(expected):
     assert not keras_patches.installed()
-    assert not gather_dispatched()
+    assert not GATHER.registered()
     found = current()
+    assert set(found) == set(expected)
     for name, original in expected.items():
         assert found[name] is original, name
         assert not hasattr(found[name], "__dpkeras_original__"), name
@@ -64,7 +57,7 @@ def assert_keras_as_shipped(expected):
 
 def assert_patched(expected):
     assert keras_patches.installed()
-    assert gather_dispatched()
+    assert GATHER.registered()
     found = current()
     for name, original in expected.items():
         assert found[name] is not original, name
@@ -79,16 +72,49 @@ def small_model():
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 
 
-def test_the_table_names_thirteen_distinct_keras_functions():
-    names = [p.qualname for p in keras_patches.PATCHES]
-    assert len(names) == 13 == len(set(names))
-    assert len({id(o) for o in originals().values()}) == 13
+def test_the_table_holds_sixteen_entries_of_three_kinds():
+    """The table grows only on purpose: a new change to Keras, TF or keras-rs changes this."""
+    kinds = {}
+    for e in keras_patches.ENTRIES:
+        kinds.setdefault(e.kind, []).append(e.qualname)
+    assert {k: len(v) for k, v in kinds.items()} == {
+        "attribute": 14,
+        "optional attribute": 1,
+        "dispatcher": 1,
+    }
+    names = [e.qualname for e in keras_patches.ENTRIES]
+    assert len(names) == len(set(names)) == 16
+    assert len({id(o) for o in originals().values()}) == len(originals())
+
+
+def test_every_entry_names_the_hook_that_would_retire_it():
+    for e in keras_patches.ENTRIES:
+        assert len(e.retire) > 20, e.qualname
 
 
 def test_the_readme_counts_the_table_right():
     readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    counts = re.findall(r"names, in one table, the (\d+) Keras functions dpkeras wraps", readme)
-    assert counts == [str(len(keras_patches.PATCHES))], counts
+    counts = re.findall(r"names, in one table, the (\d+) changes dpkeras makes", readme)
+    assert counts == [str(len(keras_patches.ENTRIES))], counts
+
+
+def test_nothing_outside_dpkeras_patches_registers_with_tensorflow():
+    """The one seam: no other module registers with TensorFlow's dispatch registries (the
+    `tf.gather` dispatcher is an entry of the table)."""
+    root = pathlib.Path(dpkeras.__file__).parent
+    registries = ("dispatch_for_api", "register_dispatchable_type", "unregister_dispatch_for")
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith("_patches/"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+                if name in registries:
+                    found.append(f"{relative}:{node.lineno} {name}")
+    assert found == [], found
 
 
 def test_creating_a_strategy_patches_nothing():
@@ -166,24 +192,29 @@ def test_a_model_built_under_dpkeras_keeps_the_patches_until_it_is_gone():
     assert_keras_as_shipped(shipped)
 
 
-def test_every_patched_function_has_the_signature_dpkeras_expects():
-    for patch in keras_patches.PATCHES:
-        keras_patches.check(patch)  # raises, naming the function, if Keras changed it
+def test_every_entry_fits_the_keras_it_runs_with():
+    for e in keras_patches.ENTRIES:
+        e.check()  # raises, naming the function, if Keras changed it
 
 
 def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monkeypatch):
     shipped = originals()
-    wrong = dataclasses.replace(keras_patches.PATCHES[1], signature="(model, filepath)")
+    index = next(
+        i
+        for i, e in enumerate(keras_patches.ENTRIES)
+        if e.qualname == "saving_lib.save_weights_only"
+    )
+    wrong = dataclasses.replace(keras_patches.ENTRIES[index], signature="(model, filepath)")
     message = (
         r"dpkeras cannot patch Keras 3\.\S+: saving_lib\.save_weights_only has signature "
         r"\(model, filepath, max_shard_size=None, objects_to_skip=None\), expected "
         r"\(model, filepath\) \(as in Keras 3\.15\)"
     )
     with pytest.raises(RuntimeError, match=message):
-        keras_patches.check(wrong)
-    table = list(keras_patches.PATCHES)
-    table[1] = wrong
-    monkeypatch.setattr(keras_patches, "PATCHES", tuple(table))
+        wrong.check()
+    table = list(keras_patches.ENTRIES)
+    table[index] = wrong
+    monkeypatch.setattr(keras_patches, "ENTRIES", tuple(table))
     with pytest.raises(RuntimeError, match=message):
         with new_strategy().scope():
             pass
@@ -192,7 +223,9 @@ def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monke
 
 def test_a_missing_function_is_refused_by_name():
     missing = dataclasses.replace(
-        keras_patches.PATCHES[2], name="on_train_start", qualname="BackupAndRestore.on_train_start"
+        keras_patches.entry("BackupAndRestore.on_train_begin"),
+        name="on_train_start",
+        qualname="BackupAndRestore.on_train_start",
     )
     with pytest.raises(
         RuntimeError,
@@ -200,21 +233,21 @@ def test_a_missing_function_is_refused_by_name():
         r"\(expected a function with signature "
         r"\(self, logs=None\)",
     ):
-        keras_patches.check(missing)
+        missing.check()
 
 
 def test_the_keras_originals_dpkeras_reimplements_are_unchanged():
     """dpkeras replaces what these Keras functions do for its models; if Keras changes one,
     the change would be silently dropped for dpkeras models."""
-    pinned = [p for p in keras_patches.PATCHES if p.source_sha256 is not None]
-    assert [p.qualname for p in pinned] == ["BackupAndRestore._save_model"]
-    for patch in pinned:
-        found = keras_patches.source_sha256(keras_patches.keras_original(patch))
-        assert found == patch.source_sha256, (
-            f"Keras {keras.__version__} changed {patch.qualname} (source SHA-256 {found}, "
-            f"pinned {patch.source_sha256}). Read the new Keras source, make "
+    pinned = [e for e in ATTRIBUTES if e.source_sha256 is not None]
+    assert [e.qualname for e in pinned] == ["BackupAndRestore._save_model"]
+    for e in pinned:
+        found = keras_patches.source_sha256(keras_patches.keras_original(e))
+        assert found == e.source_sha256, (
+            f"Keras {keras.__version__} changed {e.qualname} (source SHA-256 {found}, "
+            f"pinned {e.source_sha256}). Read the new Keras source, make "
             f"dpkeras._patches.resume.backup_save_model do everything it now does, then update "
-            f"source_sha256 in dpkeras/_patches/__init__.py."
+            f"source_sha256 in dpkeras/_patches/table.py."
         )
 
 
@@ -252,6 +285,28 @@ def test_callbacks_run_outside_the_scope_with_the_patches_installed():
     x = tf.zeros((8, 3))
     model.fit(x, tf.zeros((8, 2)), batch_size=4, epochs=2, verbose=0, callbacks=[record])
     assert seen == [(False, True), (False, True)]
+
+
+def test_after_uninstall_every_changed_object_is_the_original_again():
+    """Every entry: Keras's and keras-rs's functions are the very objects they were, the
+    gather dispatcher is unregistered, and an optimizer of a dpkeras strategy is back to
+    Keras's `apply`, even while a model built under dpkeras lives."""
+    pytest.importorskip("keras_rs")  # the optional entry applies once keras-rs is imported
+
+    shipped = originals()
+    assert "DistributedEmbedding._sparsecore_init" in shipped
+    with new_strategy().scope():
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        assert_patched(shipped)
+    assert_patched(shipped)  # the model keeps them
+    keras_patches.uninstall()
+    assert_keras_as_shipped(shipped)
+    assert type(model.optimizer).apply is keras_patches.keras_original(
+        keras_patches.entry("Optimizer.apply")
+    )
+    assert "apply" not in vars(model.optimizer)
 
 
 def test_importing_dpkeras_registers_no_dispatcher():

@@ -27,8 +27,7 @@ import tensorflow as tf
 keras_rs = pytest.importorskip("keras_rs")
 
 import dpkeras  # noqa: E402
-from dpkeras import _keras_internals  # noqa: E402
-from dpkeras._patches import keras_rs as keras_rs_patch  # noqa: E402
+from dpkeras._patches import table as keras_patches  # noqa: E402
 from dpkeras.testing import LocalCluster, assert_weights_close, cpu_strategy, server_env  # noqa: E402
 from tests import keras_rs_models as rs  # noqa: E402
 from tests.guides import python_blocks  # noqa: E402
@@ -151,15 +150,23 @@ def test_a_sparsecore_table_is_refused_naming_the_table_its_features_and_what_wo
     assert len(strategy.extended.variables()) == before  # nothing half-created
 
 
+SPARSECORE = keras_patches.entry("DistributedEmbedding._sparsecore_init")
+
+
+def _sparsecore_wrapped():
+    return hasattr(keras_rs.layers.DistributedEmbedding._sparsecore_init, "__dpkeras_original__")
+
+
 def test_the_sparsecore_check_is_installed_only_during_a_dpkeras_scope():
-    original = keras_rs.layers.DistributedEmbedding._sparsecore_init
+    """An entry of dpkeras's one table, with its lifecycle (no variable made here keeps it)."""
+    original = keras_patches.keras_original(SPARSECORE)
     strategy = cpu_strategy(2)
     with strategy.scope():
-        assert keras_rs_patch.installed()
+        assert _sparsecore_wrapped()
         with strategy.scope():
-            assert keras_rs_patch.installed()
-        assert keras_rs_patch.installed()
-    assert not keras_rs_patch.installed()
+            assert _sparsecore_wrapped()
+        assert _sparsecore_wrapped()
+    assert not _sparsecore_wrapped()
     assert keras_rs.layers.DistributedEmbedding._sparsecore_init is original
     # Outside dpkeras keras-rs refuses by itself, as before.
     with pytest.raises(ValueError, match="not running under a TPU strategy"):
@@ -168,8 +175,9 @@ def test_the_sparsecore_check_is_installed_only_during_a_dpkeras_scope():
 
 def test_the_keras_rs_method_dpkeras_wraps_is_still_there_with_its_signature():
     # Fails when a keras-rs upgrade renames or changes the method (dpkeras then wraps nothing).
-    method = keras_rs.layers.DistributedEmbedding._sparsecore_init
-    assert tuple(inspect.signature(method).parameters) == _keras_internals.KERAS_RS_SPARSECORE_INIT
+    assert SPARSECORE.available()
+    method = keras_patches.keras_original(SPARSECORE)
+    assert f"({', '.join(inspect.signature(method).parameters)})" == SPARSECORE.signature
 
 
 # -- the guide ---------------------------------------------------------------------------------

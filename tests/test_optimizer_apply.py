@@ -12,6 +12,8 @@ import pytest
 import tensorflow as tf
 
 from dpkeras import _keras_internals
+from dpkeras._extended import optimizer_apply
+from dpkeras._patches import table as keras_patches
 from dpkeras.testing import assert_weights_close, cpu_strategy
 from tests.models import build_model, make_data
 
@@ -190,10 +192,18 @@ def test_creating_optimizer_is_found_on_keras_name_scope_stack():
     assert found == [optimizer] * 4
 
 
-def test_other_optimizers_and_the_class_are_untouched():
-    with cpu_strategy(2).scope():
+def test_only_the_optimizers_of_a_dpkeras_strategy_sum_first():
+    """Keras's `Optimizer.apply` is an entry of dpkeras's table: it sums first for the
+    optimizers a dpkeras strategy created variables for, and is Keras's own for every other
+    (no optimizer object is changed)."""
+    strategy = cpu_strategy(2)
+    with strategy.scope():
         model = _build(lambda: keras.optimizers.SGD(0.1))
+    assert keras_patches.installed()  # the model's variables keep the table installed
     outside = keras.optimizers.SGD(0.1)
-    assert "apply" in vars(model.optimizer)
-    assert "apply" not in vars(outside)
-    assert keras.optimizers.SGD.apply is keras.optimizers.Optimizer.apply
+    weight = keras.Variable(np.ones((2,), "float32"))
+    outside.apply([tf.constant([1.0, 2.0])], [weight])
+    assert optimizer_apply.attached(model.optimizer) is strategy.extended
+    assert optimizer_apply.attached(outside) is None
+    assert "apply" not in vars(model.optimizer) and "apply" not in vars(outside)
+    np.testing.assert_allclose(weight.numpy(), [0.9, 0.8])

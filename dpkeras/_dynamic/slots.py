@@ -11,19 +11,9 @@ from dpkeras import _keras_internals
 _AVERAGE = "average"  # EMA's copy of the variable (use_ema): reset to the row's new vector
 
 
-def slot_prefix(variable):
-    """Keras names a slot of `variable` `<variable path with _ for />_<slot name>`."""
-    return f"{variable.path.replace('/', '_')}_"
-
-
 def slots_of(optimizer, variable):
     """`{slot name: slot variable}` of `optimizer`'s variables made from `variable`."""
-    prefix = slot_prefix(variable)
-    return {
-        v.name[len(prefix) :]: v
-        for v in optimizer.variables
-        if v.name.startswith(prefix) and tuple(v.shape) == tuple(variable.shape)
-    }
+    return _keras_internals.optimizer_slots(optimizer, variable)
 
 
 def initial_slot_values(optimizer):

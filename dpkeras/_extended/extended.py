@@ -10,6 +10,7 @@ import contextlib
 import logging
 import threading
 
+import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals, _tf_internals
@@ -20,11 +21,35 @@ from dpkeras._extended.cross_replica import CrossReplicaHooks
 from dpkeras._extended.input import InputPlan
 from dpkeras._extended.reductions import ReductionLedger
 from dpkeras._variables import replica_step
-from dpkeras._variables.sharded import ShardedParameterVariable
+from dpkeras._variables.sharded import PLACED_TYPES, ShardedParameterVariable
 from dpkeras._variables.variables import ParameterVariable
 from dpkeras.cluster import _health
 
 _log = logging.getLogger("dpkeras")
+
+
+def extended_of(obj):
+    """The `ParameterDeviceExtended` that `obj` belongs to, or None: the one predicate for
+    "is this dpkeras's?".
+
+    Args:
+        obj: a strategy (its `extended`); or a Keras model or layer, which belongs to the
+            strategy that made its variables (any of them), or, before it has variables (an
+            unbuilt model), to its `distribute_strategy` (the strategy in scope when it was
+            made, else the current one).
+    """
+    if isinstance(obj, tf.distribute.Strategy):
+        extended = obj.extended
+        return extended if isinstance(extended, ParameterDeviceExtended) else None
+    variables = getattr(obj, "variables", None)
+    for v in variables or ():
+        value = _keras_internals.underlying_variable(v) if isinstance(v, keras.Variable) else v
+        if isinstance(value, PLACED_TYPES):
+            return value.extended
+    if variables:
+        return None
+    strategy = getattr(obj, "distribute_strategy", None)
+    return extended_of(strategy) if strategy is not None else None
 
 
 class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV1):

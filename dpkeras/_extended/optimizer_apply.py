@@ -6,7 +6,6 @@ import weakref
 import keras
 import tensorflow as tf
 
-from dpkeras import _keras_internals
 from dpkeras._variables import dedup, replica_step
 from dpkeras._variables.shard_updates import sum_by_shard
 from dpkeras._variables.sharded import ShardedParameterVariable
@@ -17,6 +16,9 @@ _IN_EACH_REPLICA = object()  # the merge's answer when no gradient is per-replic
 
 def attach(optimizer, extended):
     """Makes `optimizer` sum its gradients across `extended`'s replicas before it applies them.
+
+    Records the pair only; `summing_first`, which dpkeras._patches puts in place of Keras's
+    `Optimizer.apply`, acts for recorded optimizers and calls Keras's own for every other.
 
     One device clips, decays and accumulates the gradient of the whole batch. Keras under a
     `tf.distribute` strategy does those per replica, on each replica's partial gradient, and sums
@@ -45,53 +47,63 @@ def attach(optimizer, extended):
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or optimizer in _attached:
         return
     _attached[optimizer] = extended
-    keras_apply = optimizer.apply  # the bound method of the optimizer's class
 
-    def apply(grads, trainable_variables=None):
-        ctx = tf.distribute.get_replica_context()
-        if ctx is None or ctx.strategy.extended is not extended:
-            return keras_apply(grads, trainable_variables)
-        grads = list(grads)
-        result = ctx.merge_call(_apply_summed, args=(grads, trainable_variables))
-        if result is _IN_EACH_REPLICA:
-            return keras_apply(grads, trainable_variables)
-        return result
 
-    def _apply_summed(strategy, grads, trainable_variables):
-        if strategy.num_replicas_in_sync > 1 and not any(
-            isinstance(g, tf.distribute.DistributedValues) for g in grads
-        ):
-            return _IN_EACH_REPLICA
-        variables = (
-            trainable_variables
-            if trainable_variables is not None
-            else optimizer.trainable_variables
-        )
-        summed = [_sum(g, v) for g, v in zip(grads, variables)]
-        # Ops Keras does not place (the iteration count's `+ 1`, the clipping norm) run on the
-        # home parameter device, not wherever the placer would put them.
-        with (
-            tf.device(extended.parameter_devices[0]),
-            replica_step.state_of(extended).after_inputs(0),
-        ):
-            return keras_apply(summed, trainable_variables)
+def attached(optimizer):
+    """The extended `optimizer` sums for (see `attach`), or None."""
+    return _attached.get(optimizer)
 
-    def _sum(grad, variable):
-        if grad is None:
-            return None
-        sum_repeats = dedup.sums_gradient_rows(extended.deduplicate, optimizer)
-        sharded = _tf_variable(variable)
-        if isinstance(sharded, ShardedParameterVariable):
-            components = extended.reductions.components(grad, from_every_replica=False)
-            reduce = functools.partial(
-                extended.reductions.reduce_components, sum_repeats=sum_repeats
-            )
-            return sum_by_shard(sharded, components, reduce)
-        return extended.aggregate(
-            "SUM", grad, sharded.device, from_every_replica=False, sum_repeats=sum_repeats
-        )
 
-    _keras_internals.route_optimizer_apply(optimizer, apply)
+def summing_first(keras_apply, optimizer, grads, trainable_variables=None):
+    """Stands in for Keras's `Optimizer.apply(grads, trainable_variables)` (see `attach`).
+
+    Args:
+        keras_apply: Keras's own `Optimizer.apply`, unbound.
+        optimizer, grads, trainable_variables: its arguments.
+    """
+    extended = _attached.get(optimizer)
+    ctx = tf.distribute.get_replica_context()
+    if extended is None or ctx is None or ctx.strategy.extended is not extended:
+        return keras_apply(optimizer, grads, trainable_variables)
+    grads = list(grads)
+    result = ctx.merge_call(
+        _apply_summed, args=(extended, optimizer, keras_apply, grads, trainable_variables)
+    )
+    if result is _IN_EACH_REPLICA:
+        return keras_apply(optimizer, grads, trainable_variables)
+    return result
+
+
+def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_variables):
+    if strategy.num_replicas_in_sync > 1 and not any(
+        isinstance(g, tf.distribute.DistributedValues) for g in grads
+    ):
+        return _IN_EACH_REPLICA
+    variables = (
+        trainable_variables if trainable_variables is not None else optimizer.trainable_variables
+    )
+    summed = [_sum(extended, optimizer, g, v) for g, v in zip(grads, variables)]
+    # Ops Keras does not place (the iteration count's `+ 1`, the clipping norm) run on the
+    # home parameter device, not wherever the placer would put them.
+    with (
+        tf.device(extended.parameter_devices[0]),
+        replica_step.state_of(extended).after_inputs(0),
+    ):
+        return keras_apply(optimizer, summed, trainable_variables)
+
+
+def _sum(extended, optimizer, grad, variable):
+    if grad is None:
+        return None
+    sum_repeats = dedup.sums_gradient_rows(extended.deduplicate, optimizer)
+    sharded = _tf_variable(variable)
+    if isinstance(sharded, ShardedParameterVariable):
+        components = extended.reductions.components(grad, from_every_replica=False)
+        reduce = functools.partial(extended.reductions.reduce_components, sum_repeats=sum_repeats)
+        return sum_by_shard(sharded, components, reduce)
+    return extended.aggregate(
+        "SUM", grad, sharded.device, from_every_replica=False, sum_repeats=sum_repeats
+    )
 
 
 def _tf_variable(variable):

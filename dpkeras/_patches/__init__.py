@@ -1,15 +1,19 @@
-"""What dpkeras installs into Keras and TensorFlow while it is in use: checked and reversible.
+"""Every change dpkeras makes to Keras, TensorFlow and keras-rs: one table, checked and reversible.
 
-Keras has no public hook for how files are written, how an unbuilt model is built, or what
-a failed cluster task is called, so the Keras-private functions in `PATCHES` are replaced by
-wrappers that act for dpkeras models and call Keras's original, unchanged, for every other
-model. The `tf.gather` dispatcher of `dpkeras._variables.lookups` is registered with them.
+Keras has no public hook for how files are written, how an unbuilt model is built, what a
+failed cluster task is called, where a step function runs, or where gradients are summed
+relative to clipping; each such change is an entry of `table.ENTRIES`, of a kind declared in
+`entries` (a Keras function wrapped, an optional library's function wrapped, a TensorFlow
+dispatcher), naming the hook that would retire it. No other module of dpkeras changes Keras,
+TensorFlow or keras-rs (tests/test_keras_patches.py).
 
-- `table`: the Keras functions wrapped, checked at install, and the lifecycle;
+- `entries`: the kinds of entry, each checked before it is installed and reversible;
+- `table`: the entries, and their one lifecycle (installed by a dpkeras scope, put back when
+  no scope is entered and no dpkeras variable lives, or by `dpkeras.uninstall()`);
 - `resume`: crash-safe saving and exact resume (docs/reliability.md);
 - `atomic_files`: files that are at every moment old or new (standard library only);
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
-- `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client.
+- `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
 - `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here).
 """

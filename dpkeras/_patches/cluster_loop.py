@@ -1,13 +1,13 @@
 """On a cluster, Keras's step functions run with a worker task as their coordinator."""
 
-from dpkeras._extended.extended import ParameterDeviceExtended
+from dpkeras._extended.extended import extended_of
 from dpkeras.cluster import _loop
 
 
 def cluster_spec_of(model):
     """The cluster of `model`'s dpkeras strategy, or None (no cluster, or not dpkeras)."""
-    extended = model.distribute_strategy.extended
-    return extended.cluster_spec if isinstance(extended, ParameterDeviceExtended) else None
+    extended = extended_of(model)
+    return None if extended is None else extended.cluster_spec
 
 
 def running_on_the_cluster(attribute):

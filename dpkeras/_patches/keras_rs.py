@@ -7,21 +7,13 @@ on the parameter devices, sharded by the strategy's partitioner. dpkeras runs no
 a dpkeras scope is entered a table on "sparsecore" is an error naming the tables, the
 features that use them and the placements that work (keras-rs's own error names none).
 
-Installed while a dpkeras scope is entered (counted across nesting and threads), if keras-rs
-is imported by then; the wrapper acts only when the current strategy is dpkeras's.
+An entry of the table (dpkeras._patches.table), installed with the others once keras-rs is
+imported; the wrapper acts only when the current strategy is dpkeras's.
 """
-
-import contextlib
-import threading
 
 import tensorflow as tf
 
-from dpkeras import _keras_internals
-from dpkeras._extended.extended import ParameterDeviceExtended
-
-_lock = threading.Lock()
-_depth = 0
-_restore = None
+from dpkeras._extended.extended import extended_of
 
 EXPECTED = (
     "Expected: placement='auto' or 'default_device' (keras-rs's EmbedReduce table, which "
@@ -47,34 +39,10 @@ def sparsecore_refusal(feature_configs, strategy):
     )
 
 
-def _refuse_under_dpkeras(original, layer, feature_configs, table_stacking):
+def refuse_under_dpkeras(original, layer, feature_configs, table_stacking):
+    """Stands in for keras-rs's `DistributedEmbedding._sparsecore_init` (an entry of
+    dpkeras._patches.table): under a dpkeras strategy, the `sparsecore_refusal`."""
     strategy = tf.distribute.get_strategy()
-    if isinstance(strategy.extended, ParameterDeviceExtended):
+    if extended_of(strategy) is not None:
         raise sparsecore_refusal(feature_configs, strategy)
     return original(layer, feature_configs, table_stacking)
-
-
-def installed():
-    """Whether the wrapper is in place of keras-rs's method now."""
-    with _lock:
-        return _restore is not None
-
-
-@contextlib.contextmanager
-def installed_during(scope):
-    """Enters `scope` with the wrapper installed (if keras-rs is imported); removes it when
-    the last such scope is left."""
-    global _depth, _restore
-    with _lock:
-        _depth += 1
-        if _restore is None:
-            _restore = _keras_internals.wrap_keras_rs_sparsecore_init(_refuse_under_dpkeras)
-    try:
-        with scope as entered:
-            yield entered
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _restore is not None:
-                _restore()
-                _restore = None

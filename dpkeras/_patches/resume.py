@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals
+from dpkeras._extended.extended import extended_of
 from dpkeras._patches import atomic_files
 from dpkeras._variables.sharded import PLACED_TYPES
 from dpkeras.placement import VariableKind
@@ -28,18 +29,9 @@ _KEY = "dpkeras"
 
 
 def built_under_dpkeras(model):
-    """Whether `model` was built under a dpkeras strategy: any of its variables is ours.
-
-    Args:
-        model: a Keras model (or layer).
-
-    Returns:
-        True if a variable of `model` is a `dpkeras.ParameterVariable`.
-    """
-    return any(
-        isinstance(_keras_internals.underlying_variable(v), PLACED_TYPES)
-        for v in getattr(model, "variables", ())
-    )
+    """Whether `model` (a Keras model or layer) has variables and they are a dpkeras
+    strategy's (`extended_of`); an unbuilt model is saved as Keras saves it."""
+    return bool(getattr(model, "variables", None)) and extended_of(model) is not None
 
 
 # -- random state ---------------------------------------------------------------------------

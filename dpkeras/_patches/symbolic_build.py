@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from dpkeras import _keras_internals, _tf_internals
-from dpkeras._extended.extended import ParameterDeviceExtended
+from dpkeras._extended.extended import extended_of
 
 
 def _zeros(spec):
@@ -38,13 +38,9 @@ def maybe_symbolic_build(original, model, iterator=None, data_batch=None):
     batch of zeros made from the dataset's element spec (an unknown dimension counts as 1), so
     nothing is taken from the data and no batch is pulled to one device.
     """
-    if iterator is not None and data_batch is None and _is_dpkeras(model):
+    if iterator is not None and data_batch is None and extended_of(model) is not None:
         dataset = _keras_internals.distributed_epoch_dataset(iterator)
         batch = None if dataset is None else batch_from_spec(dataset.element_spec)
         if batch is not None:
             return original(model, data_batch=batch)
     return original(model, iterator=iterator, data_batch=data_batch)
-
-
-def _is_dpkeras(model):
-    return isinstance(model.distribute_strategy.extended, ParameterDeviceExtended)

@@ -1,50 +1,30 @@
-"""The table of Keras functions dpkeras wraps, and installing it: checked and reversible."""
+"""Every change dpkeras makes to Keras, TensorFlow and keras-rs (`ENTRIES`), and its lifecycle.
+
+One table, one lifecycle: a dpkeras scope installs every entry (checked first), and they stay
+while a scope is entered or a variable made under one lives; then, or at `uninstall()`, every
+original object is put back. The kinds of entry are in `dpkeras._patches.entries`.
+"""
 
 import contextlib
-import dataclasses
-import functools
 import hashlib
 import inspect
 import threading
 import weakref
-from collections.abc import Callable
 
 import keras
+import tensorflow as tf
 
-from dpkeras import _keras_internals
-from dpkeras._patches import cluster_loop, resume, symbolic_build, task_failures
+from dpkeras import _keras_internals, _tf_internals
+from dpkeras._extended import optimizer_apply
+from dpkeras._patches import cluster_loop, keras_rs, resume, symbolic_build, task_failures
+from dpkeras._patches.entries import Attribute, Dispatcher, OptionalAttribute
 from dpkeras._variables import lookups
-
-SUPPORTED_KERAS = "3.15"
 
 
 def _backup_save_model(original, callback):
     return resume.backup_save_model(
-        original, callback, keras_original(_by_name("saving_lib.save_weights_only"))
+        original, callback, keras_original(entry("saving_lib.save_weights_only"))
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Patch:
-    """One Keras function dpkeras replaces by a wrapper.
-
-    Args:
-        owner: callable returning the module or class that holds the function.
-        name: str, the attribute name on `owner`.
-        qualname: str, how errors and the README name it.
-        signature: str, `str(inspect.signature(...))` of the function in Keras 3.15.
-        wrapper: callable `(original, *args, **kwargs)` standing in for the function.
-        source_sha256: str or None, the SHA-256 of `inspect.getsource` of the Keras 3.15
-            original when the wrapper re-implements it for dpkeras models instead of calling
-            it (tests/test_keras_patches.py checks it).
-    """
-
-    owner: Callable[[], object]
-    name: str
-    qualname: str
-    signature: str
-    wrapper: Callable
-    source_sha256: str | None = None
 
 
 def _backup_and_restore():
@@ -53,6 +33,10 @@ def _backup_and_restore():
 
 def _model_checkpoint():
     return keras.callbacks.ModelCheckpoint
+
+
+def _optimizer():
+    return keras.optimizers.Optimizer
 
 
 _FIT = (
@@ -68,133 +52,180 @@ _EVALUATE = (
 _PREDICT = "(self, x, batch_size=None, verbose='auto', steps=None, callbacks=None)"
 
 
-PATCHES = (
-    Patch(
+_SAVING = (
+    "a public hook for how Keras writes a file (a writer or a file-system argument to "
+    "saving_lib), so that a save can go to a temporary file renamed into place"
+)
+_BACKUP = (
+    "BackupAndRestore hooks to add state to a backup (seed generators) and to commit it "
+    "atomically, and a public epoch/batch position"
+)
+_FAILURES = (
+    "a public hook for exceptions raised by fit/evaluate/predict (callbacks see none), or "
+    "tf.distribute reporting a lost task as a typed error"
+)
+_LOOP = (
+    "a device argument for the step functions (Keras's make_*_function calls them without "
+    "one), or a strategy hook around the call of a multi-step function"
+)
+
+ENTRIES = (
+    Attribute(
         _keras_internals.saving_module,
         "save_model",
         "saving_lib.save_model",
         "(model, filepath, weights_format='h5', zipped=True)",
         resume.save_model,
+        retire=_SAVING,
     ),
-    Patch(
+    Attribute(
         _keras_internals.saving_module,
         "save_weights_only",
         "saving_lib.save_weights_only",
         "(model, filepath, max_shard_size=None, objects_to_skip=None)",
         resume.save_weights_only,
+        retire=_SAVING,
     ),
-    Patch(
+    Attribute(
         _backup_and_restore,
         "on_train_begin",
         "BackupAndRestore.on_train_begin",
         "(self, logs=None)",
         resume.backup_on_train_begin,
+        retire=_BACKUP,
     ),
-    Patch(
+    Attribute(
         _backup_and_restore,
         "_save_model",
         "BackupAndRestore._save_model",
         "(self)",
         _backup_save_model,
+        retire=_BACKUP,
         source_sha256="5eb7b53ca13ad33d97bdb44f3208f772d2fe030f5d3b3f3fcced5322821f32b7",
     ),
-    Patch(
+    Attribute(
         _backup_and_restore,
         "on_train_end",
         "BackupAndRestore.on_train_end",
         "(self, logs=None)",
         resume.backup_on_train_end,
+        retire=_BACKUP,
     ),
-    Patch(
+    Attribute(
         _model_checkpoint,
         "_save_model",
         "ModelCheckpoint._save_model",
         "(self, epoch, batch, logs)",
         resume.checkpoint_save_model,
+        retire="a ModelCheckpoint option to skip a save whose monitored loss is not finite",
     ),
     # Build an unbuilt model from the data's spec, not its first batch (symbolic_build).
-    Patch(
+    Attribute(
         _keras_internals.tensorflow_trainer,
         "_maybe_symbolic_build",
         "TensorFlowTrainer._maybe_symbolic_build",
         "(self, iterator=None, data_batch=None)",
         symbolic_build.maybe_symbolic_build,
+        retire="Keras's TF trainer building from the dataset's element_spec, as it can",
     ),
     # On a cluster, name the task that failed (dpkeras._patches.task_failures).
-    Patch(
+    Attribute(
         _keras_internals.tensorflow_trainer,
         "fit",
         "TensorFlowTrainer.fit",
         _FIT,
         task_failures.naming_failed_tasks,
+        retire=_FAILURES,
     ),
-    Patch(
+    Attribute(
         _keras_internals.tensorflow_trainer,
         "evaluate",
         "TensorFlowTrainer.evaluate",
         _EVALUATE,
         task_failures.naming_failed_tasks,
+        retire=_FAILURES,
     ),
-    Patch(
+    Attribute(
         _keras_internals.tensorflow_trainer,
         "predict",
         "TensorFlowTrainer.predict",
         _PREDICT,
         task_failures.naming_failed_tasks,
+        retire=_FAILURES,
     ),
     # On a cluster, the step functions run on a task, so the client is out of the per-step
     # path (dpkeras._patches.cluster_loop).
     *(
-        Patch(
+        Attribute(
             _keras_internals.tensorflow_trainer,
             f"make_{step}_function",
             f"TensorFlowTrainer.make_{step}_function",
             "(self, force=False)",
             cluster_loop.running_on_the_cluster(f"{step}_function"),
+            retire=_LOOP,
         )
         for step in ("train", "test", "predict")
+    ),
+    # An optimizer of a dpkeras strategy sums its replicas' gradients before it clips, decays
+    # and accumulates (dpkeras._extended.optimizer_apply); every other optimizer is Keras's.
+    Attribute(
+        _optimizer,
+        "apply",
+        "Optimizer.apply",
+        "(self, grads, trainable_variables=None)",
+        optimizer_apply.summing_first,
+        retire=(
+            "an optimizer hook between receiving the replicas' gradients and clipping them "
+            "(Keras clips, decays and accumulates per replica, then sums)"
+        ),
+    ),
+    # keras-rs tables placed on "sparsecore" are refused by name (dpkeras._patches.keras_rs).
+    OptionalAttribute(
+        _keras_internals.keras_rs_distributed_embedding,
+        "_sparsecore_init",
+        "DistributedEmbedding._sparsecore_init",
+        "(self, feature_configs, table_stacking)",
+        keras_rs.refuse_under_dpkeras,
+        retire="keras-rs validating a table's placement against the strategy, naming it",
+        module="keras_rs",
+    ),
+    # tf.gather of a Keras variable gathers where the table lives (dpkeras._variables.lookups).
+    Dispatcher(
+        lambda: tf.gather,
+        lambda: {"params": keras.Variable},
+        lookups.gather,
+        "tf.gather",
+        retire=(
+            "keras.Variable dispatchable by TensorFlow (registered once per process: "
+            "TensorFlow cannot unregister a type), or Keras's ops.take on a variable "
+            "calling the variable's own sparse_read"
+        ),
+        before_first_install=lambda: _tf_internals.register_dispatchable_type(keras.Variable),
     ),
 )
 
 _lock = threading.RLock()
-_saved = {}  # qualname -> (owner, Keras's original object, whether owner defined it itself)
+_saved = {}  # qualname -> what the entry's install returned
 _scopes = set()  # one token per entered scope
 _leases = {}  # id(variable) -> weakref.finalize
 
 
-def _by_name(qualname):
-    return next(p for p in PATCHES if p.qualname == qualname)
+def entry(qualname):
+    """The entry of `ENTRIES` named `qualname`."""
+    return next(e for e in ENTRIES if e.qualname == qualname)
 
 
-def keras_original(patch):
-    """Returns Keras's own object for `patch`, whether or not the patches are installed."""
+def attributes():
+    """The entries that replace an attribute (a class's or module's function)."""
+    return [e for e in ENTRIES if isinstance(e, Attribute)]
+
+
+def keras_original(attribute):
+    """Returns Keras's own object for an `Attribute` entry, whether or not it is installed."""
     with _lock:
-        if patch.qualname in _saved:
-            return _saved[patch.qualname][1]
-    return getattr(patch.owner(), patch.name)
-
-
-def check(patch):
-    """Raises RuntimeError if Keras's function for `patch` is missing or has changed signature.
-
-    Args:
-        patch: a `Patch`.
-    """
-    owner = patch.owner()
-    original = getattr(owner, patch.name, None)
-    if original is None:
-        raise RuntimeError(
-            f"dpkeras cannot patch Keras {keras.__version__}: {patch.qualname} does not exist "
-            f"(expected a function with signature {patch.signature}, as in Keras "
-            f"{SUPPORTED_KERAS}). Use the Keras version pinned in dpkeras's pyproject.toml."
-        )
-    found = str(inspect.signature(original))
-    if found != patch.signature:
-        raise RuntimeError(
-            f"dpkeras cannot patch Keras {keras.__version__}: {patch.qualname} has signature "
-            f"{found}, expected {patch.signature} (as in Keras {SUPPORTED_KERAS}). Use the "
-            f"Keras version pinned in dpkeras's pyproject.toml."
-        )
+        if attribute.qualname in _saved:
+            return _saved[attribute.qualname][1]
+    return attribute.current()
 
 
 def source_sha256(function):
@@ -202,53 +233,50 @@ def source_sha256(function):
     return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
 
 
-def _wrap(patch, original):
-    @functools.wraps(original)
-    def wrapped(*args, **kwargs):
-        return patch.wrapper(original, *args, **kwargs)
-
-    wrapped.__dpkeras_original__ = original
-    return wrapped
-
-
 def installed():
-    """Whether dpkeras's wrappers are in place of Keras's functions now."""
+    """Whether dpkeras's entries are in place now."""
     with _lock:
         return bool(_saved)
 
 
 def install():
-    """Checks every function in `PATCHES`, then replaces each by its wrapper.
+    """Checks every entry, then installs each one not installed yet.
 
-    Checked: each function's signature is compared with the one it has in Keras 3.15 (the
-    version pinned in pyproject.toml), and a difference raises, naming the function and both
-    signatures, before anything is patched. Where dpkeras replaces what a Keras function does
-    rather than wrapping it (`BackupAndRestore._save_model`), the table pins a hash of the
-    original's source, and tests/test_keras_patches.py fails when Keras changes it.
+    Checked: each Keras function's signature is compared with the one it has in Keras 3.15
+    (the version pinned in pyproject.toml), and a difference raises, naming the function and
+    both signatures, before anything is installed. Where dpkeras replaces what a Keras
+    function does rather than wrapping it (`BackupAndRestore._save_model`), the table pins a
+    hash of the original's source, and tests/test_keras_patches.py fails when Keras changes
+    it. An optional entry (keras-rs) is installed once its module is imported: each scope
+    entered installs what became available since.
 
-    Does nothing if already installed. Normally called by entering a dpkeras scope.
+    Normally called by entering a dpkeras scope.
 
     Raises:
         RuntimeError: if a Keras function is missing or its signature differs from Keras
-            3.15's; nothing is patched then.
+            3.15's; nothing is installed then.
     """
     with _lock:
-        if _saved:
-            return
-        for patch in PATCHES:
-            check(patch)
-        for patch in PATCHES:
-            owner = patch.owner()
-            original = getattr(owner, patch.name)
-            _saved[patch.qualname] = (owner, original, patch.name in vars(owner))
-            setattr(owner, patch.name, _wrap(patch, original))
-        lookups.register()
+        pending = [e for e in ENTRIES if e.qualname not in _saved and e.available()]
+        for e in pending:
+            e.check()
+        for e in pending:
+            _saved[e.qualname] = e.install()
 
 
 def uninstall():
-    """Puts Keras's original function objects back and forgets every scope and variable.
+    """Puts back every object dpkeras changed in Keras, TensorFlow and keras-rs.
 
-    The next dpkeras scope entered installs the patches again.
+    Every entry of dpkeras's one table (`dpkeras/_patches/table.py`): Keras's and keras-rs's
+    functions are their original objects again and the `tf.gather` dispatcher is unregistered,
+    even while models built under dpkeras live (training them then is Keras's own, without
+    dpkeras's semantics, until a dpkeras scope is entered again). The next dpkeras scope
+    entered installs every entry again. Normally not needed: the entries are put back by
+    themselves when no dpkeras scope is entered and no dpkeras variable lives.
+
+    ```python
+    dpkeras.uninstall()
+    ```
     """
     with _lock:
         for finalizer in list(_leases.values()):
@@ -259,16 +287,9 @@ def uninstall():
 
 
 def _restore():
-    if _saved:
-        lookups.unregister()
-    for patch in PATCHES:
-        owner, original, own = _saved.pop(patch.qualname, (None, None, False))
-        if owner is None:
-            continue
-        if own:
-            setattr(owner, patch.name, original)
-        else:
-            delattr(owner, patch.name)
+    for e in reversed(ENTRIES):
+        if e.qualname in _saved:
+            e.restore(_saved.pop(e.qualname))
 
 
 def _release_if_unused():

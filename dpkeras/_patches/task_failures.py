@@ -1,6 +1,6 @@
 """`fit`, `evaluate` and `predict` on a cluster name the task that failed."""
 
-from dpkeras._extended.extended import ParameterDeviceExtended
+from dpkeras._extended.extended import extended_of
 from dpkeras.cluster import _health
 
 
@@ -14,8 +14,8 @@ def naming_failed_tasks(original, model, *args, **kwargs):
     its address, with TensorFlow's error as its cause. Every other error, and every other
     model, is left as it is.
     """
-    extended = model.distribute_strategy.extended
-    spec = extended.cluster_spec if isinstance(extended, ParameterDeviceExtended) else None
+    extended = extended_of(model)
+    spec = None if extended is None else extended.cluster_spec
     if spec is None:
         return original(model, *args, **kwargs)
     with _health.name_failures(spec):

@@ -4,7 +4,6 @@ import tensorflow as tf
 
 from dpkeras._device_names import short_device
 from dpkeras._extended.extended import ParameterDeviceExtended
-from dpkeras._patches import keras_rs
 from dpkeras._patches import table as keras_patches
 from dpkeras._variables import dedup
 from dpkeras._variables.partitioning import as_partitioner
@@ -121,9 +120,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     def scope(self):
         """`tf.distribute.Strategy.scope`, with dpkeras's patches (dpkeras._patches)."""
-        return keras_rs.installed_during(
-            keras_patches.installed_during(super().scope(), self.extended.variables)
-        )
+        return keras_patches.installed_during(super().scope(), self.extended.variables)
 
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)

@@ -1,35 +1,16 @@
 """Embedding lookups on the parameter device: only the looked-up rows travel to a replica."""
 
-import keras
 import tensorflow as tf
 
-from dpkeras import _tf_internals
 from dpkeras._variables import replica_step
 from dpkeras._variables.sharded import PLACED_TYPES
-
-_dispatchable = []  # [True] once Keras variables are dispatchable (it cannot be undone)
-
-
-def register():
-    """Makes `tf.gather` on a Keras variable call `gather` (see it), through TensorFlow's
-    public dispatch API; `dpkeras._patches` registers it while dpkeras is in use.
-
-    The first call also registers `keras.Variable` as a type TensorFlow dispatches on, which
-    TensorFlow cannot undo; with no dispatcher registered for it, that changes nothing.
-    """
-    if not _dispatchable:
-        _tf_internals.register_dispatchable_type(keras.Variable)
-        _dispatchable.append(True)
-    tf.experimental.dispatch_for_api(tf.gather, {"params": keras.Variable})(gather)
-
-
-def unregister():
-    """Undoes `register`: `tf.gather` on a Keras variable is TensorFlow's own again."""
-    tf.experimental.unregister_dispatch_for(gather)
 
 
 def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
     """`tf.gather` on a Keras variable: on the parameter device inside a dpkeras replica.
+
+    Registered with TensorFlow's dispatch API for `tf.gather(params=keras.Variable)` by an
+    entry of dpkeras._patches.table while dpkeras is in use.
 
     Keras's `ops.take` (which `Embedding` uses) calls `tf.gather` on the Keras variable, and
     TensorFlow would convert the variable to a dense tensor first, copying the whole table to
