@@ -35,10 +35,12 @@ The package, from the top down (each imports only what stands below it):
   `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop, input),
   `_tf_internals` and `_keras_internals` (every private TensorFlow and Keras use, each with
   its reason), `_cache` (the graph-keyed cache),
-  `_device_names`, `_sizes`, `_config`, `_version`.
+  `_device_names`, `_sizes`, `_config` (every setting, resolved once: arguments, then
+  `DPKERAS_*`, then defaults), `_version`.
 """
 
 from dpkeras import layers, placement
+from dpkeras._config import Deduplicate
 from dpkeras._extended.devices import simulate_cpu_devices
 from dpkeras._patches.table import uninstall
 from dpkeras._strategy.report import PlacementReport, placement_report
@@ -72,6 +74,7 @@ __all__ = [
     "ParameterVariable",
     "get_strategy",
     "scope",
+    "Deduplicate",
     "simulate_cpu_devices",
     "TaskFailedError",
     "uninstall",

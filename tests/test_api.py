@@ -22,6 +22,7 @@ def test_public_names():
             "get_strategy",
             "record_transfers",
             "scope",
+            "Deduplicate",
             "simulate_cpu_devices",
             "TaskFailedError",
             "uninstall",

@@ -149,19 +149,23 @@ def test_deduplicated_lookups_equal_plain_ones_outside_training():
     np.testing.assert_array_equal(rows, np.take(table.embeddings.numpy(), x[:4], axis=0))
 
 
+ON, OFF, SUM = dpkeras.Deduplicate.ON, dpkeras.Deduplicate.OFF, dpkeras.Deduplicate.SUM
+
+
 @pytest.mark.parametrize(
     "value, expected",
-    [(None, True), (True, True), (False, False), ("sum", "sum")],
+    [(None, ON), (True, ON), (False, OFF), ("sum", SUM), (ON, ON), (OFF, OFF), (SUM, SUM)],
 )
-def test_the_mode_is_the_argument_or_true(value, expected):
-    assert _strategy(value).deduplicate == expected
+def test_the_mode_is_the_argument_or_on(value, expected):
+    assert _strategy(value).deduplicate is expected
 
 
-@pytest.mark.parametrize("raw, expected", [("0", False), ("1", True), ("sum", "sum")])
+@pytest.mark.parametrize("raw, expected", [("0", OFF), ("1", ON), ("sum", SUM)])
 def test_the_environment_sets_the_mode(monkeypatch, raw, expected):
     monkeypatch.setenv("DPKERAS_DEDUPLICATE", raw)
-    assert dpkeras.ParameterDeviceStrategy(REPLICAS[:1], "/cpu:0").deduplicate == expected
-    assert dpkeras.ParameterDeviceStrategy(REPLICAS[:1], "/cpu:0", deduplicate=True).deduplicate
+    assert dpkeras.ParameterDeviceStrategy(REPLICAS[:1], "/cpu:0").deduplicate is expected
+    explicit = dpkeras.ParameterDeviceStrategy(REPLICAS[:1], "/cpu:0", deduplicate=True)
+    assert explicit.deduplicate is ON
 
 
 @pytest.mark.parametrize("bad", ["yes", 2, "SUM "])

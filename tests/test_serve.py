@@ -140,7 +140,9 @@ def test_task_from_tf_config(capsys, monkeypatch):
     )
     _one_error_line(capsys, [], r"--task must be an index of job 'worker': 0\.\.0\. Received: 5")
     monkeypatch.setenv("TF_CONFIG", "{oops")
-    _one_error_line(capsys, [], r"TF_CONFIG is not valid JSON \(.*\)\. Received: '\{oops'")
+    _one_error_line(
+        capsys, [], r"TF_CONFIG is not valid JSON \(.*\)\. Received: TF_CONFIG='\{oops'\."
+    )
     cluster = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker"}}))
     _one_error_line(

@@ -1,4 +1,5 @@
-"""`dpkeras env`: versions, devices, what `dpkeras.scope()` would use and why, `DPKERAS_*`."""
+"""`dpkeras env`: versions, devices, what `dpkeras.scope()` would use and why, and every
+setting (`dpkeras._config`) with where it came from."""
 
 import argparse
 import importlib.metadata
@@ -24,13 +25,30 @@ def _version(package):
         return "not installed"
 
 
+def _setting_lines(settings, variables):
+    """One line per setting of a `dpkeras._config.Config`: its value and where it came from."""
+    width = max(len(name) for name in variables)
+    lines = []
+    for name, variable in variables.items():
+        value, source, text = getattr(settings, name), settings.source(name), settings.text(name)
+        shown = f"{value!r}  "
+        if text is not None:
+            shown = "" if value == text else shown  # the text itself (TF_CONFIG): once
+            source = f"from {variable}={text.strip()}"
+        elif source == "default":
+            source = f"default: ${variable} unset"
+        lines.append(f"{name:<{width}}  {shown}({source})")
+    return lines
+
+
 def env(argv=None, out=None):
     """`dpkeras env`: prints what a bug report needs; returns the exit status."""
     out = out or sys.stdout
     parser = argparse.ArgumentParser(
         prog="dpkeras env",
         description="Print versions, devices, the devices dpkeras.scope() would use and why, "
-        "and the DPKERAS_* settings.",
+        "and every setting (argument, DPKERAS_* environment variable or default) with where "
+        "it came from.",
     )
     parser.add_argument(
         "--simulate_cpu_devices",
@@ -59,6 +77,7 @@ def env(argv=None, out=None):
     from dpkeras.cluster import _connect, _devices, _spec
 
     try:
+        settings = config.resolve()
         spec = _spec.resolve_cluster(None if args.cluster is None else load_cluster(args.cluster))
     except ValueError as e:
         parser.error(str(e))
@@ -105,7 +124,7 @@ def env(argv=None, out=None):
     say()
     say("dpkeras.scope() with no arguments would use:")
     try:
-        resolved = devices.resolve_devices(cluster_spec=spec)
+        resolved = devices.resolve_devices(settings, spec)
     except ValueError as e:
         say(f"  nothing: {e}")
     else:
@@ -114,10 +133,14 @@ def env(argv=None, out=None):
         say(f"  parameter device: {policy!r} (reductions on {device_names.short_device(home)})")
         say(f"  because:          {reason}")
     say()
-    settings = config.env_settings()
-    say("DPKERAS_* settings:" if settings else "DPKERAS_* settings: none set")
-    for name, value in settings.items():
-        say(f"  {name}={value}")
+    say("Settings (the argument, else the environment variable, else the default):")
+    for line in _setting_lines(settings, config.VARIABLES):
+        say(f"  {line}")
+    others = config.other_variables()
+    if others:
+        say("Other DPKERAS_* variables (no dpkeras setting: a typo?):")
+        for name, value in others.items():
+            say(f"  {name}={value}")
     related = {k: os.environ[k] for k in _RELATED_ENV if k in os.environ}
     if related:
         say("Related environment:")

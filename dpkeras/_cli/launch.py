@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 
-from dpkeras.cluster import _connect, _local
+from dpkeras import _config
+from dpkeras.cluster import _local
 
 _PREFIX = "dpkeras launch"
 _GRACE = 30.0  # seconds the other tasks get to end by themselves after the client
@@ -48,8 +49,12 @@ def _pump(stream, prefix, out):
 def _start(command, spec, job, index, cpus):
     env = dict(
         os.environ,
-        TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": job, "index": index}}),
-        **{_connect.CPUS_ENV: str(cpus)},
+        **{
+            _config.VARIABLES["tf_config"]: json.dumps(
+                {"cluster": spec, "task": {"type": job, "index": index}}
+            ),
+            _config.VARIABLES["cpus"]: str(cpus),
+        },
         PYTHONUNBUFFERED="1",
         TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
     )

@@ -12,21 +12,21 @@ every network interface and has no authentication or encryption: private network
 Prints `dpkeras serve: <task> listening on <address> ...` then `ready`, and exits 0 on
 SIGTERM or SIGINT. With `--exit-with-client` (the default when the task comes from TF_CONFIG,
 as under Kubernetes), it also exits 0 when the client finishes training, and 75 when the client
-stops answering before it finishes. A bad cluster, job or task, or a busy port, is one line on
-stderr and exit status 2, before the server starts (TensorFlow would abort on a busy port).
+stops answering before it finishes. `--cpus` and `--exit-with-client` fall back to their
+`DPKERAS_*` variables, then their defaults (`dpkeras._config`). A bad cluster, job, task or
+setting, or a busy port, is one line on stderr and exit status 2, before the server starts
+(TensorFlow would abort on a busy port).
 """
 
 import argparse
 import errno
-import json
-import os
 import socket
 import sys
 
+from dpkeras import _config
 from dpkeras.cluster import _spec, _task
 
 _PREFIX = "dpkeras serve"
-EXIT_WITH_CLIENT_ENV = "DPKERAS_EXIT_WITH_CLIENT"
 
 
 class _UsageError(ValueError):
@@ -45,21 +45,12 @@ def load_cluster(text):
         raise _UsageError(str(e)) from None
 
 
-def _task_from_args(args):
+def _task_from_args(args, tf_config_text):
     """Returns `(cluster dict, job, index, from TF_CONFIG)` from the flags, falling back to
-    TF_CONFIG."""
+    TF_CONFIG (`tf_config_text`, as `dpkeras._config.Config.tf_config` holds it)."""
     tf_config = {}
     if args.cluster is None or args.job is None or args.task is None:
-        raw = os.environ.get("TF_CONFIG", "")
-        if raw.strip():
-            try:
-                tf_config = json.loads(raw)
-            except ValueError as e:
-                raise _UsageError(
-                    f"TF_CONFIG is not valid JSON ({e}). Received: {raw[:200]!r}"
-                ) from None
-            if not isinstance(tf_config, dict):
-                raise _UsageError(f"TF_CONFIG must be a JSON object. Received: {raw[:200]!r}")
+        tf_config = _spec.parse_tf_config(tf_config_text)[0] or {}
     task = tf_config.get("task") if isinstance(tf_config.get("task"), dict) else {}
     cluster = load_cluster(args.cluster) if args.cluster is not None else tf_config.get("cluster")
     job = args.job if args.job is not None else task.get("type")
@@ -76,10 +67,10 @@ def _task_from_args(args):
 
 
 def _client_to_watch(spec, job, index, from_tf_config, exit_with_client):
-    """`(task name, address)` of the client to end with, or None; see `--exit-with-client`."""
+    """`(task name, address)` of the client to end with, or None; see `--exit-with-client`
+    (`exit_with_client`: the flag, else `$DPKERAS_EXIT_WITH_CLIENT`, else None)."""
     if exit_with_client is None:
-        raw = os.environ.get(EXIT_WITH_CLIENT_ENV)
-        exit_with_client = from_tf_config if raw is None else raw.strip() not in ("", "0")
+        exit_with_client = from_tf_config
     leader = _spec.client_job(spec)
     if leader is None and from_tf_config and (job, index) == ("worker", 0):
         raise _UsageError(
@@ -168,8 +159,8 @@ def serve(argv=None):
         type=int,
         default=None,
         metavar="N",
-        help=f"logical CPU devices of this task (default: ${_task.CPUS_ENV}, else 1; more "
-        "lets one machine run several CPU replicas)",
+        help=f"logical CPU devices of this task (default: ${_config.VARIABLES['cpus']}, else "
+        "1; more lets one machine run several CPU replicas)",
     )
     parser.add_argument(
         "--exit-with-client",
@@ -177,15 +168,15 @@ def serve(argv=None):
         default=None,
         help="end when the client (the cluster's chief or master; under TF_CONFIG without "
         "them, worker 0) finishes training (status 0), or stops answering before it finishes "
-        f"(status {_task.CLIENT_GONE}) (default: on when the task comes from TF_CONFIG, else "
-        f"${EXIT_WITH_CLIENT_ENV}, else off)",
+        f"(status {_task.CLIENT_GONE}) (default: ${_config.VARIABLES['exit_with_client']}, "
+        "else on when the task comes from TF_CONFIG, else off)",
     )
     args = parser.parse_args(argv)
     try:
-        cpus = args.cpus if args.cpus is not None else int(os.environ.get(_task.CPUS_ENV, "1"))
-        if cpus < 1:
-            raise _UsageError(f"--cpus must be >= 1. Received: {cpus}")
-        cluster, job, index, from_tf_config = _task_from_args(args)
+        if args.cpus is not None and args.cpus < 1:
+            raise _UsageError(f"--cpus must be >= 1. Received: {args.cpus}")
+        config = _config.resolve(cpus=args.cpus, exit_with_client=args.exit_with_client)
+        cluster, job, index, from_tf_config = _task_from_args(args, config.tf_config)
         if job == "evaluator":
             print(
                 f"{_PREFIX}: an evaluator takes no part in dpkeras's synchronous training: "
@@ -194,12 +185,9 @@ def serve(argv=None):
             )
             return 0
         spec, address = _check_task(cluster, job, index)
-        client = _client_to_watch(spec, job, index, from_tf_config, args.exit_with_client)
+        client = _client_to_watch(spec, job, index, from_tf_config, config.exit_with_client)
         _check_port_free(address)
     except (_UsageError, ValueError) as e:
         print(f"{_PREFIX}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    start_timeout = float(
-        os.environ.get(_task.CLIENT_START_TIMEOUT_ENV, _task.DEFAULT_CLIENT_START_TIMEOUT)
-    )
-    _task.serve(spec, job, index, cpus, client, start_timeout, prefix=_PREFIX)
+    _task.serve(spec, job, index, config.cpus, client, config.client_start_timeout, prefix=_PREFIX)

@@ -4,12 +4,10 @@ Names are spelled by `dpkeras._device_names`; this module decides which devices 
 hold variables, from the arguments, the `DPKERAS_*` settings and what this process has.
 """
 
-import os
-
 import tensorflow as tf
 
-from dpkeras import _config as config
 from dpkeras import _tf_internals, placement
+from dpkeras._config import VARIABLES
 from dpkeras._device_names import canonical_device, is_local, short_device, task_of
 from dpkeras.cluster import _connect, _devices, _spec
 
@@ -88,7 +86,7 @@ def _check_remote(device, role, available, given):
     )
 
 
-def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=None):
+def resolve_devices(config, cluster_spec=None):
     """Validates and fills in a strategy's devices; see `_resolve_devices`.
 
     With a cluster (a `tf.train.ClusterSpec` from `dpkeras.cluster.resolve_cluster`), this
@@ -99,50 +97,53 @@ def resolve_devices(compute_devices=None, parameter_device=None, cluster_spec=No
 
     A bad device that came from a `DPKERAS_*` environment variable is reported with that
     variable's setting, since the program itself does not name it.
+
+    Args:
+        config: the `dpkeras._config.Config` in force: its `compute_devices` and
+            `parameter_device` (argument, else environment, else None).
+        cluster_spec: a `tf.train.ClusterSpec`, or None.
     """
+    compute_devices, parameter_device = config.compute_devices, config.parameter_device
+    source = "argument"
+    if config.source("compute_devices") == "environment":
+        source = f"${VARIABLES['compute_devices']}"
     reason = None
     if cluster_spec is not None:
         _connect.connect(cluster_spec)
         default_compute, default_parameters, reason = _devices.default_cluster_devices(cluster_spec)
-        if parameter_device is None and config.env_device(config.PARAMETER_DEVICE_ENV) is None:
+        if parameter_device is None:
             parameter_device = (
                 default_parameters[0] if len(default_parameters) == 1 else default_parameters
             )
-        if compute_devices is None and config.env_device(config.COMPUTE_DEVICES_ENV) is None:
+        if compute_devices is None:
             compute_devices = default_compute
         else:
             reason = None
     try:
-        resolved = _resolve_devices(compute_devices, parameter_device)
+        resolved = _resolve_devices(compute_devices, parameter_device, source)
         return resolved if reason is None else (*resolved[:3], reason)
     except ValueError as e:
-        used = [
-            name
-            for name, given in (
-                (config.COMPUTE_DEVICES_ENV, compute_devices),
-                (config.PARAMETER_DEVICE_ENV, parameter_device),
-            )
-            if given is None and config.env_device(name) is not None
-        ]
-        if not used or any(name in str(e) for name in used):
+        used = [s for s in ("compute_devices", "parameter_device") if config.received(s)]
+        if not used:
             raise
-        settings = ", ".join(f"{name}={os.environ[name]!r}" for name in used)
+        settings = ", ".join(config.received(s) for s in used)
         raise ValueError(
             f"{e} (Devices not passed as arguments come from the environment: {settings}.)"
         ) from None
 
 
-def _resolve_devices(compute_devices=None, parameter_device=None):
+def _resolve_devices(compute_devices=None, parameter_device=None, source="argument"):
     """Validates and fills in a strategy's devices.
 
-    Precedence for each: the argument, then `DPKERAS_COMPUTE_DEVICES` (comma-separated) /
-    `DPKERAS_PARAMETER_DEVICE` (one device, or comma-separated devices to spread over), then
-    the defaults of `default_compute_devices` and `default_parameter_device`.
+    Precedence for each, decided by `dpkeras._config`: the argument, then
+    `DPKERAS_COMPUTE_DEVICES` / `DPKERAS_PARAMETER_DEVICE`, then the defaults of
+    `default_compute_devices` and `default_parameter_device` (for None here).
 
     Args:
-        compute_devices: list of device strings, or None.
-        parameter_device: a device string, a list of them, a `dpkeras.placement` policy or any
-            callable `(VariableSpec) -> device`, or None.
+        compute_devices: list or tuple of device strings, or None.
+        parameter_device: a device string, a list or tuple of them, a `dpkeras.placement`
+            policy or any callable `(VariableSpec) -> device`, or None.
+        source: str, where `compute_devices` came from, for the reason.
 
     Returns:
         `(compute_devices, policy, home_device, reason)`: a tuple of canonical names; the
@@ -154,20 +155,12 @@ def _resolve_devices(compute_devices=None, parameter_device=None):
         ValueError: for an unparseable, absent or duplicated device, an empty list, or a
             parameter_device of another type. Nothing has been created when it is raised.
     """
-    source = "argument"
-    if parameter_device is None:
-        from_env = config.env_device_list(config.PARAMETER_DEVICE_ENV)
-        if from_env is not None:
-            parameter_device = from_env[0] if len(from_env) == 1 else from_env
     if parameter_device is None:
         parameter_device = default_parameter_device()
     policy = placement.as_policy(parameter_device)
     policy_devices = tuple(getattr(policy, "devices", ()))
     home = policy_devices[0] if policy_devices else default_parameter_device()
 
-    if compute_devices is None:
-        compute_devices = config.env_device_list(config.COMPUTE_DEVICES_ENV)
-        source = f"${config.COMPUTE_DEVICES_ENV}"
     if isinstance(compute_devices, str):
         raise ValueError(
             f"compute_devices must be a list of device strings, not one string. "

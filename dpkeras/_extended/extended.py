@@ -61,25 +61,16 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
 
     Args:
         container_strategy: the `ParameterDeviceStrategy`.
-        compute_devices, parameter_device: see `ParameterDeviceStrategy`.
+        config: the `dpkeras._config.Config` in force (devices, deduplication).
         cluster_spec: a `tf.train.ClusterSpec` (see `dpkeras.cluster.resolve_cluster`) or None.
+        partitioner: a partitioner (see `dpkeras._variables.partitioning`) or None.
     """
 
-    def __init__(
-        self,
-        container_strategy,
-        compute_devices=None,
-        parameter_device=None,
-        cluster_spec=None,
-        partitioner=None,
-        deduplicate=True,
-    ):
+    def __init__(self, container_strategy, config, cluster_spec=None, partitioner=None):
         super().__init__(container_strategy)
         self._cluster_spec = cluster_spec
-        self._deduplicate = deduplicate
-        compute, policy, home, reason = devices.resolve_devices(
-            compute_devices, parameter_device, cluster_spec
-        )
+        self._config = config
+        compute, policy, home, reason = devices.resolve_devices(config, cluster_spec)
         self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
         compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute
@@ -192,9 +183,14 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         return self._creator.partitioner
 
     @property
+    def config(self):
+        """The `dpkeras._config.Config` this strategy was made with."""
+        return self._config
+
+    @property
     def deduplicate(self):
-        """True, False or "sum": how repeated ids cross (`dpkeras._variables.dedup`)."""
-        return self._deduplicate
+        """A `dpkeras.Deduplicate`: how repeated ids cross (`dpkeras._variables.dedup`)."""
+        return self._config.deduplicate
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         if not isinstance(colocate_with_variable, (ParameterVariable, ShardedParameterVariable)):

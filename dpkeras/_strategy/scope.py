@@ -1,56 +1,59 @@
 """`dpkeras.scope()`: the one-line way in."""
 
 import contextlib
+import dataclasses
 import threading
 
 import tensorflow as tf
 
+from dpkeras import _config
 from dpkeras._extended import devices
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
-from dpkeras._variables import dedup
 from dpkeras._variables.partitioning import as_partitioner
 from dpkeras.cluster._task import take_part
 
 _lock = threading.Lock()
-_strategies = {}  # (compute devices, parameter devices, cluster jobs) -> strategy
+_strategies = {}  # (resolved Config, cluster jobs, partitioner) -> strategy
 
 
 def get_strategy(
     compute_devices=None, parameter_device=None, cluster=None, partitioner=None, deduplicate=None
 ):
-    """Returns the `ParameterDeviceStrategy` for these devices, creating it once.
+    """Returns the `ParameterDeviceStrategy` for these settings, creating it once.
 
-    Equal arguments (after defaults, environment settings and device-name canonicalisation)
-    give the same strategy object, so models built in two `dpkeras.scope()` blocks can be
-    trained together; a placement policy object or partitioner is equal only to itself.
-    Arguments are those of `ParameterDeviceStrategy`.
+    The settings are resolved as `dpkeras._config` does (the arguments, then the `DPKERAS_*`
+    environment, then the defaults), then the devices are filled in and canonicalised: equal
+    resolved settings give the same strategy object, so models built in two `dpkeras.scope()`
+    blocks can be trained together, and a changed environment variable gives another one. A
+    placement policy object or partitioner is equal only to itself. Arguments are those of
+    `ParameterDeviceStrategy`.
     """
     as_partitioner(partitioner)
-    deduplicate = dedup.resolve(deduplicate)
-    spec = take_part(cluster)
-    compute, policy, home, _ = devices.resolve_devices(compute_devices, parameter_device, spec)
+    config = _config.resolve(
+        compute_devices=compute_devices, parameter_device=parameter_device, deduplicate=deduplicate
+    )
+    spec = take_part(cluster, config)
+    compute, policy, home, _ = devices.resolve_devices(config, spec)
     jobs = (
         None
         if spec is None
         else tuple(sorted((job, tuple(addresses)) for job, addresses in spec.as_dict().items()))
     )
-    if parameter_device is None or isinstance(parameter_device, (str, list, tuple)):
+    parameter = config.parameter_device  # a policy: equal only to itself
+    if parameter is None or isinstance(parameter, (str, tuple)):
         placed = tuple(getattr(policy, "devices", (home,)))
-        parameter_device = placed[0] if len(placed) == 1 else list(placed)
-        key = (compute, placed, jobs, partitioner, deduplicate)
-    else:
-        key = (
-            compute,
-            parameter_device,
-            jobs,
-            partitioner,
-            deduplicate,
-        )  # a policy: equal only to itself
+        parameter = placed[0] if len(placed) == 1 else placed
+    resolved = dataclasses.replace(config, compute_devices=compute, parameter_device=parameter)
+    key = (resolved, jobs, partitioner)
     with _lock:
         strategy = _strategies.get(key)
         if strategy is None:
             strategy = ParameterDeviceStrategy(
-                list(compute), parameter_device, spec, partitioner, deduplicate
+                list(compute),
+                list(parameter) if isinstance(parameter, tuple) else parameter,
+                spec,
+                partitioner,
+                resolved.deduplicate,
             )
             _strategies[key] = strategy
         return strategy
@@ -83,8 +86,8 @@ def scope(
         partitioner: a `tf.distribute.experimental.partitioners` partitioner (or a callable
             like one) that cuts large layer weights into shards; see
             `ParameterDeviceStrategy`.
-        deduplicate: True, False or "sum": how an embedding lookup's repeated ids cross; see
-            `ParameterDeviceStrategy`.
+        deduplicate: a `dpkeras.Deduplicate` (or True, False or "sum"): how an embedding
+            lookup's repeated ids cross; see `ParameterDeviceStrategy`.
 
     Yields:
         The `ParameterDeviceStrategy`.

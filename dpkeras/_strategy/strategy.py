@@ -2,10 +2,11 @@
 
 import tensorflow as tf
 
+from dpkeras import _config
+from dpkeras._config import Deduplicate
 from dpkeras._device_names import short_device
 from dpkeras._extended.extended import ParameterDeviceExtended
 from dpkeras._patches import table as keras_patches
-from dpkeras._variables import dedup
 from dpkeras._variables.partitioning import as_partitioner
 from dpkeras.cluster._task import take_part
 
@@ -58,23 +59,27 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             their signature. Keras still sees one variable of the full shape; optimizer slots
             are sharded like their variable. See docs/sharding.md. Default: no sharding.
         deduplicate: how an embedding lookup's repeated ids cross between a replica and the
-            parameter device. True: each distinct id and its row cross once per replica and
-            step; gradient rows of repeats are summed before they cross where that keeps
-            Keras's numbers (SGD without clipping), and sent as they are otherwise. "sum":
-            gradient rows are always summed per distinct id before the optimizer, tf.keras's
-            and TF1's semantics (Adam and Adagrad then square the sum, not each repeat).
-            False: every repeat crosses, both ways. Defaults to `$DPKERAS_DEDUPLICATE`
-            (1, 0 or sum), else True. See docs/sharding.md.
+            parameter device, a `dpkeras.Deduplicate` or True (`ON`), False (`OFF`) or "sum"
+            (`SUM`). `ON`: each distinct id and its row cross once per replica and step;
+            gradient rows of repeats are summed before they cross where that keeps Keras's
+            numbers (SGD without clipping), and sent as they are otherwise. `SUM`: gradient
+            rows are always summed per distinct id before the optimizer, tf.keras's and TF1's
+            semantics (Adam and Adagrad then square the sum, not each repeat). `OFF`: every
+            repeat crosses, both ways. Defaults to `$DPKERAS_DEDUPLICATE` (1, 0 or sum), else
+            `ON`. See docs/sharding.md.
+
+    Each setting not passed is taken from its `DPKERAS_*` environment variable, else its
+    default (`dpkeras env` prints them and where each came from).
 
     Raises:
         TimeoutError: when a task of the cluster does not answer (it names the task).
         ValueError: for an invalid cluster, an unparseable, absent or duplicated device, an
-            empty list, a parameter_device of another type, or a partitioner that is not
-            callable, or a deduplicate other than True, False or "sum", before anything is
-            created. A partitioner's invalid answer raises
-            ValueError naming the variable, before any of its shards is created. A
-            policy that fails or returns a bad device raises ValueError when the variable is
-            created, naming it.
+            empty list, a parameter_device of another type, a partitioner that is not
+            callable, a deduplicate other than a `dpkeras.Deduplicate`, True, False or "sum",
+            or a bad `DPKERAS_*` environment value (naming it), before anything is created. A
+            partitioner's invalid answer raises ValueError naming the variable, before any of
+            its shards is created. A policy that fails or returns a bad device raises
+            ValueError when the variable is created, naming it.
     """
 
     def __init__(
@@ -86,17 +91,13 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         deduplicate=None,
     ):
         partitioner = as_partitioner(partitioner)
-        deduplicate = dedup.resolve(deduplicate)
-        super().__init__(
-            ParameterDeviceExtended(
-                self,
-                compute_devices,
-                parameter_device,
-                take_part(cluster),
-                partitioner,
-                deduplicate,
-            )
+        config = _config.resolve(
+            compute_devices=compute_devices,
+            parameter_device=parameter_device,
+            deduplicate=deduplicate,
         )
+        spec = take_part(cluster, config)
+        super().__init__(ParameterDeviceExtended(self, config, spec, partitioner))
 
     @property
     def compute_devices(self):
@@ -115,7 +116,8 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     @property
     def deduplicate(self):
-        """True, False or "sum": how an embedding lookup's repeated ids cross (see the class)."""
+        """A `dpkeras.Deduplicate`: how an embedding lookup's repeated ids cross (see the
+        class)."""
         return self.extended.deduplicate
 
     def scope(self):
@@ -125,7 +127,9 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)
         partitioner = "" if self.partitioner is None else f", partitioner={self.partitioner!r}"
-        dedup_mode = "" if self.deduplicate is True else f", deduplicate={self.deduplicate!r}"
+        dedup_mode = (
+            "" if self.deduplicate is Deduplicate.ON else f", deduplicate={self.deduplicate!r}"
+        )
         return (
             f"ParameterDeviceStrategy(compute_devices=[{compute}], "
             f"parameter_device={short_device(self.parameter_device)!r}{partitioner}{dedup_mode})"

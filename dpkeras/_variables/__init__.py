@@ -5,6 +5,6 @@
 - `partitioning`: TensorFlow's partitioners, validated, and the row split of a variable;
 - `sharded`: `ShardedParameterVariable`, one full-shape variable over shards, and its updates;
 - `lookups`: embedding lookups gathered where the table is;
-- `dedup`: each distinct id crosses once (the modes, unique ids, summed gradient rows);
+- `dedup`: each distinct id crosses once (what each mode sends, unique ids, summed gradient rows);
 - `task_pulls`: a worker's replicas share one pull of each distinct id (on a cluster).
 """

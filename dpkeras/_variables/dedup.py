@@ -8,40 +8,16 @@ as one summed row per distinct id whenever summing first keeps Keras's numbers, 
 the optimizer is linear in the gradient (`keras.optimizers.SGD`, with or without momentum, and
 without clipping). Optimizers that square the gradient (Adam, Adagrad, RMSprop, ...) and
 clipping see each repeat separately in Keras 3 on one device, so their repeats are sent as
-they are, unless the user chose `deduplicate="sum"`: the tf.keras and TF1 semantics, where
-repeated ids' gradients are summed before the optimizer (one row per distinct id of the whole
-global batch, so N replicas still equal one device under the same choice).
+they are, unless the user chose `Deduplicate.SUM` (`deduplicate="sum"`): the tf.keras and TF1
+semantics, where repeated ids' gradients are summed before the optimizer (one row per distinct
+id of the whole global batch, so N replicas still equal one device under the same choice).
+The modes are `dpkeras._config.Deduplicate`'s, resolved with the other settings.
 """
 
 import keras
 import tensorflow as tf
 
-from dpkeras import _config
-
-MODES = (True, False, "sum")
-
-
-def resolve(deduplicate):
-    """The deduplication mode: the argument, else `$DPKERAS_DEDUPLICATE`, else True.
-
-    Args:
-        deduplicate: True (each distinct id crosses once; gradient rows summed where that keeps
-            Keras's numbers), "sum" (gradient rows always summed: TF1's semantics), False
-            (every repeat crosses both ways, as before v0.3), or None.
-
-    Raises:
-        ValueError: for any other value, naming it.
-    """
-    if deduplicate is None:
-        deduplicate = _config.env_deduplicate()
-    if deduplicate is None:
-        return True
-    if isinstance(deduplicate, bool) or deduplicate == "sum":
-        return deduplicate
-    raise ValueError(
-        f"deduplicate must be True, False or 'sum' (or ${_config.DEDUPLICATE_ENV} one of 1, 0, "
-        f"sum). Received: {deduplicate!r}"
-    )
+from dpkeras._config import Deduplicate
 
 
 def unique_ids(indices):
@@ -69,14 +45,14 @@ def sum_repeats(slices):
 def sums_gradient_rows(mode, optimizer):
     """Whether gradient rows of repeated ids are summed before they cross, for `optimizer`.
 
-    Always under "sum", never under False; under True only where summing keeps Keras's numbers
-    on one device: an SGD (any momentum, Nesterov or not) that neither clips nor overrides
-    SGD's update. Clipping by norm or value, and every optimizer that squares or takes the sign
-    of the gradient, see each repeat on its own in Keras 3.
+    Always under `Deduplicate.SUM`, never under `OFF`; under `ON` only where summing keeps
+    Keras's numbers on one device: an SGD (any momentum, Nesterov or not) that neither clips
+    nor overrides SGD's update. Clipping by norm or value, and every optimizer that squares or
+    takes the sign of the gradient, see each repeat on its own in Keras 3.
     """
-    if mode == "sum":
+    if mode is Deduplicate.SUM:
         return True
-    if mode is not True:
+    if mode is not Deduplicate.ON:
         return False
     return (
         isinstance(optimizer, keras.optimizers.SGD)

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
+from dpkeras._config import Deduplicate
 from dpkeras._variables import partitioning, replica_step, shard_updates, task_pulls
 from dpkeras._variables.sharded_writes import ShardedWrites
 from dpkeras._variables.variables import ParameterVariable, record_lookup, scale_gradient
@@ -207,8 +208,9 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
     def sparse_read(self, indices, name=None):
         """Rows `indices` (ids of the full variable): each shard gathers its own ids.
 
-        In a replica, unless the strategy's `deduplicate` is False, each shard receives only
-        the distinct ids and sends one row per distinct id (`dpkeras._variables.dedup`).
+        In a replica, unless the strategy's `deduplicate` is `Deduplicate.OFF`, each shard
+        receives only the distinct ids and sends one row per distinct id
+        (`dpkeras._variables.dedup`).
         """
         shard = self._focused()
         if shard is not None:
@@ -216,7 +218,7 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
         indices = tf.convert_to_tensor(indices)
         flat = tf.reshape(indices, [-1])
         dedup_here = (
-            self._extended.deduplicate is not False
+            self._extended.deduplicate is not Deduplicate.OFF
             and replica_step.current(self._extended) is not None
         )
         if dedup_here:

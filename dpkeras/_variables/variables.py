@@ -5,6 +5,7 @@ import tensorflow as tf
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
+from dpkeras._config import Deduplicate
 from dpkeras._variables import replica_step, task_pulls
 from dpkeras._variables.writes import ReplicaWrites
 from dpkeras.placement import VariableKind
@@ -158,16 +159,16 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
     def sparse_read(self, indices, name=None):
         """Gathers rows; in a replica, on the parameter device, sending only the rows.
 
-        Unless the strategy's `deduplicate` is False, the replica sends its distinct ids and
-        receives one row per distinct id (`dpkeras._variables.dedup`). The gradient is one row
-        per looked-up id (Keras's), made sparse; the optimizer's sum decides whether repeats
-        are summed before they cross.
+        Unless the strategy's `deduplicate` is `Deduplicate.OFF`, the replica sends its distinct
+        ids and receives one row per distinct id (`dpkeras._variables.dedup`). The gradient is
+        one row per looked-up id (Keras's), made sparse; the optimizer's sum decides whether
+        repeats are summed before they cross.
         """
         step = replica_step.current(self._extended)
         if step is None:
             return super().sparse_read(indices, name=name)
         indices = tf.convert_to_tensor(indices)
-        if self._extended.deduplicate is False:
+        if self._extended.deduplicate is Deduplicate.OFF:
             value = self.gather_rows(indices, name=name)
         else:
             value = task_pulls.lookup(self._extended, self.gather_rows, indices, name=name)

@@ -9,7 +9,7 @@ import time
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals
+from dpkeras import _config, _tf_internals
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._spec import (
     client_task,
@@ -20,7 +20,6 @@ from dpkeras.cluster._spec import (
 )
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
-CPUS_ENV = "DPKERAS_CPUS"  # logical CPU devices of a task (`dpkeras serve --cpus`, `launch`)
 DEFAULT_CONNECT_TIMEOUT = 60.0
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
@@ -144,12 +143,12 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
 def _split_local_cpu():
     """Splits this process's CPU into `$DPKERAS_CPUS` logical devices, when set, before
     TensorFlow initialises (a worker 0 that leads computes on its own devices)."""
-    raw = os.environ.get(CPUS_ENV)
-    if not raw or _tf_internals.context_initialized():
+    cpus = _config.setting("cpus")
+    if cpus.source == "default" or _tf_internals.context_initialized():
         return
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(int(raw))]
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cpus.value)]
     )
 
 

@@ -1,12 +1,13 @@
 """A cluster's tasks: validating the cluster, reading TF_CONFIG, and naming tasks."""
 
 import json
-import os
 import re
 
 import tensorflow as tf
 
-TF_CONFIG_ENV = "TF_CONFIG"
+from dpkeras import _config
+
+TF_CONFIG_ENV = _config.VARIABLES["tf_config"]
 # "master" is the older name of "chief" (Kubeflow's TFJob still writes it): the client's task.
 CLUSTER_JOBS = ("ps", "worker", "chief", "master")
 CLIENT_JOBS = ("chief", "master")
@@ -105,10 +106,14 @@ def _validate(cluster, source):
     return tf.train.ClusterSpec(jobs)
 
 
-def _tf_config():
-    """`TF_CONFIG` parsed, with its source for messages; `(None, None)` when unset."""
-    raw = os.environ.get(TF_CONFIG_ENV)
-    if raw is None or not raw.strip():
+def parse_tf_config(raw):
+    """`TF_CONFIG`'s text (`dpkeras._config.Config.tf_config`) parsed, with its source for
+    messages; `(None, None)` for None.
+
+    Raises:
+        ValueError: for text that is not a JSON object, naming it.
+    """
+    if raw is None:
         return None, None
     source = f"{TF_CONFIG_ENV}={raw!r}"
     try:
@@ -118,6 +123,11 @@ def _tf_config():
     if not isinstance(config, dict):
         raise ValueError(f"{TF_CONFIG_ENV} must be a JSON object. Received: {source}.")
     return config, source
+
+
+def _tf_config():
+    """`TF_CONFIG` parsed, with its source for messages; `(None, None)` when unset."""
+    return parse_tf_config(_config.setting("tf_config").value)
 
 
 def _from_tf_config():

@@ -19,7 +19,7 @@ import time
 
 import tensorflow as tf
 
-from dpkeras.cluster._connect import CPUS_ENV
+from dpkeras import _config
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._spec import (
     CLIENT_JOBS,
@@ -31,8 +31,6 @@ from dpkeras.cluster._spec import (
     tf_config_task,
 )
 
-CLIENT_START_TIMEOUT_ENV = "DPKERAS_CLIENT_START_TIMEOUT"
-DEFAULT_CLIENT_START_TIMEOUT = 1800.0  # seconds: a client's pod may start late
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
 _FIRST_PROBE_INTERVAL = 0.25
@@ -46,12 +44,14 @@ def client_address(cluster_spec):
     return name, task_addresses(cluster_spec)[name]
 
 
-def take_part(cluster):
+def take_part(cluster, config):
     """The cluster this process trains on as the client; a task that is not the client serves
     (or, an evaluator, ends) here, and does not return.
 
     Args:
         cluster: what `dpkeras.scope(cluster=...)` received; None reads `TF_CONFIG`.
+        config: the `dpkeras._config.Config` in force (a task serves with its `cpus` and
+            `client_start_timeout`).
 
     Returns:
         A `tf.train.ClusterSpec`, or None (no cluster).
@@ -75,11 +75,9 @@ def take_part(cluster):
         spec,
         job,
         index,
-        cpus=int(os.environ.get(CPUS_ENV, "1")),
+        cpus=config.cpus,
         client=client_address(spec),
-        client_start_timeout=float(
-            os.environ.get(CLIENT_START_TIMEOUT_ENV, DEFAULT_CLIENT_START_TIMEOUT)
-        ),
+        client_start_timeout=config.client_start_timeout,
     )
 
 
@@ -130,7 +128,7 @@ def _watch(client, start_timeout, stop, prefix, name):
     """0 when stopped by a signal; `CLIENT_GONE` when the client never answers within
     `start_timeout` or stops answering. (A client that finishes ends this process itself.)"""
     client_name, address = client
-    deadline = time.monotonic() + (start_timeout or DEFAULT_CLIENT_START_TIMEOUT)
+    deadline = time.monotonic() + (start_timeout or _config.DEFAULT_CLIENT_START_TIMEOUT)
     while probe(address, timeout=2.0) is not None:
         if stop.wait(_FIRST_PROBE_INTERVAL):  # often: a client that fails at once is seen
             return 0
