@@ -415,17 +415,14 @@ def test_a_custom_loop_resets_the_slots_of_a_tracked_optimizer():
 def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monkeypatch):
     from types import SimpleNamespace
 
-    from dpkeras._dynamic import merge
+    from dpkeras import _device_names as device_names
     from dpkeras._dynamic.merge import StepIds
 
     tasks = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)]
-    assert [
-        r
-        for r, _ in merge._runs(SimpleNamespace(extended=SimpleNamespace(worker_devices=tasks)), 4)
-    ] == [[0, 1], [2, 3]]
+    assert [r for r, _ in device_names.replicas_by_task(tasks)] == [[0, 1], [2, 3]]
     # Two "tasks" this process has: /cpu:1 and /cpu:2 stand for the CPUs of two workers.
     monkeypatch.setattr(
-        merge, "_runs", lambda strategy, n: [([0, 1], "/cpu:1"), ([2, 3], "/cpu:2")]
+        device_names, "replicas_by_task", lambda devices: [([0, 1], "/cpu:1"), ([2, 3], "/cpu:2")]
     )
     devices = ["/cpu:1", "/cpu:1", "/cpu:2", "/cpu:2"]
     strategy = SimpleNamespace(extended=SimpleNamespace(worker_devices=devices))
@@ -440,7 +437,7 @@ def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monk
     assert step.ids.numpy().tolist() == [7, 3, 9, 1, 5]  # first seen in the global batch
     assert step.seen.numpy().tolist() == [2, 3, 4, 1, 1]
     # what each task sends to the index: its replicas' ids, each once
-    sent = [t[0].numpy().tolist() for t in step._task_ids]
+    sent = [t.ids.numpy().tolist() for t in step._tasks]
     assert sent == [[7, 3, 9], [9, 1, 7, 5]]
     rows = tf.constant([70, 30, 90, 10, 50], tf.int64)  # a row per id of step.ids
     back = [r.numpy().tolist() for r in step.per_replica(rows)]

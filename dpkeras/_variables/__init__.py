@@ -6,5 +6,6 @@
 - `sharded`: `ShardedParameterVariable`, one full-shape variable over shards, and its updates;
 - `lookups`: embedding lookups gathered where the table is;
 - `dedup`: each distinct id crosses once (the modes, unique ids, summed gradient rows);
-- `task_pulls`: a worker's replicas share one pull of each distinct id (on a cluster).
+- `task_pulls`: a worker's replicas share one pull of each distinct id (on a cluster), through
+  `Union`, the per-task merge of ids that `DynamicEmbedding`'s step ids use too.
 """
