@@ -444,22 +444,6 @@ def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monk
     assert back == [[70, 30], [30, 90], [90, 10], [70, 50]]
 
 
-def test_the_benchmark_feeds_raw_non_negative_63_bit_ids_with_a_zipf_head():
-    out = run_python("""
-        import numpy as np
-        from benchmarks import dynamic_embedding  # its own process: absl flags are global
-
-        ids = dynamic_embedding.raw_ids(np, np.random.RandomState(0), 2000, 1.1)
-        assert ids.shape == (2000, 26) and ids.dtype == np.int64 and ids.min() >= 0
-        assert ids.max() > 2**60  # hashed over the whole range, no vocabulary
-        _, counts = np.unique(ids[:, 0], return_counts=True)
-        assert counts.max() > 100 and (counts == 1).sum() > 100  # a hot head, a long tail
-        assert not set(ids[:, 0].tolist()) & set(ids[:, 1].tolist())  # features hash apart
-        print("ok")
-    """)
-    assert out.strip() == "ok"
-
-
 def test_string_collisions_are_counted_within_a_batch_across_replicas_and_over_time(
     monkeypatch,
 ):
