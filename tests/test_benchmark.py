@@ -1,6 +1,7 @@
 """The benchmark's measurement code: transfer counting, result files, failure reporting, and a
-tiny end-to-end run; the dynamic-embedding and soak benchmarks (benchmarks/ lives outside the
-package, beside this directory: only these benchmark tests import it)."""
+tiny end-to-end run; the dynamic-embedding and soak benchmarks; `dpkeras bench` in and outside a
+checkout (benchmarks/ lives outside the package, beside this directory: only these benchmark
+tests import it)."""
 
 import json
 import os
@@ -710,21 +711,55 @@ def test_cli_usage_and_unknown_command(capsys):
     assert "unknown command 'train'; valid commands: env, bench" in capsys.readouterr().err
 
 
-def test_cli_bench_outside_a_checkout_says_what_to_do(capsys, monkeypatch):
+def test_cli_bench_outside_a_checkout_refuses_in_one_line(capsys, monkeypatch):
     from dpkeras import _cli as cli
     from dpkeras._cli import bench
 
     monkeypatch.setattr(bench, "_checkout_root", lambda: None)
+    monkeypatch.setattr(bench.subprocess, "call", lambda *a, **k: pytest.fail("ran something"))
     assert cli.main(["bench"]) == 2
-    assert "no benchmarks/compare.py beside it" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "needs a dpkeras source checkout" in err  # .ci/wheel_smoke.py: "source checkout"
+
+
+def test_cli_bench_in_a_checkout_runs_compare_in_a_process_of_its_own(monkeypatch):
+    from dpkeras import _cli as cli
+    from dpkeras._cli import bench
+
+    calls = []
+
+    def call(argv, env):
+        calls.append((argv, env))
+        return 7
+
+    monkeypatch.setattr(bench.subprocess, "call", call)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    path, doc = list(sys.path), sys.modules["__main__"].__doc__
+    assert cli.main(["bench", "--models=mlp"]) == 7  # compare's exit status
+    argv, env = calls[0]
+    assert argv == [sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"), "--models=mlp"]
+    assert env["PYTHONPATH"] == ROOT + os.pathsep + "/elsewhere"
+    assert sys.path == path and sys.modules["__main__"].__doc__ == doc  # this process untouched
+
+
+def test_cli_bench_help_is_the_benchmarks_from_any_directory(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpkeras", "bench", "--help"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert compare.__doc__.splitlines()[0] in proc.stdout  # absl prints __main__'s docstring
+    assert "--out" in proc.stdout
 
 
 def test_command_line_for_the_report():
     assert compare.command_line(["/x/benchmarks/compare.py", "--models=mlp"]) == (
         "python -m benchmarks.compare --models=mlp"
-    )
-    assert compare.command_line(["/venv/bin/dpkeras", "bench", "--scaling"]) == (
-        "dpkeras bench --scaling"
     )
     info = machine.describe([], 8, "/cpu:0", [1, 2, 4, 8])
     assert "replicas + 1 logical devices (2 to 9)" in info["layout"]
