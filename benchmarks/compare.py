@@ -412,10 +412,9 @@ def run_all(config, pairs, log_dir, echo=print):
 
 
 def command_line(argv):
-    """How this run was started, for the report: `dpkeras bench ...` or `python -m ...`."""
-    program = os.path.basename(argv[0]) if argv else ""
-    start = "dpkeras" if program == "dpkeras" else "python -m benchmarks.compare"
-    return " ".join([start] + list(argv[1:]))
+    """The command that repeats this run, for the report: `python -m benchmarks.compare ...`
+    (`dpkeras bench` runs this script in a process of its own, with its flags)."""
+    return " ".join(["python -m benchmarks.compare"] + list(argv[1:]))
 
 
 def main(argv):
@@ -532,7 +531,7 @@ def report(records, config, info):
 
 
 def run():
-    """Entry point for `python -m benchmarks.compare` and `dpkeras bench`."""
+    """Entry point for `python -m benchmarks.compare` (and `dpkeras bench`, which runs it)."""
     app.run(main)
 
 

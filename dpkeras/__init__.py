@@ -27,7 +27,8 @@ The package, from the top down (each imports only what stands below it):
   variable creator, reductions, the optimizer on the sum, Keras steps, input); beside it
   `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
 - `layers` and `_dynamic/`: `DynamicEmbedding`, its hash index, admission and eviction,
-  new rows' initial values and optimizer slots (above `_keras_internals` only);
+  new rows' initial values and optimizer slots (above `_keras_internals`, and `_variables`'s
+  per-task merge of ids only);
 - `_variables/`: `ParameterVariable` and `ShardedParameterVariable`, how replicas read and
   write them, lookups (each distinct id once), partitioning;
 - `placement`: placement policies; `_transfers`: counting what a step sends;

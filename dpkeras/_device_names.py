@@ -73,8 +73,15 @@ def host_of(device):
     return f"{task_of(canonical_device(device))}/device:CPU:0"
 
 
-def replicas_by_host(devices):
-    """`[(replica ids, host CPU)]` of consecutive `devices` (replicas in order) on one task."""
+def replicas_by_task(devices):
+    """The replicas grouped by task: `[(replica ids, the task's host CPU)]`, one pair per run of
+    consecutive `devices` (the replicas' devices, in replica order) on one task.
+
+    `['/job:worker/task:0/device:GPU:0', '/job:worker/task:0/device:GPU:1',
+    '/job:worker/task:1/device:GPU:0']` -> `[([0, 1], '/job:worker/replica:0/task:0/device:CPU:0'),
+    ([2], '/job:worker/replica:0/task:1/device:CPU:0')]`. A strategy's replicas are in task
+    order (`dpkeras._extended.input.InputPlan.by_task`), so each task is one pair.
+    """
     runs = []
     for replica, device in enumerate(devices):
         host = host_of(device)

@@ -11,9 +11,9 @@ imports TensorFlow's private modules or reads private attributes of its objects.
 # ruff: noqa: F401
 import tensorflow as tf
 
-# On a cluster each worker runs its own copy of the input pipeline: a dataset made on the
-# client must be serialised and rebuilt on each worker's host, as TF's own distributed datasets
-# do (`input_lib`); there is no public call.
+# On a cluster each input host (a worker task's CPU) runs its own copy of the input pipeline:
+# a dataset made on the client must be serialised and rebuilt on each input host, as TF's own
+# distributed datasets do (`input_lib`); there is no public call.
 from tensorflow.python.data.experimental.ops.distribute import replicate
 
 # A strategy's extended class must derive from StrategyExtendedV1: `Strategy.run` and
@@ -156,7 +156,7 @@ def handle_sharing_arguments(variable):
 
 
 # -- tf.data pipelines: which transformations a dataset is made of --------------------------
-# dpkeras cuts a dataset's elements to the workers of a cluster before its per-element maps
+# dpkeras cuts a dataset's elements to the input hosts of a cluster before its per-element maps
 # (dpkeras/cluster/_input.py); tf.data offers no public way to see a dataset's transformations
 # or to apply one of them again to another input. These read the Python dataset objects'
 # private attributes (TensorFlow 2.21's `dataset_ops`); tests/test_input_sharding.py fails if a

@@ -1,5 +1,7 @@
 """The benchmark's measurement code: transfer counting, result files, failure reporting, and a
-tiny end-to-end run (benchmarks/ lives outside the package, beside this directory)."""
+tiny end-to-end run; the dynamic-embedding and soak benchmarks; `dpkeras bench` in and outside a
+checkout (benchmarks/ lives outside the package, beside this directory: only these benchmark
+tests import it)."""
 
 import json
 import os
@@ -14,9 +16,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import dpkeras  # noqa: E402
 from benchmarks import compare, machine, results, worker  # noqa: E402
 from benchmarks.models import MODELS  # noqa: E402
 from dpkeras._transfers import Transfer, TransferReport  # noqa: E402
+from dpkeras.testing import run_python  # noqa: E402
 
 
 def _record(strategy, model="mlp", replicas=3, sps=10.0, loss=1.0, status="ok", **extra):
@@ -537,6 +541,27 @@ def test_machine_description_says_devices_are_simulated():
     assert "SIMULATED" in text and "/cpu:1../cpu:3" in text and "not a speed-up" in text
 
 
+def test_the_benchmark_header_prints_the_version():
+    software = machine.lines(machine.describe([], 1, "/cpu:0"))[1]
+    assert f", dpkeras {dpkeras.__version__}" in software, software
+
+
+def test_the_dynamic_embedding_benchmark_feeds_raw_non_negative_63_bit_ids_with_a_zipf_head():
+    out = run_python("""
+        import numpy as np
+        from benchmarks import dynamic_embedding  # its own process: absl flags are global
+
+        ids = dynamic_embedding.raw_ids(np, np.random.RandomState(0), 2000, 1.1)
+        assert ids.shape == (2000, 26) and ids.dtype == np.int64 and ids.min() >= 0
+        assert ids.max() > 2**60  # hashed over the whole range, no vocabulary
+        _, counts = np.unique(ids[:, 0], return_counts=True)
+        assert counts.max() > 100 and (counts == 1).sum() > 100  # a hot head, a long tail
+        assert not set(ids[:, 0].tolist()) & set(ids[:, 1].tolist())  # features hash apart
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 
@@ -620,6 +645,36 @@ def test_the_sharded_recommender_spreads_its_table_and_equals_one_device(tmp_pat
     assert "of run-time size (a sharded lookup's rows), not counted" in proc.stdout
 
 
+def test_soak_benchmark_runs_and_summarizes(tmp_path):
+    """`benchmarks/soak.py` end to end, briefly: a JSON line per window and a summary."""
+    out = tmp_path / "soak.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.soak",
+            "--steps=30",
+            "--every=10",
+            "--replicas=2",
+            "--batch_size=16",
+            f"--out={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    header, windows = lines[0], lines[1:]
+    assert header["run"]["strategy"] == "dpkeras" and header["run"]["replicas"] == 2
+    assert [w["step"] for w in windows] == [10, 20, 30]
+    assert header["summary"]["variables_constant"] is True
+    assert all(w["rss_mib"] > 0 and w["step_ms_median"] > 0 for w in windows)
+    assert "RSS:" in proc.stdout and "Variables constant" in proc.stdout
+
+
 # -- GPU arithmetic and the command line --------------------------------------------------------
 
 
@@ -656,21 +711,55 @@ def test_cli_usage_and_unknown_command(capsys):
     assert "unknown command 'train'; valid commands: env, bench" in capsys.readouterr().err
 
 
-def test_cli_bench_outside_a_checkout_says_what_to_do(capsys, monkeypatch):
+def test_cli_bench_outside_a_checkout_refuses_in_one_line(capsys, monkeypatch):
     from dpkeras import _cli as cli
     from dpkeras._cli import bench
 
     monkeypatch.setattr(bench, "_checkout_root", lambda: None)
+    monkeypatch.setattr(bench.subprocess, "call", lambda *a, **k: pytest.fail("ran something"))
     assert cli.main(["bench"]) == 2
-    assert "no benchmarks/compare.py beside it" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "needs a dpkeras source checkout" in err  # .ci/wheel_smoke.py: "source checkout"
+
+
+def test_cli_bench_in_a_checkout_runs_compare_in_a_process_of_its_own(monkeypatch):
+    from dpkeras import _cli as cli
+    from dpkeras._cli import bench
+
+    calls = []
+
+    def call(argv, env):
+        calls.append((argv, env))
+        return 7
+
+    monkeypatch.setattr(bench.subprocess, "call", call)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    path, doc = list(sys.path), sys.modules["__main__"].__doc__
+    assert cli.main(["bench", "--models=mlp"]) == 7  # compare's exit status
+    argv, env = calls[0]
+    assert argv == [sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"), "--models=mlp"]
+    assert env["PYTHONPATH"] == ROOT + os.pathsep + "/elsewhere"
+    assert sys.path == path and sys.modules["__main__"].__doc__ == doc  # this process untouched
+
+
+def test_cli_bench_help_is_the_benchmarks_from_any_directory(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpkeras", "bench", "--help"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert compare.__doc__.splitlines()[0] in proc.stdout  # absl prints __main__'s docstring
+    assert "--out" in proc.stdout
 
 
 def test_command_line_for_the_report():
     assert compare.command_line(["/x/benchmarks/compare.py", "--models=mlp"]) == (
         "python -m benchmarks.compare --models=mlp"
-    )
-    assert compare.command_line(["/venv/bin/dpkeras", "bench", "--scaling"]) == (
-        "dpkeras bench --scaling"
     )
     info = machine.describe([], 8, "/cpu:0", [1, 2, 4, 8])
     assert "replicas + 1 logical devices (2 to 9)" in info["layout"]

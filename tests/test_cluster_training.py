@@ -1,7 +1,7 @@
 """Synchronous training on a real cluster: 2 ps + 2 workers (2 CPU devices each), 4 replicas.
 
 Every server is a real `dpkeras serve` process on a free loopback port
-(benchmarks/local_cluster.py); each client runs in a fresh process (a process connects to one
+(`dpkeras.testing.LocalCluster`); each client runs in a fresh process (a process connects to one
 cluster for its lifetime), and trains one process's reference model on the same global batches
 for comparison.
 """

@@ -415,17 +415,14 @@ def test_a_custom_loop_resets_the_slots_of_a_tracked_optimizer():
 def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monkeypatch):
     from types import SimpleNamespace
 
-    from dpkeras._dynamic import merge
+    from dpkeras import _device_names as device_names
     from dpkeras._dynamic.merge import StepIds
 
     tasks = [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)]
-    assert [
-        r
-        for r, _ in merge._runs(SimpleNamespace(extended=SimpleNamespace(worker_devices=tasks)), 4)
-    ] == [[0, 1], [2, 3]]
+    assert [r for r, _ in device_names.replicas_by_task(tasks)] == [[0, 1], [2, 3]]
     # Two "tasks" this process has: /cpu:1 and /cpu:2 stand for the CPUs of two workers.
     monkeypatch.setattr(
-        merge, "_runs", lambda strategy, n: [([0, 1], "/cpu:1"), ([2, 3], "/cpu:2")]
+        device_names, "replicas_by_task", lambda devices: [([0, 1], "/cpu:1"), ([2, 3], "/cpu:2")]
     )
     devices = ["/cpu:1", "/cpu:1", "/cpu:2", "/cpu:2"]
     strategy = SimpleNamespace(extended=SimpleNamespace(worker_devices=devices))
@@ -440,27 +437,11 @@ def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monk
     assert step.ids.numpy().tolist() == [7, 3, 9, 1, 5]  # first seen in the global batch
     assert step.seen.numpy().tolist() == [2, 3, 4, 1, 1]
     # what each task sends to the index: its replicas' ids, each once
-    sent = [t[0].numpy().tolist() for t in step._task_ids]
+    sent = [t.ids.numpy().tolist() for t in step._tasks]
     assert sent == [[7, 3, 9], [9, 1, 7, 5]]
     rows = tf.constant([70, 30, 90, 10, 50], tf.int64)  # a row per id of step.ids
     back = [r.numpy().tolist() for r in step.per_replica(rows)]
     assert back == [[70, 30], [30, 90], [90, 10], [70, 50]]
-
-
-def test_the_benchmark_feeds_raw_non_negative_63_bit_ids_with_a_zipf_head():
-    out = run_python("""
-        import numpy as np
-        from benchmarks import dynamic_embedding  # its own process: absl flags are global
-
-        ids = dynamic_embedding.raw_ids(np, np.random.RandomState(0), 2000, 1.1)
-        assert ids.shape == (2000, 26) and ids.dtype == np.int64 and ids.min() >= 0
-        assert ids.max() > 2**60  # hashed over the whole range, no vocabulary
-        _, counts = np.unique(ids[:, 0], return_counts=True)
-        assert counts.max() > 100 and (counts == 1).sum() > 100  # a hot head, a long tail
-        assert not set(ids[:, 0].tolist()) & set(ids[:, 1].tolist())  # features hash apart
-        print("ok")
-    """)
-    assert out.strip() == "ok"
 
 
 def test_string_collisions_are_counted_within_a_batch_across_replicas_and_over_time(

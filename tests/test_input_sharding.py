@@ -1,8 +1,8 @@
-"""Each worker's share of the input (`dpkeras.cluster._input`), checked on one machine.
+"""Each input host's share of the input (`dpkeras.cluster._input`), checked on one machine.
 
-Each worker's pipeline is run here as its worker would run it; concatenated in replica order,
-the workers' per-replica batches must be the global batches, and under AUTO each worker must
-map only the elements of its own slices. The same pipelines on a real cluster are tested in
+Each host's pipeline is run here as its worker task would run it; concatenated in replica
+order, the hosts' per-replica batches must be the global batches, and under AUTO each host
+must map only the elements of its own slices. The same pipelines on a real cluster are tested in
 tests/test_cluster_loop.py.
 """
 
@@ -23,14 +23,14 @@ def _with_policy(dataset, policy):
 
 
 def _pipelines(make, ranges, replicas):
-    """Worker w's pipeline, each from a dataset of its own (as each worker deserialises its
-    own copy), or None for the whole-pipeline fallback."""
-    built = [_input.worker_pipelines(make(), ranges, replicas) for _ in ranges]
+    """Input host h's pipeline, each from a dataset of its own (as each worker task
+    deserialises its own copy), or None for the whole-pipeline fallback."""
+    built = [_input.host_pipelines(make(), ranges, replicas) for _ in ranges]
     return None if built[0] is None else [built[w][w] for w in range(len(ranges))]
 
 
-def _assert_slices_make_the_global_batches(make, ranges, replicas):
-    pipelines = _pipelines(make, ranges, replicas)
+def _assert_slices_make_the_global_batches(make, ranges, replicas, pipelines=None):
+    pipelines = pipelines or _pipelines(make, ranges, replicas)
     assert pipelines is not None, "expected an early cut"
     iterators = [iter(p.as_numpy_iterator()) for p in pipelines]
     batches = 0
@@ -119,6 +119,15 @@ def test_data_and_off_run_the_whole_pipeline_on_every_worker(policy):
     )
 
 
+def test_data_keeps_each_hosts_slices_of_the_whole_pipeline():
+    """10 rows over 4 replicas are 3, 3, 2, 2, as TensorFlow's rebatching cuts them; the last
+    batch, 3 rows, is 1, 1, 1, 0."""
+    make = lambda: _elements(23).batch(10)  # noqa: E731
+    ranges = [(0, 1), (1, 4)]
+    pipelines = [_input.host_slices(make(), first, end, 4) for first, end in ranges]
+    assert _assert_slices_make_the_global_batches(make, ranges, 4, pipelines) == 3
+
+
 def test_file_gives_each_worker_its_files_and_its_share_of_each_step(tmp_path):
     files = []
     for f in range(4):
@@ -143,11 +152,11 @@ def test_file_gives_each_worker_its_files_and_its_share_of_each_step(tmp_path):
 
 def test_file_without_files_and_hint_are_clear_errors():
     with pytest.raises(ValueError, match=r"auto_shard_policy=FILE needs a dataset that reads"):
-        _input.worker_pipelines(
+        _input.host_pipelines(
             _with_policy(_elements(30).batch(4), Policy.FILE), [(0, 1), (1, 2)], 2
         )
     with pytest.raises(NotImplementedError, match=r"auto_shard_policy=HINT is not supported"):
-        _input.worker_pipelines(
+        _input.host_pipelines(
             _with_policy(_elements(30).batch(4), Policy.HINT), [(0, 1), (1, 2)], 2
         )
 

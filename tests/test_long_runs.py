@@ -1,14 +1,10 @@
 """Long runs: many epochs trace each step function once and keep the same variables.
 
-`benchmarks/soak.py` runs thousands of steps and records memory and step time; this test is
-the fast check that nothing grows per epoch: traces, variables, and the per-graph caches dpkeras
-keeps (replica reads, reductions).
+`benchmarks/soak.py` runs thousands of steps and records memory and step time (its own test is
+in tests/test_benchmark.py); these tests are the fast check that nothing grows per epoch:
+traces, variables, and the per-graph caches dpkeras keeps (replica reads, reductions).
 """
 
-import json
-import os
-import subprocess
-import sys
 import time
 
 import keras
@@ -165,34 +161,3 @@ def test_epochs_of_unknown_size_do_not_drift():
     with pytest.raises((StopIteration, tf.errors.OutOfRangeError)):
         model.train_function(iterator)
     assert model.optimizer.iterations.numpy() == seed.numpy()[1] == 2 * 3
-
-
-def test_soak_benchmark_runs_and_summarizes(tmp_path):
-    """`benchmarks/soak.py` end to end, briefly: a JSON line per window and a summary."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = tmp_path / "soak.jsonl"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.soak",
-            "--steps=30",
-            "--every=10",
-            "--replicas=2",
-            "--batch_size=16",
-            f"--out={out}",
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    header, windows = lines[0], lines[1:]
-    assert header["run"]["strategy"] == "dpkeras" and header["run"]["replicas"] == 2
-    assert [w["step"] for w in windows] == [10, 20, 30]
-    assert header["summary"]["variables_constant"] is True
-    assert all(w["rss_mib"] > 0 and w["step_ms_median"] > 0 for w in windows)
-    assert "RSS:" in proc.stdout and "Variables constant" in proc.stdout

@@ -1,6 +1,6 @@
 """One version everywhere: `dpkeras.__version__` (from dpkeras/_version.py), the installed
-package's metadata, CHANGELOG.md's newest released heading, and the lines that print it
-(`dpkeras env`, the benchmark's header)."""
+package's metadata, CHANGELOG.md's newest released heading, and `dpkeras env`, which prints
+it (the benchmark's header, in benchmarks/, is checked in tests/test_benchmark.py)."""
 
 import importlib.metadata
 import io
@@ -49,10 +49,3 @@ def test_dpkeras_env_prints_the_version():
     out = io.StringIO()
     assert _cli.env.env([], out=out) in (0, None)
     assert out.getvalue().startswith(f"dpkeras {dpkeras.__version__} (")
-
-
-def test_the_benchmark_header_prints_the_version():
-    from benchmarks import machine
-
-    software = machine.lines(machine.describe([], 1, "/cpu:0"))[1]
-    assert f", dpkeras {dpkeras.__version__}" in software, software

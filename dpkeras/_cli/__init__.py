@@ -6,7 +6,8 @@
     dpkeras launch --ps N --workers M -- CMD     one program in every task, on this machine
 
 `dpkeras bench` runs the benchmark of the source checkout this dpkeras is installed from
-(`pip install -e .`); the benchmark is not part of the installed package.
+(`pip install -e .`), in a process of its own; the benchmark is not part of the installed
+package, so from a wheel it refuses in one line.
 """
 
 import sys

@@ -1,6 +1,14 @@
-"""`dpkeras bench`: the benchmark of the source checkout (benchmarks/compare.py)."""
+"""`dpkeras bench`: the benchmark of the source checkout (benchmarks/compare.py).
+
+The benchmark is not part of the installed package (the wheel holds `dpkeras/` only): in a
+source checkout (`pip install -e .`), `dpkeras bench [flags]` runs
+`python <checkout>/benchmarks/compare.py [flags]` in a process of its own, from the current
+directory (so `--out` is relative to it) with the checkout first on `PYTHONPATH`, and exits
+with its status; anywhere else it refuses in one line.
+"""
 
 import os
+import subprocess
 import sys
 
 
@@ -13,27 +21,17 @@ def _checkout_root():
 
 
 def bench(argv=None):
-    """`dpkeras bench [flags]`: runs benchmarks/compare.py's main with these flags."""
+    """`dpkeras bench [flags]`: benchmarks/compare.py with these flags, in a subprocess."""
     root = _checkout_root()
     if root is None:
-        import dpkeras
-
         print(
-            f"dpkeras bench runs the benchmark of a dpkeras source checkout, but dpkeras is "
-            f"installed from {os.path.dirname(os.path.abspath(dpkeras.__file__))}, which has "
-            f"no benchmarks/compare.py beside it. Clone the repository, `pip install -e .` "
-            f"in it, and run `dpkeras bench` (or `python -m benchmarks.compare` there).",
+            "dpkeras bench needs a dpkeras source checkout (the benchmark, benchmarks/, is not "
+            "in the installed package): clone the repository, `pip install -e .` there, and "
+            "run `dpkeras bench` or `python -m benchmarks.compare`.",
             file=sys.stderr,
         )
         return 2
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from absl import app
-
-    from benchmarks import compare
-
-    main_module = sys.modules.get("__main__")
-    if main_module is not None:  # absl's --help prints the __main__ module's docstring
-        main_module.__doc__ = compare.__doc__
-    app.run(compare.main, argv=["dpkeras bench"] + list(argv or []))
-    return 0
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=root + (os.pathsep + path if path else ""))
+    script = os.path.join(root, "benchmarks", "compare.py")
+    return subprocess.call([sys.executable, script, *(argv or [])], env=env)

@@ -6,5 +6,6 @@
 - `reductions`: cross-replica sums where they are consumed, and the ledger of them;
 - `keras_steps`: what a Keras step needs around it (model check, uneven batches, "finite?");
 - `optimizer_apply`: the optimizer applies the summed gradient once;
-- `input`: feeding the replicas, one input pipeline per host.
+- `input`: feeding the replicas, one input pipeline per input host (what each host's pipeline
+  reads on a cluster is `dpkeras.cluster._input`).
 """

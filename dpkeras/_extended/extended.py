@@ -3,7 +3,7 @@
 It holds the devices and answers TensorFlow's questions; the work is done by one module per
 concept: `creator` (placing variables), `reductions` (cross-replica sums and where they
 happen), `keras_steps` (what a Keras step needs around it), `replica_step` (the state a
-replica's variables read), and `distributed_input` (feeding the replicas).
+replica's variables read), and `input` (feeding the replicas).
 """
 
 import contextlib

@@ -1,4 +1,5 @@
-"""How a variable is cut into shards: TensorFlow's partitioners, validated, and the row split."""
+"""How a variable is cut into shards: TensorFlow's partitioners, validated, and the row split
+(how many rows each shard holds, and a tensor's or a list of ids' part of each shard)."""
 
 import contextlib
 import threading
@@ -134,3 +135,28 @@ def offsets(rows_per_shard):
     for r in rows_per_shard:
         out.append(out[-1] + r)
     return out
+
+
+def row_slice(x, lo, hi):
+    """Rows `lo:hi` of a dense tensor or of `tf.IndexedSlices` (ids made local), at the source."""
+    device = getattr(x.values if isinstance(x, tf.IndexedSlices) else x, "device", "") or None
+    with tf.device(device):
+        if isinstance(x, tf.IndexedSlices):
+            keep = tf.logical_and(x.indices >= lo, x.indices < hi)
+            shape = tf.concat([tf.constant([hi - lo], x.dense_shape.dtype), x.dense_shape[1:]], 0)
+            return tf.IndexedSlices(
+                tf.boolean_mask(x.values, keep),
+                tf.boolean_mask(x.indices, keep) - tf.cast(lo, x.indices.dtype),
+                shape,
+            )
+        return x[lo:hi]
+
+
+def partition_ids(flat_ids, offsets):
+    """Per shard: the local ids of `flat_ids` it holds, and their positions in `flat_ids`."""
+    n = len(offsets) - 1
+    bounds = tf.constant(offsets[1:-1], dtype=flat_ids.dtype)
+    shard = tf.searchsorted(bounds, flat_ids, side="right", out_type=tf.int32)
+    local = flat_ids - tf.gather(tf.constant(offsets[:-1], dtype=flat_ids.dtype), shard)
+    positions = tf.range(tf.size(flat_ids))
+    return tf.dynamic_partition(local, shard, n), tf.dynamic_partition(positions, shard, n)

@@ -1,4 +1,10 @@
-"""Summing and updating a sharded variable shard by shard, where each shard lives."""
+"""Summing and updating a sharded variable shard by shard, where each shard lives.
+
+The optimizer's path, one of three write modules (one concept each): `writes` is a
+`ParameterVariable`'s writes by kind in a replica, `sharded_writes` a sharded variable's
+`assign` and `scatter_*` cut into its shards. Cutting tensors and ids by rows is
+`partitioning`'s.
+"""
 
 import contextlib
 import threading
@@ -8,6 +14,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
+from dpkeras._variables import partitioning
 
 _focus = threading.local()
 
@@ -32,21 +39,6 @@ def shard_focus(variable, index):
 def current_focus():
     """`(rows, index, variable)` of the innermost `shard_focus` on this thread, or None."""
     return getattr(_focus, "current", None)
-
-
-def row_slice(x, lo, hi):
-    """Rows `lo:hi` of a dense tensor or of `tf.IndexedSlices` (ids made local), at the source."""
-    device = getattr(x.values if isinstance(x, tf.IndexedSlices) else x, "device", "") or None
-    with tf.device(device):
-        if isinstance(x, tf.IndexedSlices):
-            keep = tf.logical_and(x.indices >= lo, x.indices < hi)
-            shape = tf.concat([tf.constant([hi - lo], x.dense_shape.dtype), x.dense_shape[1:]], 0)
-            return tf.IndexedSlices(
-                tf.boolean_mask(x.values, keep),
-                tf.boolean_mask(x.indices, keep) - tf.cast(lo, x.indices.dtype),
-                shape,
-            )
-        return x[lo:hi]
 
 
 _sums = GraphCache()  # name of a summed gradient -> (rows per shard, the per-shard sums)
@@ -75,7 +67,9 @@ def sum_by_shard(variable, components, reduce_components):
     for i, shard in enumerate(variable.shards):
         lo, hi = variable.offsets[i], variable.offsets[i + 1]
         sums.append(
-            reduce_components("SUM", [row_slice(c, lo, hi) for c in components], shard.device)
+            reduce_components(
+                "SUM", [partitioning.row_slice(c, lo, hi) for c in components], shard.device
+            )
         )
     if all(isinstance(s, tf.IndexedSlices) for s in sums):
         joined = tf.IndexedSlices(
@@ -113,9 +107,9 @@ def shard_arguments(variable, index, structure):
         if own is not None:
             return own
         if isinstance(x, tf.IndexedSlices):
-            return row_slice(x, lo, hi)
+            return partitioning.row_slice(x, lo, hi)
         if isinstance(x, tf.Tensor) and x.shape.rank and x.shape.is_compatible_with(full):
-            return row_slice(x, lo, hi)
+            return partitioning.row_slice(x, lo, hi)
         return x
 
     return tf.nest.map_structure(cut, structure)
@@ -143,16 +137,6 @@ def update_by_shard(variable, fn, args, kwargs):
         ):
             results.append(fn(variable, *shard_args, **shard_kwargs))
     return tuple(r for r in tf.nest.flatten(results) if isinstance(r, (tf.Tensor, tf.Operation)))
-
-
-def partition_ids(flat_ids, offsets):
-    """Per shard: the local ids of `flat_ids` it holds, and their positions in `flat_ids`."""
-    n = len(offsets) - 1
-    bounds = tf.constant(offsets[1:-1], dtype=flat_ids.dtype)
-    shard = tf.searchsorted(bounds, flat_ids, side="right", out_type=tf.int32)
-    local = flat_ids - tf.gather(tf.constant(offsets[:-1], dtype=flat_ids.dtype), shard)
-    positions = tf.range(tf.size(flat_ids))
-    return tf.dynamic_partition(local, shard, n), tf.dynamic_partition(positions, shard, n)
 
 
 # Optimizers whose update of a variable is row by row (elementwise, with scalar state), so that

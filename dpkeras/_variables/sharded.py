@@ -1,21 +1,24 @@
-"""`ShardedParameterVariable`: a variable cut into shards, seen by Keras as one variable."""
+"""`ShardedParameterVariable`: a variable cut into shards, seen by Keras as one variable.
+
+This module is what the variable is (its shards, the `tf.Variable` it presents) and how it is
+saved; its reads (`sharded_reads`) and writes (`sharded_writes`) are mixins, a module each;
+the optimizer sums and updates it shard by shard in `shard_updates`.
+"""
 
 import itertools
 
-import numpy as np
 import tensorflow as tf
 
-from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
-from dpkeras._config import Deduplicate
-from dpkeras._variables import partitioning, replica_step, shard_updates, task_pulls
+from dpkeras._variables import partitioning, shard_updates
+from dpkeras._variables.sharded_reads import ShardedReads
 from dpkeras._variables.sharded_writes import ShardedWrites
-from dpkeras._variables.variables import ParameterVariable, record_lookup, scale_gradient
+from dpkeras._variables.variables import ParameterVariable
 
 _ids = itertools.count()
 
 
-class ShardedParameterVariable(ShardedWrites, tf.Variable):
+class ShardedParameterVariable(ShardedReads, ShardedWrites, tf.Variable):
     """A variable of the full shape whose rows live in `shards`, on several devices.
 
     Users do not construct it: a partitioned variable created under `dpkeras.scope()` is one,
@@ -28,10 +31,7 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
     - Reading the whole variable concatenates the shards. A lookup (`Embedding`,
       `keras.ops.take`, `tf.gather`, `tf.nn.embedding_lookup`) sends each shard its own ids,
       gathers there, and only the rows travel; the gradient is sparse (`tf.IndexedSlices` of
-      the looked-up rows). Example, 10 rows in 3 shards on two devices: shard 0 (rows 0-3) on
-      /cpu:0, shard 1 (rows 4-6) on /gpu:0, shard 2 (rows 7-9) on /cpu:0. Looking up ids
-      [5, 0] sends id 1 to shard 1 and id 0 to shard 0, and stitches the two rows back in
-      order.
+      the looked-up rows). See `ShardedReads`.
     - Writes are cut the same way (`ShardedWrites`).
     - The optimizer updates shard by shard, on each shard's device
       (`shard_updates.update_by_shard`).
@@ -78,6 +78,20 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
             )
         self._reads = GraphCache()  # replica id -> its read of the whole variable
 
+    @classmethod
+    def of(cls, extended, shards, spec, kwargs):
+        """The variable over `shards`, from the keyword arguments its creator received."""
+        return cls(
+            extended,
+            shards,
+            spec,
+            name=kwargs.get("name") or "Variable",
+            trainable=True if kwargs.get("trainable") is None else kwargs["trainable"],
+            synchronization=kwargs.get("synchronization") or tf.VariableSynchronization.AUTO,
+            aggregation=kwargs.get("aggregation") or tf.VariableAggregation.NONE,
+            constraint=kwargs.get("constraint"),
+        )
+
     # -- what it is ---------------------------------------------------------------------------
 
     @property
@@ -119,36 +133,63 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
     def initializer(self):
         return tf.group(*[s.initializer for s in self._shards])
 
-    # What tf.Variable asks of every variable.
-    name = property(lambda self: self._name)
-    dtype = property(lambda self: self._dtype)
-    shape = property(lambda self: self._shape)
-    trainable = property(lambda self: self._trainable)
-    synchronization = property(lambda self: self._synchronization)
-    aggregation = property(lambda self: self._aggregation)
-    constraint = property(lambda self: self._constraint)
-    handle = property(lambda self: self._handle)
-    graph = property(lambda self: self._shards[0].graph)
-    op = property(lambda self: self._shards[0].op)
-    _shared_name = property(lambda self: self._name[:-2])
-    _in_graph_mode = False
+    # -- what tf.Variable asks of every variable ---------------------------------------------
 
-    @classmethod
-    def of(cls, extended, shards, spec, kwargs):
-        """The variable over `shards`, from the keyword arguments its creator received."""
-        return cls(
-            extended,
-            shards,
-            spec,
-            name=kwargs.get("name") or "Variable",
-            trainable=True if kwargs.get("trainable") is None else kwargs["trainable"],
-            synchronization=kwargs.get("synchronization") or tf.VariableSynchronization.AUTO,
-            aggregation=kwargs.get("aggregation") or tf.VariableAggregation.NONE,
-            constraint=kwargs.get("constraint"),
-        )
+    @property
+    def name(self):
+        """The whole variable's name, with TensorFlow's output index (`'embeddings:0'`)."""
+        return self._name
+
+    @property
+    def _shared_name(self):
+        """The name without its output index (`'embeddings'`)."""
+        return self._name[:-2]
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def shape(self):
+        """The full shape: the shards' rows added up, the shards' other dimensions."""
+        return self._shape
 
     def get_shape(self):
         return self._shape
+
+    @property
+    def trainable(self):
+        return self._trainable
+
+    @property
+    def synchronization(self):
+        return self._synchronization
+
+    @property
+    def aggregation(self):
+        return self._aggregation
+
+    @property
+    def constraint(self):
+        return self._constraint
+
+    @property
+    def handle(self):
+        """The handle the tape knows this variable by: a full-shape variable never created
+        (see `__init__`)."""
+        return self._handle
+
+    @property
+    def graph(self):
+        return self._shards[0].graph
+
+    @property
+    def op(self):
+        return self._shards[0].op
+
+    _in_graph_mode = False  # eager, as its shards are
+
+    # -- inside an optimizer update: one shard ------------------------------------------------
 
     def _focused(self):
         """The shard this variable acts as inside `shard_focus`, else None."""
@@ -164,101 +205,6 @@ class ShardedParameterVariable(ShardedWrites, tf.Variable):
                 f"like it (its slots) and unsharded scalars."
             )
         return self._shards[index]
-
-    # -- reads --------------------------------------------------------------------------------
-
-    def value(self):
-        shard = self._focused()
-        if shard is not None:
-            return shard.value()
-        step = replica_step.current(self._extended)
-        if step is None or tf.executing_eagerly():
-            return self._read_whole(step)
-        made = []
-
-        def read():
-            made.append(True)
-            return self._read_whole(step)
-
-        value = self._reads.get_or_create(step.replica_id, read)
-        if not made:
-            _tf_internals.variable_accessed(self)  # as the read it does not make would
-        return value
-
-    def _read_whole(self, step):
-        value = tf.concat([s.value() for s in self._shards], axis=0)
-        self._record_read(value, step)
-        return value
-
-    def read_value(self):
-        return self.value()
-
-    def _record_read(self, value, step):
-        _tf_internals.variable_accessed(self)
-        if self._trainable:
-            weight = None if step is None else step.gradient_weight
-            _tf_internals.record_operation(
-                "ReadVariableOp",
-                [value],
-                [self._handle],
-                backward_function=lambda g: [scale_gradient(g, weight)],
-                forward_function=lambda x: [x],
-            )
-
-    def sparse_read(self, indices, name=None):
-        """Rows `indices` (ids of the full variable): each shard gathers its own ids.
-
-        In a replica, unless the strategy's `deduplicate` is `Deduplicate.OFF`, each shard
-        receives only the distinct ids and sends one row per distinct id
-        (`dpkeras._variables.dedup`).
-        """
-        shard = self._focused()
-        if shard is not None:
-            return shard.sparse_read(indices, name=name)
-        indices = tf.convert_to_tensor(indices)
-        flat = tf.reshape(indices, [-1])
-        dedup_here = (
-            self._extended.deduplicate is not Deduplicate.OFF
-            and replica_step.current(self._extended) is not None
-        )
-        if dedup_here:
-            value = task_pulls.lookup(self._extended, self._gather_by_shard, indices, name=name)
-        else:
-            value = tf.reshape(
-                self._gather_by_shard(flat),
-                tf.concat([tf.shape(indices), tf.constant(self._shape.as_list()[1:])], 0),
-                name=name,
-            )
-        _tf_internals.variable_accessed(self)
-        if self._trainable:
-            step = replica_step.current(self._extended)
-            weight = None if step is None else step.gradient_weight
-            record_lookup(value, flat, self._handle, self._shape, weight)
-        return value
-
-    def _gather_by_shard(self, ids):
-        """Rows `ids` (a vector of ids of the full variable), each gathered by its shard."""
-        local, positions = shard_updates.partition_ids(ids, self._offsets)
-        rows = [s.gather_rows(i) for s, i in zip(self._shards, local)]
-        return tf.dynamic_stitch(positions, rows)
-
-    def gather_nd(self, indices, name=None):
-        return tf.gather_nd(self.value(), indices, name=name)
-
-    def numpy(self):
-        return self.value().numpy()
-
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.numpy(), dtype=dtype)
-
-    def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
-        value = self.value()
-        if dtype is not None and not dtype.is_compatible_with(value.dtype):
-            raise ValueError(
-                f"Incompatible type conversion requested to type {dtype.name} for variable "
-                f"{self._name[:-2]!r} of type {value.dtype.name}"
-            )
-        return value
 
     # -- saving: the whole value, so files move across shard counts ---------------------------
 

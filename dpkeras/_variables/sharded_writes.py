@@ -1,8 +1,13 @@
-"""`ShardedWrites`: writes to a sharded variable, cut into each shard's rows or ids."""
+"""`ShardedWrites`: writes to a sharded variable, cut into each shard's rows or ids.
+
+One of three write modules, one concept each: a `ParameterVariable`'s writes by kind in a
+replica are `writes` (each shard writes that way); the optimizer's update of a sharded
+variable, shard by shard, is `shard_updates`.
+"""
 
 import tensorflow as tf
 
-from dpkeras._variables import shard_updates
+from dpkeras._variables import partitioning
 
 
 class ShardedWrites:
@@ -27,7 +32,7 @@ class ShardedWrites:
         self._reads.clear()
         ops = []
         for i, s in enumerate(self._shards):
-            piece = shard_updates.row_slice(value, self._offsets[i], self._offsets[i + 1])
+            piece = partitioning.row_slice(value, self._offsets[i], self._offsets[i + 1])
             ops.append(getattr(s, method)(piece, read_value=False))
         if read_value:
             with tf.control_dependencies([o for o in ops if o is not None]):
@@ -51,7 +56,7 @@ class ShardedWrites:
             raise TypeError(f"{method} needs tf.IndexedSlices. Received: {sparse_delta!r}")
         self._reads.clear()
         flat = tf.reshape(sparse_delta.indices, [-1])
-        local, positions = shard_updates.partition_ids(flat, self._offsets)
+        local, positions = partitioning.partition_ids(flat, self._offsets)
         ops = []
         for s, ids, where in zip(self._shards, local, positions):
             values = tf.gather(sparse_delta.values, where)

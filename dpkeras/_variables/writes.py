@@ -1,4 +1,10 @@
-"""`ReplicaWrites`: how a replica's write reaches a variable, by the variable's kind."""
+"""`ReplicaWrites`: how a replica's write reaches a variable, by the variable's kind.
+
+Writes are three modules, one concept each: this one, a `ParameterVariable`'s writes inside
+a replica, by kind (metric state, `aggregation=NONE`, reduced); `sharded_writes`, a sharded
+variable's writes cut into its shards (each shard a `ParameterVariable`, writing as here);
+`shard_updates`, the optimizer's sum and update of a sharded variable, shard by shard.
+"""
 
 import tensorflow as tf
 

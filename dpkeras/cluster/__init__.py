@@ -10,7 +10,11 @@ The package, one concept a module:
 - `_spec`: a cluster's tasks: validating it, reading `TF_CONFIG`, naming tasks;
 - `_connect`: connecting this process to a cluster as its client;
 - `_devices`: the tasks' devices, and which compute and hold variables by default;
-- `_health`: whether tasks answer, `HealthMonitor`, and naming a failed task.
+- `_health`: whether tasks answer, `HealthMonitor`, and naming a failed task;
+- `_task`: this process as a task: its role under `TF_CONFIG`, and serving it;
+- `_loop`: the on-cluster loop (a step function coordinated by a task);
+- `_input`: each input host's pipeline, by the dataset's `auto_shard_policy`;
+- `_local`: a cluster's tasks as processes of this machine (free ports, children).
 """
 
 from dpkeras.cluster._connect import connect

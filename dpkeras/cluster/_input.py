@@ -1,26 +1,31 @@
-"""Each worker's share of the input: the pipeline a worker runs to feed its own replicas.
+"""Each input host's share of the input on a cluster: the pipeline it runs for its replicas.
 
 A dataset given to `fit`, `evaluate` or `predict` yields global batches; on a cluster each
-worker task runs its own pipeline on its host CPU and feeds only its replicas their contiguous
-slices of each global batch. What each worker's pipeline does depends on the dataset's
+input host (a worker task's host CPU, or the client's for its own replicas) runs its own
+pipeline and feeds only its replicas their contiguous slices of each global batch. What each
+host's pipeline does depends on the dataset's
 `tf.data.Options().experimental_distribute.auto_shard_policy`, as under TensorFlow's
 MultiWorkerMirroredStrategy:
 
-- `AUTO` (the default): exact, and each worker does only its share of the per-element work.
-  The elements are cut to workers before the per-element maps: each worker keeps the
-  elements that land in its replicas' slices of each global batch, maps only those, and
-  batches them. The global batches, the weights and `predict`'s row order equal one
-  process's. It applies to pipelines of the form `source [shuffle, repeat, take, ...] ->
-  map* -> batch -> [prefetch]` whose length is known or infinite, or that drop the remainder;
-  for any other pipeline, `AUTO` is `DATA`.
-- `DATA`: exact. Each worker runs the whole pipeline and keeps its replicas' slices of each
-  global batch: every worker pays for every element.
-- `OFF`: as `DATA` (each worker reads everything; dpkeras always gives each replica its own
+- `AUTO` (the default): exact, and each host does only its share of the per-element work.
+  The elements are cut to hosts before the per-element maps: each host keeps the elements
+  that land in its replicas' slices of each global batch, maps only those, and batches them.
+  The global batches, the weights and `predict`'s row order equal one process's. It applies
+  to pipelines of the form `source [shuffle, repeat, take, ...] -> map* -> batch ->
+  [prefetch]` whose length is known or infinite, or that drop the remainder; for any other
+  pipeline, `AUTO` is `DATA`.
+- `DATA`: exact. Each host runs the whole pipeline and keeps its replicas' slices of each
+  global batch (`host_slices`): every host pays for every element.
+- `OFF`: as `DATA` (each host reads everything; dpkeras always gives each replica its own
   slice, so no element is used twice).
-- `FILE`: each worker reads its own files (TensorFlow's file sharding, as in
-  MultiWorkerMirroredStrategy) and batches its share of each step from them. The workers'
+- `FILE`: each host reads its own files (TensorFlow's file sharding, as in
+  MultiWorkerMirroredStrategy) and batches its share of each step from them. The hosts'
   elements are not those of one process's global batches, so training is not exact; the
-  workers' files must hold the same number of batches, or the dataset must repeat.
+  hosts' files must hold the same number of batches, or the dataset must repeat.
+
+Input is two modules, one concept each: this one is what each input host's pipeline reads
+and yields; `dpkeras._extended.input` is the strategy's side (which host feeds which
+replicas, TensorFlow's distributed datasets).
 """
 
 import dataclasses
@@ -43,6 +48,12 @@ def replica_start(replica, rows, num_replicas):
     differ by at most one, larger first: 10 rows over 4 replicas are 3, 3, 2, 2)."""
     per, extra = rows // num_replicas, rows % num_replicas
     return replica * per + min(replica, extra)
+
+
+def _replica_start_in_graph(replica, rows, num_replicas):
+    """`replica_start` of int64 tensors, in a pipeline's functions."""
+    per, extra = rows // num_replicas, rows % num_replicas
+    return replica * per + tf.minimum(replica, extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +97,9 @@ def _empty_batch(element_spec):
     return tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), element_spec)
 
 
-def _worker_pipeline(cut, first, end, num_replicas):
-    """Worker `[first, end)`'s pipeline from `cut`: per-replica elements, in replica order."""
+def _host_pipeline(cut, first, end, num_replicas):
+    """The pipeline of the host of replicas `[first, end)` from `cut`: per-replica elements,
+    in replica order."""
     b = cut.batch_size
     full = (
         cut.elements // b if cut.elements >= 0 else None  # infinite: every batch is full
@@ -100,7 +112,7 @@ def _worker_pipeline(cut, first, end, num_replicas):
     lo, hi = bounds(b)
     last_lo, last_hi = bounds(last)
     if hi == lo:
-        return None  # more replicas than a batch has rows: no per-worker batch size
+        return None  # more replicas than a batch has rows: no per-host batch size
 
     def keep(i, _):
         position, batch = i % b, i // b
@@ -113,7 +125,7 @@ def _worker_pipeline(cut, first, end, num_replicas):
     for stage in cut.maps:
         mine = stage.apply(mine)
     batches = mine.batch(hi - lo)
-    if last and last_hi == last_lo:  # the last global batch has no row for this worker
+    if last and last_hi == last_lo:  # the last global batch has no row for this host
         empty = _empty_batch(mine.element_spec)
         if empty is None:
             return None
@@ -123,11 +135,9 @@ def _worker_pipeline(cut, first, end, num_replicas):
     def split(index, batch):
         rows = b if full is None else tf.where(index < full, b, last)
         rows = tf.cast(rows, tf.int64)
-        per, extra = rows // num_replicas, rows % num_replicas
 
         def start(replica):
-            replica = tf.cast(replica, tf.int64)
-            return replica * per + tf.minimum(replica, extra)
+            return _replica_start_in_graph(tf.cast(replica, tf.int64), rows, num_replicas)
 
         def piece(k):
             offset = start(first)
@@ -139,18 +149,19 @@ def _worker_pipeline(cut, first, end, num_replicas):
     return batches.enumerate().flat_map(split)
 
 
-def worker_pipelines(dataset, ranges, num_replicas):
-    """Each worker's pipeline, by the dataset's `auto_shard_policy`, or None for `DATA`.
+def host_pipelines(dataset, ranges, num_replicas):
+    """Each input host's pipeline, by the dataset's `auto_shard_policy`, or None for `DATA`.
 
     Args:
         dataset: the dataset of global batches.
-        ranges: per worker, `(first replica, end replica)`, in order.
+        ranges: per input host, `(first replica, end replica)`, in order.
         num_replicas: replicas in sync.
 
     Returns:
-        A list of datasets, one per worker, each yielding that worker's per-replica elements
-        in replica order; or None when each worker must run the whole pipeline and keep its
-        replicas' slices (`DATA`, `OFF`, or `AUTO` on a pipeline it cannot cut).
+        A list of datasets, one per host, each yielding that host's per-replica elements in
+        replica order; or None when each host must run the whole pipeline and keep its
+        replicas' slices (`host_slices`: `DATA`, `OFF`, or `AUTO` on a pipeline it cannot
+        cut).
 
     Raises:
         ValueError: for `FILE` on a dataset that reads no files, naming it.
@@ -163,26 +174,51 @@ def worker_pipelines(dataset, ranges, num_replicas):
             "each worker does its share), DATA, OFF, or FILE."
         )
     if policy == AutoShardPolicy.FILE:
-        return [_by_files(dataset, w, len(ranges), *r, num_replicas) for w, r in enumerate(ranges)]
+        return [_by_files(dataset, h, len(ranges), *r, num_replicas) for h, r in enumerate(ranges)]
     if policy != AutoShardPolicy.AUTO:
         return None
     cut = _plan_cut(dataset)
     if cut is None:
         return None
-    pipelines = [_worker_pipeline(cut, first, end, num_replicas) for first, end in ranges]
+    pipelines = [_host_pipeline(cut, first, end, num_replicas) for first, end in ranges]
     if any(p is None for p in pipelines):
         return None
     options = dataset.options()
     return [p.with_options(options) for p in pipelines]
 
 
-def _shard_by_files(dataset, workers, worker):
-    """TensorFlow's file sharding (the rewrite MultiWorkerMirroredStrategy applies): `worker`'s
-    share of the files `dataset` reads."""
+def host_slices(dataset, first, end, num_replicas):
+    """`DATA`: the per-replica batches of replicas `first`..`end - 1` (one input host's) from
+    the whole pipeline's global batches.
+
+    A global batch of b rows is split into `num_replicas` contiguous slices as TensorFlow's
+    rebatching splits it (sizes differ by at most one, larger first: 10 over 4 is 3, 3, 2, 2);
+    this yields, for each global batch, the slices of the given replicas, in order.
+    """
+
+    def slices(*element):
+        batch = element if len(element) > 1 else element[0]
+        rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+
+        def start(replica):
+            return _replica_start_in_graph(replica, rows, num_replicas)
+
+        def cut(replica):
+            lo, hi = start(replica), start(replica + 1)
+            return tf.nest.map_structure(lambda t: t[lo:hi], batch)
+
+        return tf.data.Dataset.range(first, end).map(cut)
+
+    return dataset.flat_map(slices)
+
+
+def _shard_by_files(dataset, hosts, host):
+    """TensorFlow's file sharding (the rewrite MultiWorkerMirroredStrategy applies): input host
+    `host`'s share (of `hosts`) of the files `dataset` reads."""
     variant = tf.raw_ops.AutoShardDataset(
         input_dataset=tf.data.experimental.to_variant(dataset),
-        num_workers=workers,
-        index=worker,
+        num_workers=hosts,
+        index=host,
         auto_shard_policy=int(AutoShardPolicy.FILE),
         output_types=[s.dtype for s in tf.nest.flatten(dataset.element_spec)],
         output_shapes=[s.shape for s in tf.nest.flatten(dataset.element_spec)],
@@ -190,10 +226,10 @@ def _shard_by_files(dataset, workers, worker):
     return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
-def _by_files(dataset, worker, workers, first, end, num_replicas):
-    """Worker `worker`'s files of `dataset`, rebatched into its share of each step."""
+def _by_files(dataset, host, hosts, first, end, num_replicas):
+    """Input host `host`'s files of `dataset`, rebatched into its share of each step."""
     try:
-        mine = _shard_by_files(dataset, workers, worker)
+        mine = _shard_by_files(dataset, hosts, host)
         next(iter(mine.take(1)))  # TensorFlow rewrites lazily: fail here, not in fit
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
         raise ValueError(
