@@ -153,6 +153,17 @@ MUTANTS = (
             "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps]",
         ),
     ),
+    Mutant(
+        "dedup-clip",
+        "SGD with clipvalue sums a repeated id's gradient rows before clipping (Keras clips each)",
+        "dpkeras/_variables/dedup.py",
+        "        and optimizer.clipvalue is None\n",
+        "",
+        (
+            "tests/test_dedup.py::"
+            "test_clipping_sees_each_repeated_id_s_rows_as_one_device_does[sgd_clipvalue]",
+        ),
+    ),
 )
 
 
