@@ -164,6 +164,17 @@ MUTANTS = (
             "test_clipping_sees_each_repeated_id_s_rows_as_one_device_does[sgd_clipvalue]",
         ),
     ),
+    Mutant(
+        "evict-newest",
+        "lru and ttl free the most recently seen row instead of the least",
+        "dpkeras/_dynamic/policy.py",
+        "order = tf.argsort(recency, stable=True)",
+        "order = tf.argsort(-recency, stable=True)",
+        (
+            "tests/test_dynamic_embedding.py::"
+            "test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_the_newest",
+        ),
+    ),
 )
 
 

@@ -215,6 +215,26 @@ def test_a_full_table_evicts_by_policy_and_the_reused_row_starts_afresh(eviction
     np.testing.assert_allclose(accumulator(model, layer), accumulator(fresh, fresh_layer))
 
 
+@pytest.mark.parametrize("eviction", ["lru", "ttl"])
+def test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_the_newest(
+    eviction,
+):
+    """Each id last seen at a step of its own (no ties to break by row): 10 (row 0) seen again
+    at step 4, 20 (row 1) last at step 2, 30 (row 2) at step 3. A new id takes 20's row; the
+    next new id then takes 30's, the least recently seen of the rows left."""
+    kwargs = {"ttl_steps": 100} if eviction == "ttl" else {}
+    model, layer = _model(capacity=3, eviction=eviction, **kwargs)
+    _fill(layer, model, [[10, 10, 10], [20, 20, 20], [30, 30, 30], [10, 10, 10]])
+    assert layer.get_weights()[1].tolist() == [10, 20, 30]
+    assert layer.get_weights()[3].tolist() == [4, 2, 3]  # last seen
+    _fill(layer, model, [[40, 40, 40]])
+    assert layer.get_weights()[1].tolist() == [10, 40, 30]
+    _fill(layer, model, [[50, 50, 50]])
+    assert layer.get_weights()[1].tolist() == [10, 40, 50]
+    assert layer.get_weights()[3].tolist() == [4, 5, 6]
+    assert sorted(_by_id(layer)) == [10, 40, 50] and layer.size == 3
+
+
 def test_evict_on_a_schedule_frees_rows_by_ttl_and_by_count():
     model, layer = _model(capacity=8, eviction="ttl", ttl_steps=2)
     _fill(layer, model, [[1, 2, 3], [1, 4, 4], [1, 5, 5], [1, 6, 6]])
