@@ -175,6 +175,14 @@ MUTANTS = (
             "test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_the_newest",
         ),
     ),
+    Mutant(
+        "reset-first-slot",
+        "a DynamicEmbedding row handed to a new id resets its first optimizer slot only",
+        "dpkeras/_dynamic/slots.py",
+        "    for slot, value in plan:\n",
+        "    for slot, value in plan[:1]:\n",
+        ("tests/test_dynamic_embedding.py::test_a_reused_row_restarts_every_adam_slot",),
+    ),
 )
 
 

@@ -235,6 +235,38 @@ def test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_t
     assert sorted(_by_id(layer)) == [10, 40, 50] and layer.size == 3
 
 
+@pytest.mark.parametrize("replicas", [0, 2])
+def test_a_reused_row_restarts_every_adam_slot(replicas):
+    """Adam keeps two slots per row, its first and second moments: a row handed to a new id
+    restarts both, so the new id's moments after its first step are a fresh model's on the
+    same batch, not the evicted id's carried over. Learning rate 0: the gradients depend on
+    nothing trained."""
+    strategy = cpu_strategy(replicas) if replicas else None
+    with strategy.scope() if strategy else _null():
+        model, layer = _model(capacity=3, optimizer=keras.optimizers.Adam(0.0), eviction="lru")
+    slots = ("de_embeddings_momentum", "de_embeddings_velocity")
+
+    def moments(m, row):
+        found = {v.name: v.numpy()[row] for v in m.optimizer.variables if v.name in slots}
+        return [found[name] for name in slots]
+
+    def fit(m, batch):
+        m.fit(np.array(batch, "int64"), np.ones((2, 1)), batch_size=2, verbose=0)
+
+    fit(model, [[10, 20, 30], [10, 20, 30]])
+    fit(model, [[20, 30, 20], [30, 20, 30]])  # 10 (row 0) is now the least recently seen
+    assert all(np.all(m != 0) for m in moments(model, 0))  # 10's moments
+    fit(model, [[40, 20, 30], [40, 20, 30]])
+    assert layer.get_weights()[1].tolist() == [40, 20, 30]
+    with strategy.scope() if strategy else _null():
+        fresh, fresh_layer = _model(capacity=3, optimizer=keras.optimizers.Adam(0.0))
+    fresh.get_layer("head").set_weights(model.get_layer("head").get_weights())
+    fit(fresh, [[40, 20, 30], [40, 20, 30]])
+    assert fresh_layer.get_weights()[1].tolist()[0] == 40
+    for got, expected in zip(moments(model, 0), moments(fresh, 0)):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 def test_evict_on_a_schedule_frees_rows_by_ttl_and_by_count():
     model, layer = _model(capacity=8, eviction="ttl", ttl_steps=2)
     _fill(layer, model, [[1, 2, 3], [1, 4, 4], [1, 5, 5], [1, 6, 6]])
