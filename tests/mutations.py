@@ -183,6 +183,17 @@ MUTANTS = (
         "    for slot, value in plan[:1]:\n",
         ("tests/test_dynamic_embedding.py::test_a_reused_row_restarts_every_adam_slot",),
     ),
+    Mutant(
+        "export-shard-0",
+        "a sharded DynamicEmbedding index exports shard 0's table only (weights files lose ids)",
+        "dpkeras/_dynamic/tables.py",
+        "        exported = []\n        for table, device in zip(self.tables, self.devices):\n",
+        "        exported = []\n        for table, device in zip(self.tables[:1], self.devices):\n",
+        (
+            "tests/test_dynamic_embedding.py::"
+            "test_weights_files_of_a_sharded_index_hold_every_shard_s_ids",
+        ),
+    ),
 )
 
 

@@ -380,6 +380,41 @@ def test_save_weights_and_load_weights_carry_the_index_and_pending_ids(tmp_path)
     np.testing.assert_allclose(fresh.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
 
 
+def test_weights_files_of_a_sharded_index_hold_every_shard_s_ids(tmp_path):
+    """Rows in 2 shards cut the index into 2 hash tables (ids with id % 2 == i in table i),
+    admitted and pending ids alike. A weights file holds both tables' ids: loaded into a fresh
+    model, and into the trained model after it admitted more ids, each table holds exactly the
+    ids it held when saved."""
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    strategy = dpkeras.ParameterDeviceStrategy(
+        ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=partitioner
+    )
+    x, y = _stream()
+    with strategy.scope():
+        model, layer = _model(optimizer="adagrad", min_count=2)
+    model.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    once = np.array([[7, 8, 9], [100, 101, 102]], "int64")  # each seen once: pending
+    model.fit(once, np.ones((2, 1)), batch_size=2, verbose=0)
+
+    def index(lay):
+        tables = (lay.index_table, lay.index_table_1, lay.pending_table, lay.pending_table_1)
+        return [sorted(t.export()[0].numpy().tolist()) for t in tables]
+
+    saved = index(layer)
+    assert all(saved) and [set(np.array(ids) % 2) for ids in saved] == [{0}, {1}] * 2
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    with strategy.scope():
+        fresh, fresh_layer = _model(optimizer="adagrad", min_count=2)
+    fresh.load_weights(path)
+    assert index(fresh_layer) == saved
+    np.testing.assert_allclose(fresh.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    model.fit(np.array([[10**13, 10**13 + 1, 7]] * 2), np.ones((2, 1)), batch_size=2, verbose=0)
+    assert index(layer) != saved
+    model.load_weights(path)  # the ids admitted since are forgotten in both tables
+    assert index(layer) == saved
+
+
 def test_a_checkpoint_restores_the_index_tables(tmp_path):
     model, layer, x = _trained()
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
