@@ -184,6 +184,47 @@ MUTANTS = (
         'include = ["dpkeras", "dpkeras._*", "dpkeras.cluster", "dpkeras.testing"]',
         ("tests/test_wheel.py::test_the_wheel_holds_every_module_of_dpkeras_and_nothing_else",),
     ),
+    Mutant(
+        "dedup-clip",
+        "SGD with clipvalue sums a repeated id's gradient rows before clipping (Keras clips each)",
+        "dpkeras/_variables/dedup.py",
+        "        and optimizer.clipvalue is None\n",
+        "",
+        (
+            "tests/test_dedup.py::"
+            "test_clipping_sees_each_repeated_id_s_rows_as_one_device_does[sgd_clipvalue]",
+        ),
+    ),
+    Mutant(
+        "evict-newest",
+        "lru and ttl free the most recently seen row instead of the least",
+        "dpkeras/_dynamic/policy.py",
+        "order = tf.argsort(recency, stable=True)",
+        "order = tf.argsort(-recency, stable=True)",
+        (
+            "tests/test_dynamic_embedding.py::"
+            "test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_the_newest",
+        ),
+    ),
+    Mutant(
+        "reset-first-slot",
+        "a DynamicEmbedding row handed to a new id resets its first optimizer slot only",
+        "dpkeras/_dynamic/slots.py",
+        "    for slot, value in plan:\n",
+        "    for slot, value in plan[:1]:\n",
+        ("tests/test_dynamic_embedding.py::test_a_reused_row_restarts_every_adam_slot",),
+    ),
+    Mutant(
+        "export-shard-0",
+        "a sharded DynamicEmbedding index exports shard 0's table only (weights files lose ids)",
+        "dpkeras/_dynamic/tables.py",
+        "        exported = []\n        for table, device in zip(self.tables, self.devices):\n",
+        "        exported = []\n        for table, device in zip(self.tables[:1], self.devices):\n",
+        (
+            "tests/test_dynamic_embedding.py::"
+            "test_weights_files_of_a_sharded_index_hold_every_shard_s_ids",
+        ),
+    ),
 )
 
 
