@@ -158,6 +158,26 @@ def test_task_from_tf_config(capsys, monkeypatch):
     assert "takes no part" in capsys.readouterr().out
 
 
+def test_under_tf_config_without_a_chief_serve_watches_worker_0(monkeypatch):
+    """TFJob without a chief: worker 0 runs the training script and is the client, so the ps
+    and the other workers, run as `dpkeras serve` under TF_CONFIG, watch worker 0 (not ps 0,
+    which would keep them up after the client is gone)."""
+    from dpkeras._cli.serve import _client_to_watch
+    from dpkeras.cluster import _spec
+
+    monkeypatch.delenv(EXIT_WITH_CLIENT_ENV, raising=False)
+    cluster = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    for job, index in (("ps", 0), ("worker", 1)):
+        monkeypatch.setenv(
+            "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+        )
+        spec = _spec.resolve_cluster()
+        assert _client_to_watch(spec, job, index, True, None) == (
+            "/job:worker/replica:0/task:0",
+            "127.0.0.1:2",
+        )
+
+
 def test_under_tf_config_a_task_ends_with_status_0_when_the_client_finishes():
     """Kubernetes runs `dpkeras serve` with TF_CONFIG: the ps pod must not outlive the job."""
     from dpkeras.testing import free_port
