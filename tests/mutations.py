@@ -225,6 +225,42 @@ MUTANTS = (
             "test_weights_files_of_a_sharded_index_hold_every_shard_s_ids",
         ),
     ),
+    Mutant(
+        "client-absent",
+        "a task whose client never starts ends with status 0 (success) instead of 75",
+        "dpkeras/cluster/_task.py",
+        '{CLIENT_GONE}.",\n                file=sys.stderr,\n                flush=True,\n'
+        "            )\n            return CLIENT_GONE\n    misses = 0\n",
+        '{CLIENT_GONE}.",\n                file=sys.stderr,\n                flush=True,\n'
+        "            )\n            return 0\n    misses = 0\n",
+        (
+            "tests/test_serve.py::"
+            "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
+        ),
+    ),
+    Mutant(
+        "client-timeout",
+        "a task ignores $DPKERAS_CLIENT_START_TIMEOUT (waits the 1800 s default for its client)",
+        "dpkeras/cluster/_task.py",
+        "time.monotonic() + (start_timeout or DEFAULT_CLIENT_START_TIMEOUT)",
+        "time.monotonic() + DEFAULT_CLIENT_START_TIMEOUT",
+        (
+            "tests/test_serve.py::"
+            "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
+        ),
+    ),
+    Mutant(
+        "no-chief-watch",
+        "without a chief, the tasks watch ps 0 instead of worker 0 (the client)",
+        "dpkeras/cluster/_task.py",
+        'task_name(client_job(cluster_spec) or "worker", 0)',
+        'task_name(client_job(cluster_spec) or "ps", 0)',
+        (
+            "tests/test_launch.py::test_the_roles_read_from_tf_config",
+            "tests/test_serve.py::test_under_tf_config_without_a_chief_serve_watches_worker_0",
+            "tests/test_launch.py::test_a_client_that_fails_ends_every_task_with_status_75[worker]",
+        ),
+    ),
 )
 
 
