@@ -153,6 +153,25 @@ MUTANTS = (
             "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps]",
         ),
     ),
+    Mutant(
+        "cluster-evaluate",
+        "on a cluster, evaluate runs Keras's own loop from the client (fit's stays on a task)",
+        "dpkeras/_patches/table.py",
+        'for step in ("train", "test", "predict")',
+        'for step in ("train", "predict")',
+        (
+            "tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",
+            "tests/test_cluster_loop.py::test_evaluate_sends_once_per_execution_not_once_per_step",
+        ),
+    ),
+    Mutant(
+        "cluster-predict",
+        "on a cluster, predict runs Keras's own loop from the client (fit's stays on a task)",
+        "dpkeras/_patches/table.py",
+        'for step in ("train", "test", "predict")',
+        'for step in ("train", "test")',
+        ("tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",),
+    ),
 )
 
 

@@ -188,6 +188,69 @@ def test_the_step_function_runs_on_a_task_not_on_the_client(cluster):
     assert any("worker/task:1" in d for d in out["counted"])
 
 
+def test_evaluate_and_predict_run_on_a_task_as_fit_does(cluster):
+    """Their step functions too: the client instantiates no partition of them. Run from the
+    client (`on_the_client`, as without dpkeras's loop), the same calls record the partitions
+    on every task: the recorder sees them when the client runs them."""
+    out = _client(
+        """
+        import contextlib
+        from dpkeras.cluster import _loop
+        x = np.zeros((64, 4), "int32"); y = np.zeros(64)
+        with dpkeras.scope(cluster=SPEC):
+            model = build(4)
+        calls = {"evaluate": lambda: model.evaluate(x, y, batch_size=16, verbose=0),
+                 "predict": lambda: model.predict(x, batch_size=16, verbose=0)}
+        seen = {}
+        for where, block in (("task", contextlib.nullcontext), ("client", _loop.on_the_client)):
+            for name, call in calls.items():
+                model.test_function = model.predict_function = None  # traced in the block
+                with dpkeras.record_transfers() as recorder, block():
+                    call()
+                seen[f"{name} on the {where}"] = [
+                    sorted(r.devices) for r in recorder.reports()
+                    if any(d.startswith("/job:worker") for d in r.devices)]
+        print(json.dumps(seen))
+        """,
+        cluster.spec,
+    )
+    assert out["evaluate on the task"] == [], out
+    assert out["predict on the task"] == [], out
+    for name in ("evaluate", "predict"):
+        assert any("worker/task:1" in d for r in out[f"{name} on the client"] for d in r), out
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
+def test_evaluate_sends_once_per_execution_not_once_per_step(cluster):
+    """As for fit: marginal bytes per step the client sends (two evaluates, so per-call costs
+    cancel). (predict's client fetches every batch itself, in Keras's predict loop, so its
+    bytes per step cannot show where its step function runs.)"""
+    out = _client(
+        """
+        from dpkeras.testing import TrafficMeter
+        x = np.random.RandomState(0).randint(0, 300, (16 * 200, 4)).astype("int32")
+        y = np.zeros(16 * 200)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+        with dpkeras.scope(cluster=SPEC):
+            models = {k: build(k) for k in (1, 10)}
+        per_step = {}
+        for k, model in models.items():
+            model.evaluate(ds, steps=20, verbose=0)  # traced
+            sent = []
+            for steps in (40, 200):
+                with TrafficMeter({"client": os.getpid()}) as meter:
+                    model.evaluate(ds, steps=steps, verbose=0)
+                sent.append(meter.traffic["client"].sent)
+            per_step[k] = (sent[1] - sent[0]) / 160
+        print(json.dumps(per_step))
+        """,
+        cluster.spec,
+    )
+    one, ten = out["1"], out["10"]
+    assert one > 0
+    assert ten <= 0.2 * one, out  # K=10: one dispatch per 10 steps
+
+
 @pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
 def test_the_client_sends_once_per_execution_not_once_per_step(cluster):
     """Marginal bytes per step the client sends (two fits, so per-fit costs cancel)."""
