@@ -172,6 +172,17 @@ MUTANTS = (
         'for step in ("train", "test")',
         ("tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",),
     ),
+    Mutant(
+        "auto-shard",
+        "on a cluster, AUTO does not split the input: every worker maps every element (exact)",
+        "dpkeras/_extended/input.py",
+        "        pipelines = _input.worker_pipelines(dataset, ranges, self.num_replicas)\n",
+        "        pipelines = None\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_each_worker_maps_its_share_and_training_equals_one_process",
+        ),
+    ),
 )
 
 

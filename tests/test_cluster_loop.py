@@ -307,16 +307,25 @@ def test_a_model_from_before_connecting_is_refused_by_name(cluster):
     assert len(out["loss"]) == 1
 
 
-def test_each_worker_maps_its_share_and_training_equals_one_process(cluster):
-    """AUTO: the elements are cut to the workers before the map; 90 rows in batches of 16."""
+def test_each_worker_maps_its_share_and_training_equals_one_process(cluster, tmp_path):
+    """AUTO: the elements are cut to the workers before the map; 90 rows in batches of 16.
+    Each call of the map on the cluster appends the element's index and the pid of the process
+    running it to a file: each worker maps exactly the rows of its replica's slice of each
+    batch (8 of 16; 5 of the last 10), once per pass, and no other."""
+    log = str(tmp_path / "mapped.txt")
     out = _client(
-        """
+        f"""
         rng = np.random.RandomState(0)
         x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
 
-        def dataset():
-            rows = tf.data.Dataset.from_tensor_slices((x, y))
-            return rows.map(lambda a, b: (a + 1, b), num_parallel_calls=2).batch(16)
+        def dataset(log=None):
+            def shift(i, row):
+                if log:  # "<pid of the process mapping> <index>"
+                    stat = tf.data.TextLineDataset("/proc/self/stat").get_single_element()
+                    tf.print(tf.strings.split(stat, " ")[0], i, output_stream="file://" + log)
+                return row[0] + 1, row[1]
+            rows = tf.data.Dataset.from_tensor_slices((x, y)).enumerate()
+            return rows.map(shift, num_parallel_calls=2).batch(16)
 
         dpkeras.cluster.connect(SPEC)
         reference = build(2)
@@ -324,20 +333,37 @@ def test_each_worker_maps_its_share_and_training_equals_one_process(cluster):
         expected_predict = reference.predict(dataset(), verbose=0)
         with dpkeras.scope(cluster=SPEC):
             model = build(2)
-        history = model.fit(dataset(), epochs=2, verbose=0).history
-        print(json.dumps({
+        history = model.fit(dataset({log!r}), epochs=2, verbose=0).history
+        predict_diff = float(np.abs(model.predict(dataset({log!r}), verbose=0)
+                                    - expected_predict).max())
+        mapped = {{}}
+        with open({log!r}) as f:
+            for line in f:
+                pid, index = line.split()
+                mapped.setdefault(pid.strip('"'), []).append(int(index))
+        print(json.dumps({{
             "max_diff": max(float(np.abs(a - b).max())
                             for a, b in zip(reference.get_weights(), model.get_weights())),
-            "history": history, "expected": expected,
-            "predict_diff": float(np.abs(model.predict(dataset(), verbose=0)
-                                         - expected_predict).max()),
-        }))
+            "history": history, "expected": expected, "predict_diff": predict_diff,
+            "mapped": {{pid: sorted(indices) for pid, indices in mapped.items()}},
+        }}))
         """,
         cluster.spec,
     )
     assert out["max_diff"] < 1e-5 and out["predict_diff"] < 1e-5
     for name, values in out["expected"].items():
         assert out["history"][name] == pytest.approx(values, rel=1e-5), name
+
+    def first_half(i):  # worker 0's replica: the first half of its batch (of 16, or the last 10)
+        rows = 16 if i < 80 else 10
+        return i % 16 < rows // 2
+
+    pids = cluster.pids()
+    passes = 3  # two epochs of fit, one predict
+    assert out["mapped"] == {
+        str(pids["worker:0"]): sorted([i for i in range(90) if first_half(i)] * passes),
+        str(pids["worker:1"]): sorted([i for i in range(90) if not first_half(i)] * passes),
+    }, {pid: len(indices) for pid, indices in out["mapped"].items()}
 
 
 def test_each_distinct_id_crosses_once_per_worker_each_way(cluster):
