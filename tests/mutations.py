@@ -183,6 +183,15 @@ MUTANTS = (
             "test_each_worker_maps_its_share_and_training_equals_one_process",
         ),
     ),
+    Mutant(
+        "last-group",
+        "the workers' pipelines end before the last, short batch: with 4 steps and K=3, the "
+        "last group of steps is dropped",
+        "dpkeras/cluster/_input.py",
+        "    last = 0 if full is None or cut.drop_remainder else cut.elements % b\n",
+        "    last = 0\n",
+        ("tests/test_cluster_loop.py::test_every_steps_per_execution_equals_one_process[3]",),
+    ),
 )
 
 

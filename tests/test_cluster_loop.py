@@ -73,28 +73,40 @@ def _client(code, spec):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_every_steps_per_execution_equals_one_process(cluster, k):
-    """Uneven last batch (90 = 5 x 16 + 10 over 4 replicas), validation, callbacks, predict."""
+    """Uneven last batch, validation, callbacks, evaluate, predict; no loop's number of steps is
+    a multiple of 3, so with K=3 each ends with a shorter group: fit 7 steps (106 = 6 x 16 +
+    10), validation (a tf.data pipeline with a map, cut to the workers) and evaluate 4 (53 =
+    3 x 16 + 5), predict 4 (29 = 3 x 8 + 5)."""
     out = _client(
         f"""
         K = {k}
         rng = np.random.RandomState(0)
-        x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
-        xv, yv = rng.randint(0, 300, (37, 4)).astype("int32"), rng.randint(0, 3, 37)
+        x, y = rng.randint(0, 300, (106, 4)).astype("int32"), rng.randint(0, 3, 106)
+        xv, yv = rng.randint(0, 300, (53, 4)).astype("int32"), rng.randint(0, 3, 53)
+
+        def validation():  # a tf.data pipeline with a map, cut to the workers
+            rows = tf.data.Dataset.from_tensor_slices((xv, yv))
+            return rows.map(lambda a, b: (299 - a, b)).batch(16)
 
         class Seen(keras.callbacks.Callback):
             def __init__(self):
                 super().__init__()
                 self.batches = []
             def on_train_batch_end(self, batch, logs=None):
-                self.batches.append(batch)
+                self.batches.append(["train", batch])
+            def on_test_batch_end(self, batch, logs=None):
+                self.batches.append(["test", batch])
+            def on_predict_batch_end(self, batch, logs=None):
+                self.batches.append(["predict", batch])
 
         def train(model):
             seen = Seen()
             schedule = keras.callbacks.LearningRateScheduler(lambda e, lr: lr * 0.5)
             history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
-                                validation_data=(xv, yv), callbacks=[seen, schedule])
-            return (history.history, seen.batches, model.evaluate(xv, yv, batch_size=16,
-                    verbose=0), model.predict(x[:21], batch_size=8, verbose=0).tolist())
+                                validation_data=validation(), callbacks=[seen, schedule])
+            evaluation = model.evaluate(xv, yv, batch_size=16, verbose=0, callbacks=[seen])
+            predictions = model.predict(x[:29], batch_size=8, verbose=0, callbacks=[seen])
+            return history.history, seen.batches, evaluation, predictions.tolist()
 
         dpkeras.cluster.connect(SPEC)
         reference = build(K)  # after connecting: its variables are this process's
@@ -119,6 +131,7 @@ def test_every_steps_per_execution_equals_one_process(cluster, k):
     for name, values in expected_history.items():
         assert history[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
     assert batches == expected_batches  # the callbacks see the same batches
+    assert sum(kind == "train" for kind, _ in batches) == 3 * -(-7 // k)  # 7 steps an epoch
     assert evaluation == pytest.approx(expected_eval, rel=1e-5)
     np.testing.assert_allclose(predictions, expected_pred, rtol=1e-5, atol=1e-6)
 
