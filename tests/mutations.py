@@ -261,6 +261,45 @@ MUTANTS = (
             "tests/test_launch.py::test_a_client_that_fails_ends_every_task_with_status_75[worker]",
         ),
     ),
+    Mutant(
+        "cluster-evaluate",
+        "on a cluster, evaluate runs Keras's own loop from the client (fit's stays on a task)",
+        "dpkeras/_patches/table.py",
+        'for step in ("train", "test", "predict")',
+        'for step in ("train", "predict")',
+        (
+            "tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",
+            "tests/test_cluster_loop.py::test_evaluate_sends_once_per_execution_not_once_per_step",
+        ),
+    ),
+    Mutant(
+        "cluster-predict",
+        "on a cluster, predict runs Keras's own loop from the client (fit's stays on a task)",
+        "dpkeras/_patches/table.py",
+        'for step in ("train", "test", "predict")',
+        'for step in ("train", "test")',
+        ("tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",),
+    ),
+    Mutant(
+        "auto-shard",
+        "on a cluster, AUTO does not split the input: every worker maps every element (exact)",
+        "dpkeras/_extended/input.py",
+        "        pipelines = _input.worker_pipelines(dataset, ranges, self.num_replicas)\n",
+        "        pipelines = None\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_each_worker_maps_its_share_and_training_equals_one_process",
+        ),
+    ),
+    Mutant(
+        "last-group",
+        "the workers' pipelines end before the last, short batch: with 4 steps and K=3, the "
+        "last group of steps is dropped",
+        "dpkeras/cluster/_input.py",
+        "    last = 0 if full is None or cut.drop_remainder else cut.elements % b\n",
+        "    last = 0\n",
+        ("tests/test_cluster_loop.py::test_every_steps_per_execution_equals_one_process[3]",),
+    ),
 )
 
 
