@@ -99,7 +99,7 @@ MUTANTS = (
         "dedup-sum",
         "gradient rows of repeated ids summed before every optimizer (Adam's numbers change)",
         "dpkeras/_variables/dedup.py",
-        '    if mode == "sum":\n        return True\n',
+        "    if mode is Deduplicate.SUM:\n        return True\n",
         "    if True:\n        return True\n",
         ("tests/test_dedup.py::test_by_default_every_optimizer_equals_one_device[plain-adam]",),
     ),
@@ -183,6 +183,122 @@ MUTANTS = (
         'include = ["dpkeras*"]',
         'include = ["dpkeras", "dpkeras._*", "dpkeras.cluster", "dpkeras.testing"]',
         ("tests/test_wheel.py::test_the_wheel_holds_every_module_of_dpkeras_and_nothing_else",),
+    ),
+    Mutant(
+        "dedup-clip",
+        "SGD with clipvalue sums a repeated id's gradient rows before clipping (Keras clips each)",
+        "dpkeras/_variables/dedup.py",
+        "        and optimizer.clipvalue is None\n",
+        "",
+        (
+            "tests/test_dedup.py::"
+            "test_clipping_sees_each_repeated_id_s_rows_as_one_device_does[sgd_clipvalue]",
+        ),
+    ),
+    Mutant(
+        "evict-newest",
+        "lru and ttl free the most recently seen row instead of the least",
+        "dpkeras/_dynamic/policy.py",
+        "order = tf.argsort(recency, stable=True)",
+        "order = tf.argsort(-recency, stable=True)",
+        (
+            "tests/test_dynamic_embedding.py::"
+            "test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_the_newest",
+        ),
+    ),
+    Mutant(
+        "reset-first-slot",
+        "a DynamicEmbedding row handed to a new id resets its first optimizer slot only",
+        "dpkeras/_dynamic/slots.py",
+        "    for slot, value in plan:\n",
+        "    for slot, value in plan[:1]:\n",
+        ("tests/test_dynamic_embedding.py::test_a_reused_row_restarts_every_adam_slot",),
+    ),
+    Mutant(
+        "export-shard-0",
+        "a sharded DynamicEmbedding index exports shard 0's table only (weights files lose ids)",
+        "dpkeras/_dynamic/tables.py",
+        "        exported = []\n        for table, device in zip(self.tables, self.devices):\n",
+        "        exported = []\n        for table, device in zip(self.tables[:1], self.devices):\n",
+        (
+            "tests/test_dynamic_embedding.py::"
+            "test_weights_files_of_a_sharded_index_hold_every_shard_s_ids",
+        ),
+    ),
+    Mutant(
+        "client-absent",
+        "a task whose client never starts ends with status 0 (success) instead of 75",
+        "dpkeras/cluster/_task.py",
+        '{CLIENT_GONE}.",\n                file=sys.stderr,\n                flush=True,\n'
+        "            )\n            return CLIENT_GONE\n    misses = 0\n",
+        '{CLIENT_GONE}.",\n                file=sys.stderr,\n                flush=True,\n'
+        "            )\n            return 0\n    misses = 0\n",
+        (
+            "tests/test_serve.py::"
+            "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
+        ),
+    ),
+    Mutant(
+        "client-timeout",
+        "a task ignores $DPKERAS_CLIENT_START_TIMEOUT (waits the 1800 s default for its client)",
+        "dpkeras/cluster/_task.py",
+        "time.monotonic() + (start_timeout or _config.DEFAULT_CLIENT_START_TIMEOUT)",
+        "time.monotonic() + _config.DEFAULT_CLIENT_START_TIMEOUT",
+        (
+            "tests/test_serve.py::"
+            "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
+        ),
+    ),
+    Mutant(
+        "no-chief-watch",
+        "without a chief, the tasks watch ps 0 instead of worker 0 (the client)",
+        "dpkeras/cluster/_task.py",
+        'task_name(client_job(cluster_spec) or "worker", 0)',
+        'task_name(client_job(cluster_spec) or "ps", 0)',
+        (
+            "tests/test_launch.py::test_the_roles_read_from_tf_config",
+            "tests/test_serve.py::test_under_tf_config_without_a_chief_serve_watches_worker_0",
+            "tests/test_launch.py::test_a_client_that_fails_ends_every_task_with_status_75[worker]",
+        ),
+    ),
+    Mutant(
+        "cluster-evaluate",
+        "on a cluster, evaluate runs Keras's own loop from the client (fit's stays on a task)",
+        "dpkeras/_patches/table.py",
+        'for step in ("train", "test", "predict")',
+        'for step in ("train", "predict")',
+        (
+            "tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",
+            "tests/test_cluster_loop.py::test_evaluate_sends_once_per_execution_not_once_per_step",
+        ),
+    ),
+    Mutant(
+        "cluster-predict",
+        "on a cluster, predict runs Keras's own loop from the client (fit's stays on a task)",
+        "dpkeras/_patches/table.py",
+        'for step in ("train", "test", "predict")',
+        'for step in ("train", "test")',
+        ("tests/test_cluster_loop.py::test_evaluate_and_predict_run_on_a_task_as_fit_does",),
+    ),
+    Mutant(
+        "auto-shard",
+        "on a cluster, AUTO does not split the input: every worker maps every element (exact)",
+        "dpkeras/_extended/input.py",
+        "        pipelines = _input.host_pipelines(dataset, ranges, self.num_replicas)\n",
+        "        pipelines = None\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_each_worker_maps_its_share_and_training_equals_one_process",
+        ),
+    ),
+    Mutant(
+        "last-group",
+        "the workers' pipelines end before the last, short batch: with 4 steps and K=3, the "
+        "last group of steps is dropped",
+        "dpkeras/cluster/_input.py",
+        "    last = 0 if full is None or cut.drop_remainder else cut.elements % b\n",
+        "    last = 0\n",
+        ("tests/test_cluster_loop.py::test_every_steps_per_execution_equals_one_process[3]",),
     ),
 )
 

@@ -73,28 +73,40 @@ def _client(code, spec):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_every_steps_per_execution_equals_one_process(cluster, k):
-    """Uneven last batch (90 = 5 x 16 + 10 over 4 replicas), validation, callbacks, predict."""
+    """Uneven last batch, validation, callbacks, evaluate, predict; no loop's number of steps is
+    a multiple of 3, so with K=3 each ends with a shorter group: fit 7 steps (106 = 6 x 16 +
+    10), validation (a tf.data pipeline with a map, cut to the workers) and evaluate 4 (53 =
+    3 x 16 + 5), predict 4 (29 = 3 x 8 + 5)."""
     out = _client(
         f"""
         K = {k}
         rng = np.random.RandomState(0)
-        x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
-        xv, yv = rng.randint(0, 300, (37, 4)).astype("int32"), rng.randint(0, 3, 37)
+        x, y = rng.randint(0, 300, (106, 4)).astype("int32"), rng.randint(0, 3, 106)
+        xv, yv = rng.randint(0, 300, (53, 4)).astype("int32"), rng.randint(0, 3, 53)
+
+        def validation():  # a tf.data pipeline with a map, cut to the workers
+            rows = tf.data.Dataset.from_tensor_slices((xv, yv))
+            return rows.map(lambda a, b: (299 - a, b)).batch(16)
 
         class Seen(keras.callbacks.Callback):
             def __init__(self):
                 super().__init__()
                 self.batches = []
             def on_train_batch_end(self, batch, logs=None):
-                self.batches.append(batch)
+                self.batches.append(["train", batch])
+            def on_test_batch_end(self, batch, logs=None):
+                self.batches.append(["test", batch])
+            def on_predict_batch_end(self, batch, logs=None):
+                self.batches.append(["predict", batch])
 
         def train(model):
             seen = Seen()
             schedule = keras.callbacks.LearningRateScheduler(lambda e, lr: lr * 0.5)
             history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
-                                validation_data=(xv, yv), callbacks=[seen, schedule])
-            return (history.history, seen.batches, model.evaluate(xv, yv, batch_size=16,
-                    verbose=0), model.predict(x[:21], batch_size=8, verbose=0).tolist())
+                                validation_data=validation(), callbacks=[seen, schedule])
+            evaluation = model.evaluate(xv, yv, batch_size=16, verbose=0, callbacks=[seen])
+            predictions = model.predict(x[:29], batch_size=8, verbose=0, callbacks=[seen])
+            return history.history, seen.batches, evaluation, predictions.tolist()
 
         dpkeras.cluster.connect(SPEC)
         reference = build(K)  # after connecting: its variables are this process's
@@ -119,6 +131,7 @@ def test_every_steps_per_execution_equals_one_process(cluster, k):
     for name, values in expected_history.items():
         assert history[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
     assert batches == expected_batches  # the callbacks see the same batches
+    assert sum(kind == "train" for kind, _ in batches) == 3 * -(-7 // k)  # 7 steps an epoch
     assert evaluation == pytest.approx(expected_eval, rel=1e-5)
     np.testing.assert_allclose(predictions, expected_pred, rtol=1e-5, atol=1e-6)
 
@@ -188,6 +201,69 @@ def test_the_step_function_runs_on_a_task_not_on_the_client(cluster):
     assert any("worker/task:1" in d for d in out["counted"])
 
 
+def test_evaluate_and_predict_run_on_a_task_as_fit_does(cluster):
+    """Their step functions too: the client instantiates no partition of them. Run from the
+    client (`on_the_client`, as without dpkeras's loop), the same calls record the partitions
+    on every task: the recorder sees them when the client runs them."""
+    out = _client(
+        """
+        import contextlib
+        from dpkeras.cluster import _loop
+        x = np.zeros((64, 4), "int32"); y = np.zeros(64)
+        with dpkeras.scope(cluster=SPEC):
+            model = build(4)
+        calls = {"evaluate": lambda: model.evaluate(x, y, batch_size=16, verbose=0),
+                 "predict": lambda: model.predict(x, batch_size=16, verbose=0)}
+        seen = {}
+        for where, block in (("task", contextlib.nullcontext), ("client", _loop.on_the_client)):
+            for name, call in calls.items():
+                model.test_function = model.predict_function = None  # traced in the block
+                with dpkeras.record_transfers() as recorder, block():
+                    call()
+                seen[f"{name} on the {where}"] = [
+                    sorted(r.devices) for r in recorder.reports()
+                    if any(d.startswith("/job:worker") for d in r.devices)]
+        print(json.dumps(seen))
+        """,
+        cluster.spec,
+    )
+    assert out["evaluate on the task"] == [], out
+    assert out["predict on the task"] == [], out
+    for name in ("evaluate", "predict"):
+        assert any("worker/task:1" in d for r in out[f"{name} on the client"] for d in r), out
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
+def test_evaluate_sends_once_per_execution_not_once_per_step(cluster):
+    """As for fit: marginal bytes per step the client sends (two evaluates, so per-call costs
+    cancel). (predict's client fetches every batch itself, in Keras's predict loop, so its
+    bytes per step cannot show where its step function runs.)"""
+    out = _client(
+        """
+        from dpkeras.testing import TrafficMeter
+        x = np.random.RandomState(0).randint(0, 300, (16 * 200, 4)).astype("int32")
+        y = np.zeros(16 * 200)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+        with dpkeras.scope(cluster=SPEC):
+            models = {k: build(k) for k in (1, 10)}
+        per_step = {}
+        for k, model in models.items():
+            model.evaluate(ds, steps=20, verbose=0)  # traced
+            sent = []
+            for steps in (40, 200):
+                with TrafficMeter({"client": os.getpid()}) as meter:
+                    model.evaluate(ds, steps=steps, verbose=0)
+                sent.append(meter.traffic["client"].sent)
+            per_step[k] = (sent[1] - sent[0]) / 160
+        print(json.dumps(per_step))
+        """,
+        cluster.spec,
+    )
+    one, ten = out["1"], out["10"]
+    assert one > 0
+    assert ten <= 0.2 * one, out  # K=10: one dispatch per 10 steps
+
+
 @pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
 def test_the_client_sends_once_per_execution_not_once_per_step(cluster):
     """Marginal bytes per step the client sends (two fits, so per-fit costs cancel)."""
@@ -244,16 +320,25 @@ def test_a_model_from_before_connecting_is_refused_by_name(cluster):
     assert len(out["loss"]) == 1
 
 
-def test_each_worker_maps_its_share_and_training_equals_one_process(cluster):
-    """AUTO: the elements are cut to the workers before the map; 90 rows in batches of 16."""
+def test_each_worker_maps_its_share_and_training_equals_one_process(cluster, tmp_path):
+    """AUTO: the elements are cut to the workers before the map; 90 rows in batches of 16.
+    Each call of the map on the cluster appends the element's index and the pid of the process
+    running it to a file: each worker maps exactly the rows of its replica's slice of each
+    batch (8 of 16; 5 of the last 10), once per pass, and no other."""
+    log = str(tmp_path / "mapped.txt")
     out = _client(
-        """
+        f"""
         rng = np.random.RandomState(0)
         x, y = rng.randint(0, 300, (90, 4)).astype("int32"), rng.randint(0, 3, 90)
 
-        def dataset():
-            rows = tf.data.Dataset.from_tensor_slices((x, y))
-            return rows.map(lambda a, b: (a + 1, b), num_parallel_calls=2).batch(16)
+        def dataset(log=None):
+            def shift(i, row):
+                if log:  # "<pid of the process mapping> <index>"
+                    stat = tf.data.TextLineDataset("/proc/self/stat").get_single_element()
+                    tf.print(tf.strings.split(stat, " ")[0], i, output_stream="file://" + log)
+                return row[0] + 1, row[1]
+            rows = tf.data.Dataset.from_tensor_slices((x, y)).enumerate()
+            return rows.map(shift, num_parallel_calls=2).batch(16)
 
         dpkeras.cluster.connect(SPEC)
         reference = build(2)
@@ -261,20 +346,37 @@ def test_each_worker_maps_its_share_and_training_equals_one_process(cluster):
         expected_predict = reference.predict(dataset(), verbose=0)
         with dpkeras.scope(cluster=SPEC):
             model = build(2)
-        history = model.fit(dataset(), epochs=2, verbose=0).history
-        print(json.dumps({
+        history = model.fit(dataset({log!r}), epochs=2, verbose=0).history
+        predict_diff = float(np.abs(model.predict(dataset({log!r}), verbose=0)
+                                    - expected_predict).max())
+        mapped = {{}}
+        with open({log!r}) as f:
+            for line in f:
+                pid, index = line.split()
+                mapped.setdefault(pid.strip('"'), []).append(int(index))
+        print(json.dumps({{
             "max_diff": max(float(np.abs(a - b).max())
                             for a, b in zip(reference.get_weights(), model.get_weights())),
-            "history": history, "expected": expected,
-            "predict_diff": float(np.abs(model.predict(dataset(), verbose=0)
-                                         - expected_predict).max()),
-        }))
+            "history": history, "expected": expected, "predict_diff": predict_diff,
+            "mapped": {{pid: sorted(indices) for pid, indices in mapped.items()}},
+        }}))
         """,
         cluster.spec,
     )
     assert out["max_diff"] < 1e-5 and out["predict_diff"] < 1e-5
     for name, values in out["expected"].items():
         assert out["history"][name] == pytest.approx(values, rel=1e-5), name
+
+    def first_half(i):  # worker 0's replica: the first half of its batch (of 16, or the last 10)
+        rows = 16 if i < 80 else 10
+        return i % 16 < rows // 2
+
+    pids = cluster.pids()
+    passes = 3  # two epochs of fit, one predict
+    assert out["mapped"] == {
+        str(pids["worker:0"]): sorted([i for i in range(90) if first_half(i)] * passes),
+        str(pids["worker:1"]): sorted([i for i in range(90) if not first_half(i)] * passes),
+    }, {pid: len(indices) for pid, indices in out["mapped"].items()}
 
 
 def test_each_distinct_id_crosses_once_per_worker_each_way(cluster):

@@ -34,6 +34,8 @@ def _optimizer(name):
         "adam": lambda: keras.optimizers.Adam(0.01),
         "adagrad": lambda: keras.optimizers.Adagrad(0.1),
         "sgd_clipnorm": lambda: keras.optimizers.SGD(0.5, clipnorm=0.01),
+        # above every row of _data's gradients, below the sum of an id's rows
+        "sgd_clipvalue": lambda: keras.optimizers.SGD(0.5, clipvalue=0.006),
     }[name]()
 
 
@@ -98,6 +100,28 @@ def test_sum_gives_tf1_semantics_for_optimizers_that_square_the_gradient(optimiz
         assert_weights_close(tf1_reference.get_weights(), model.get_weights(), atol=2e-6)
     table_gap = np.abs(keras_reference.get_weights()[0] - model.get_weights()[0]).max()
     assert table_gap > 1e-4, "the choice must change the numbers, or it is not a choice"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_clipvalue", "sgd_clipnorm"])
+def test_clipping_sees_each_repeated_id_s_rows_as_one_device_does(optimizer):
+    """Keras 3 on one device clips a lookup's gradient as it comes, one row per looked-up
+    position (`clip_by_value` / `clip_by_norm` of the IndexedSlices, repeats included), and the
+    update then sums an id's clipped rows: clip, then sum. Summing an id's rows first and
+    clipping the sum (TF1's order: a dense gradient, as `deduplicate="sum"` gives) changes the
+    numbers: with clipvalue=0.006, each row is under the clip (about 0.005 at most in the first
+    epoch) while an id's rows sum to up to 0.03.
+    3 replicas with the default deduplication must clip what one device clips."""
+    x, y = _data()
+    reference = _build(optimizer)
+    _fit(reference, x, y)
+    sum_then_clip = _build(optimizer, _DenseGradientEmbedding(name="table"))
+    _fit(sum_then_clip, x, y)
+    with _strategy(True).scope():
+        model = _build(optimizer)
+    _fit(model, x, y)
+    assert_weights_close(reference.get_weights(), model.get_weights(), rtol=1e-6, atol=1e-7)
+    gap = np.abs(reference.get_weights()[0] - sum_then_clip.get_weights()[0]).max()
+    assert gap > 1e-4, "the two orders must give other numbers here, or this tells nothing"
 
 
 def _ids_sent_to_the_table(optimizer, deduplicate):

@@ -215,6 +215,58 @@ def test_a_full_table_evicts_by_policy_and_the_reused_row_starts_afresh(eviction
     np.testing.assert_allclose(accumulator(model, layer), accumulator(fresh, fresh_layer))
 
 
+@pytest.mark.parametrize("eviction", ["lru", "ttl"])
+def test_a_full_table_frees_the_least_recently_seen_row_neither_the_lowest_nor_the_newest(
+    eviction,
+):
+    """Each id last seen at a step of its own (no ties to break by row): 10 (row 0) seen again
+    at step 4, 20 (row 1) last at step 2, 30 (row 2) at step 3. A new id takes 20's row; the
+    next new id then takes 30's, the least recently seen of the rows left."""
+    kwargs = {"ttl_steps": 100} if eviction == "ttl" else {}
+    model, layer = _model(capacity=3, eviction=eviction, **kwargs)
+    _fill(layer, model, [[10, 10, 10], [20, 20, 20], [30, 30, 30], [10, 10, 10]])
+    assert layer.get_weights()[1].tolist() == [10, 20, 30]
+    assert layer.get_weights()[3].tolist() == [4, 2, 3]  # last seen
+    _fill(layer, model, [[40, 40, 40]])
+    assert layer.get_weights()[1].tolist() == [10, 40, 30]
+    _fill(layer, model, [[50, 50, 50]])
+    assert layer.get_weights()[1].tolist() == [10, 40, 50]
+    assert layer.get_weights()[3].tolist() == [4, 5, 6]
+    assert sorted(_by_id(layer)) == [10, 40, 50] and layer.size == 3
+
+
+@pytest.mark.parametrize("replicas", [0, 2])
+def test_a_reused_row_restarts_every_adam_slot(replicas):
+    """Adam keeps two slots per row, its first and second moments: a row handed to a new id
+    restarts both, so the new id's moments after its first step are a fresh model's on the
+    same batch, not the evicted id's carried over. Learning rate 0: the gradients depend on
+    nothing trained."""
+    strategy = cpu_strategy(replicas) if replicas else None
+    with strategy.scope() if strategy else _null():
+        model, layer = _model(capacity=3, optimizer=keras.optimizers.Adam(0.0), eviction="lru")
+    slots = ("de_embeddings_momentum", "de_embeddings_velocity")
+
+    def moments(m, row):
+        found = {v.name: v.numpy()[row] for v in m.optimizer.variables if v.name in slots}
+        return [found[name] for name in slots]
+
+    def fit(m, batch):
+        m.fit(np.array(batch, "int64"), np.ones((2, 1)), batch_size=2, verbose=0)
+
+    fit(model, [[10, 20, 30], [10, 20, 30]])
+    fit(model, [[20, 30, 20], [30, 20, 30]])  # 10 (row 0) is now the least recently seen
+    assert all(np.all(m != 0) for m in moments(model, 0))  # 10's moments
+    fit(model, [[40, 20, 30], [40, 20, 30]])
+    assert layer.get_weights()[1].tolist() == [40, 20, 30]
+    with strategy.scope() if strategy else _null():
+        fresh, fresh_layer = _model(capacity=3, optimizer=keras.optimizers.Adam(0.0))
+    fresh.get_layer("head").set_weights(model.get_layer("head").get_weights())
+    fit(fresh, [[40, 20, 30], [40, 20, 30]])
+    assert fresh_layer.get_weights()[1].tolist()[0] == 40
+    for got, expected in zip(moments(model, 0), moments(fresh, 0)):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 def test_evict_on_a_schedule_frees_rows_by_ttl_and_by_count():
     model, layer = _model(capacity=8, eviction="ttl", ttl_steps=2)
     _fill(layer, model, [[1, 2, 3], [1, 4, 4], [1, 5, 5], [1, 6, 6]])
@@ -326,6 +378,41 @@ def test_save_weights_and_load_weights_carry_the_index_and_pending_ids(tmp_path)
     fresh.load_weights(path)
     _same_state(model, fresh)
     np.testing.assert_allclose(fresh.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+
+
+def test_weights_files_of_a_sharded_index_hold_every_shard_s_ids(tmp_path):
+    """Rows in 2 shards cut the index into 2 hash tables (ids with id % 2 == i in table i),
+    admitted and pending ids alike. A weights file holds both tables' ids: loaded into a fresh
+    model, and into the trained model after it admitted more ids, each table holds exactly the
+    ids it held when saved."""
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    strategy = dpkeras.ParameterDeviceStrategy(
+        ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=partitioner
+    )
+    x, y = _stream()
+    with strategy.scope():
+        model, layer = _model(optimizer="adagrad", min_count=2)
+    model.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    once = np.array([[7, 8, 9], [100, 101, 102]], "int64")  # each seen once: pending
+    model.fit(once, np.ones((2, 1)), batch_size=2, verbose=0)
+
+    def index(lay):
+        tables = (lay.index_table, lay.index_table_1, lay.pending_table, lay.pending_table_1)
+        return [sorted(t.export()[0].numpy().tolist()) for t in tables]
+
+    saved = index(layer)
+    assert all(saved) and [set(np.array(ids) % 2) for ids in saved] == [{0}, {1}] * 2
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    with strategy.scope():
+        fresh, fresh_layer = _model(optimizer="adagrad", min_count=2)
+    fresh.load_weights(path)
+    assert index(fresh_layer) == saved
+    np.testing.assert_allclose(fresh.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    model.fit(np.array([[10**13, 10**13 + 1, 7]] * 2), np.ones((2, 1)), batch_size=2, verbose=0)
+    assert index(layer) != saved
+    model.load_weights(path)  # the ids admitted since are forgotten in both tables
+    assert index(layer) == saved
 
 
 def test_a_checkpoint_restores_the_index_tables(tmp_path):

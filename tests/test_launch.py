@@ -7,6 +7,7 @@ ports with its TF_CONFIG, and every wait is bounded.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,7 +82,12 @@ def test_one_program_in_every_task_trains_and_every_task_ends_with_status_0(tmp_
     assert out["loss"] == pytest.approx(out["expected"], rel=1e-5)
 
 
-def test_a_client_that_fails_ends_every_task_with_status_75(tmp_path):
+@pytest.mark.parametrize("client", ["chief", "worker"])
+def test_a_client_that_fails_ends_every_task_with_status_75(tmp_path, client):
+    """The tasks watch the client and end with status 75 when it dies mid-job, each naming it.
+    Without a chief (TFJob's layout with only ps and workers) the client is worker 0: the ps
+    and worker 1 must watch worker 0, not ps 0 (which stays up, so watching it would leave
+    them running until the launcher's grace ran out and it stopped them)."""
     script = """
     import dpkeras, keras
     with dpkeras.scope():
@@ -89,10 +95,22 @@ def test_a_client_that_fails_ends_every_task_with_status_75(tmp_path):
     raise RuntimeError("the training script failed")
     """
     start = time.monotonic()
-    proc, statuses = _launch(tmp_path, script, "--ps=1", "--workers=1")
+    workers = 1 if client == "chief" else 2
+    proc, statuses = _launch(
+        tmp_path, script, "--ps=1", f"--workers={workers}", f"--client={client}"
+    )
     assert proc.returncode == 1
-    assert statuses == {"chief:0": 1, "ps:0": 75, "worker:0": 75}
-    assert "stopped answering (Connection refused) before training finished" in proc.stderr
+    serving = ["ps:0", "worker:0"] if client == "chief" else ["ps:0", "worker:1"]
+    assert statuses == {f"{client}:0": 1, **dict.fromkeys(serving, 75)}
+    for task in serving:
+        job, index = task.split(":")
+        assert re.search(
+            rf"^\[{task}\] dpkeras: the client /job:{client}/replica:0/task:0 at 127\.0\.0\.1:\d+ "
+            rf"stopped answering \(Connection refused\) before training finished; ending "
+            rf"/job:{job}/replica:0/task:{index} with status 75\.$",
+            proc.stderr,
+            re.M,
+        ), proc.stderr[-3000:]
     assert time.monotonic() - start < LAUNCH_TIMEOUT  # ended by themselves, bounded
 
 
@@ -144,7 +162,7 @@ def test_launcher_usage_errors(flags, message):
         timeout=120,
     )
     assert proc.returncode == 2
-    assert __import__("re").search(message, proc.stderr), proc.stderr
+    assert re.search(message, proc.stderr), proc.stderr
 
 
 def _tf_config(cluster, job, index):
@@ -177,6 +195,14 @@ def test_the_roles_read_from_tf_config(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
     spec = _spec.resolve_cluster()
     assert _spec.client_task(spec) == ("worker", 0)
+    # The tasks that serve watch worker 0 (the client), not ps 0, whatever their own task.
+    for job, index in (("ps", 0), ("worker", 1)):
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, job, index))
+        assert _task.client_address(_spec.resolve_cluster()) == (
+            "/job:worker/replica:0/task:0",
+            "h:3",
+        )
+    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
     assert set(_spec.remote_tasks(spec)) == {
         "/job:ps/replica:0/task:0",
         "/job:worker/replica:0/task:1",

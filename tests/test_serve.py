@@ -1,16 +1,20 @@
 """`dpkeras serve`: a real task starts, is reachable, stops on SIGTERM; bad input is exit 2."""
 
+import concurrent.futures
 import json
 import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
 from dpkeras import _cli as cli
-from dpkeras._cli.serve import serve
+from dpkeras._cli.serve import EXIT_WITH_CLIENT_ENV, serve
+from dpkeras.cluster import _task
 from dpkeras.cluster._health import probe
 from dpkeras.testing import LocalCluster, run_python, serve_command, server_env
 
@@ -156,6 +160,26 @@ def test_task_from_tf_config(capsys, monkeypatch):
     assert "takes no part" in capsys.readouterr().out
 
 
+def test_under_tf_config_without_a_chief_serve_watches_worker_0(monkeypatch):
+    """TFJob without a chief: worker 0 runs the training script and is the client, so the ps
+    and the other workers, run as `dpkeras serve` under TF_CONFIG, watch worker 0 (not ps 0,
+    which would keep them up after the client is gone)."""
+    from dpkeras._cli.serve import _client_to_watch
+    from dpkeras.cluster import _spec
+
+    monkeypatch.delenv(EXIT_WITH_CLIENT_ENV, raising=False)
+    cluster = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    for job, index in (("ps", 0), ("worker", 1)):
+        monkeypatch.setenv(
+            "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+        )
+        spec = _spec.resolve_cluster()
+        assert _client_to_watch(spec, job, index, True, None) == (
+            "/job:worker/replica:0/task:0",
+            "127.0.0.1:2",
+        )
+
+
 def test_under_tf_config_a_task_ends_with_status_0_when_the_client_finishes():
     """Kubernetes runs `dpkeras serve` with TF_CONFIG: the ps pod must not outlive the job."""
     from dpkeras.testing import free_port
@@ -195,6 +219,86 @@ def test_under_tf_config_a_task_ends_with_status_0_when_the_client_finishes():
         for t in tasks:
             if t.poll() is None:
                 t.kill()
+
+
+def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout():
+    """A ps/worker pod whose client never comes must not wait forever nor end "successfully":
+    after `$DPKERAS_CLIENT_START_TIMEOUT` seconds it ends with status 75 (EX_TEMPFAIL, so a
+    scheduler retries the job) and says why. Every way a task is run watches the client: the
+    one program under TF_CONFIG (`dpkeras.scope()`), `dpkeras serve` under TF_CONFIG, and
+    `dpkeras serve --cluster ... --exit-with-client`. They run at once, in one cluster whose
+    chief (a free port nothing listens on) never starts; each must end 3 s after its `ready`,
+    not at once and not after the 1800 s default."""
+    from dpkeras.testing import free_port
+    from dpkeras.testing._cluster import READY_TIMEOUT, wait_for_line
+
+    timeout = 3
+    cluster = {
+        "chief": [f"127.0.0.1:{free_port()}"],
+        "ps": [f"127.0.0.1:{free_port()}"],
+        "worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
+    }
+
+    def tf_config(job, index):
+        return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+
+    script = "import dpkeras\nwith dpkeras.scope():\n    print('NOT REACHED')\n"
+    entries = {  # name -> (argv, TF_CONFIG or None, task, what its lines start with)
+        "serve under TF_CONFIG": (
+            [sys.executable, "-m", "dpkeras", "serve"],
+            tf_config("ps", 0),
+            "/job:ps/replica:0/task:0",
+            "dpkeras serve",
+        ),
+        "serve --exit-with-client": (
+            serve_command(cluster, "worker", 0) + ["--exit-with-client"],
+            None,
+            "/job:worker/replica:0/task:0",
+            "dpkeras serve",
+        ),
+        "one program under TF_CONFIG": (
+            [sys.executable, "-c", script],
+            tf_config("worker", 1),
+            "/job:worker/replica:0/task:1",
+            "dpkeras",
+        ),
+    }
+
+    def run(entry):
+        argv, config, _, _ = entries[entry]
+        env = dict(server_env(), **{_task.CLIENT_START_TIMEOUT_ENV: str(timeout)})
+        env.pop("TF_CONFIG", None)
+        env.pop(EXIT_WITH_CLIENT_ENV, None)
+        if config is not None:
+            env["TF_CONFIG"] = config
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            try:
+                wait_for_line(proc, "ready", READY_TIMEOUT)
+                ready = time.monotonic()
+                status = proc.wait(timeout=60)  # bounded: far below the 1800 s default
+                waited = time.monotonic() - ready
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
+                proc.stdout.close()
+            err.seek(0)
+            lines = [line for line in err.read().splitlines() if line.startswith("dpkeras")]
+        return status, waited, lines
+
+    with concurrent.futures.ThreadPoolExecutor(len(entries)) as pool:
+        results = dict(zip(entries, pool.map(run, entries)))
+    chief = cluster["chief"][0]
+    for entry, (status, waited, lines) in results.items():
+        _, _, task, prefix = entries[entry]
+        assert status == _task.CLIENT_GONE == 75, (entry, status, lines)
+        assert lines == [
+            f"{prefix}: the client /job:chief/replica:0/task:0 at {chief} did not answer "
+            f"within {timeout} s; ending {task} with status 75."
+        ], entry
+        # `ready` is read a moment after it is printed: a little slack, never a whole timeout.
+        assert timeout - 1 < waited < 60, (entry, waited)
 
 
 def test_port_in_use_exits_2_with_one_line_before_starting_tensorflow():
