@@ -13,7 +13,8 @@ import time
 import pytest
 
 from dpkeras import _cli as cli
-from dpkeras._cli.serve import EXIT_WITH_CLIENT_ENV, serve
+from dpkeras import _config
+from dpkeras._cli.serve import serve
 from dpkeras.cluster import _task
 from dpkeras.cluster._health import probe
 from dpkeras.testing import LocalCluster, run_python, serve_command, server_env
@@ -167,7 +168,7 @@ def test_under_tf_config_without_a_chief_serve_watches_worker_0(monkeypatch):
     from dpkeras._cli.serve import _client_to_watch
     from dpkeras.cluster import _spec
 
-    monkeypatch.delenv(EXIT_WITH_CLIENT_ENV, raising=False)
+    monkeypatch.delenv(_config.VARIABLES["exit_with_client"], raising=False)
     cluster = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
     for job, index in (("ps", 0), ("worker", 1)):
         monkeypatch.setenv(
@@ -242,7 +243,7 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
     def tf_config(job, index):
         return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
 
-    script = "import dpkeras\nwith dpkeras.scope():\n    print('NOT REACHED')\n"
+    script = "import dpkeras\ndpkeras.cluster.join()\nprint('NOT REACHED')\n"
     entries = {  # name -> (argv, TF_CONFIG or None, task, what its lines start with)
         "serve under TF_CONFIG": (
             [sys.executable, "-m", "dpkeras", "serve"],
@@ -256,7 +257,7 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
             "/job:worker/replica:0/task:0",
             "dpkeras serve",
         ),
-        "one program under TF_CONFIG": (
+        "one program under TF_CONFIG, join()": (
             [sys.executable, "-c", script],
             tf_config("worker", 1),
             "/job:worker/replica:0/task:1",
@@ -266,15 +267,15 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
 
     def run(entry):
         argv, config, _, _ = entries[entry]
-        env = dict(server_env(), **{_task.CLIENT_START_TIMEOUT_ENV: str(timeout)})
+        env = dict(server_env(), **{_config.VARIABLES["client_start_timeout"]: str(timeout)})
         env.pop("TF_CONFIG", None)
-        env.pop(EXIT_WITH_CLIENT_ENV, None)
+        env.pop(_config.VARIABLES["exit_with_client"], None)
         if config is not None:
             env["TF_CONFIG"] = config
         with tempfile.TemporaryFile(mode="w+") as err:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
             try:
-                wait_for_line(proc, "ready", READY_TIMEOUT)
+                said = wait_for_line(proc, "ready", READY_TIMEOUT)
                 ready = time.monotonic()
                 status = proc.wait(timeout=60)  # bounded: far below the 1800 s default
                 waited = time.monotonic() - ready
@@ -285,12 +286,12 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
                 proc.stdout.close()
             err.seek(0)
             lines = [line for line in err.read().splitlines() if line.startswith("dpkeras")]
-        return status, waited, lines
+        return status, waited, lines, said
 
     with concurrent.futures.ThreadPoolExecutor(len(entries)) as pool:
         results = dict(zip(entries, pool.map(run, entries)))
     chief = cluster["chief"][0]
-    for entry, (status, waited, lines) in results.items():
+    for entry, (status, waited, lines, _) in results.items():
         _, _, task, prefix = entries[entry]
         assert status == _task.CLIENT_GONE == 75, (entry, status, lines)
         assert lines == [
@@ -299,6 +300,31 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
         ], entry
         # `ready` is read a moment after it is printed: a little slack, never a whole timeout.
         assert timeout - 1 < waited < 60, (entry, waited)
+    # The one program says where it stops being a client.
+    assert results["one program under TF_CONFIG, join()"][3][0] == (
+        "dpkeras: this process is /job:worker/replica:0/task:1 of the cluster in TF_CONFIG, not "
+        "its client (/job:chief/replica:0/task:0): it stops being a client here, serves, and "
+        "ends with the client."
+    )
+
+
+def test_a_strategy_built_in_a_task_that_is_not_the_client_is_refused_naming_join(monkeypatch):
+    """The constructor never serves: in a ps task under TF_CONFIG it refuses, naming the role
+    and `dpkeras.cluster.join()`, before connecting or creating anything."""
+    import dpkeras
+
+    cluster = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})
+    )
+    with pytest.raises(ValueError) as info:
+        dpkeras.ParameterDeviceStrategy()
+    assert str(info.value) == (
+        "This process is /job:ps/replica:0/task:0 of the cluster in TF_CONFIG, not its client "
+        "(/job:chief/replica:0/task:0): it cannot build a strategy. Call "
+        "dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task that is "
+        "not the client serves from there and never returns."
+    )
 
 
 def test_port_in_use_exits_2_with_one_line_before_starting_tensorflow():

@@ -7,9 +7,10 @@ dpkeras launch --ps 1 --workers 2 [--cpus 2] [--client chief|master|worker] -- p
 Starts every task of a cluster on free ports of 127.0.0.1, each running the same command with
 its own `TF_CONFIG` (as Kubeflow's TFJob sets it) and `DPKERAS_CPUS`: the client (the `chief`,
 or `master`, or with `--client worker` worker 0) trains; the ps and other worker tasks serve
-from the first dpkeras entry their script reaches, and end when the client finishes. Streams
-every task's output, each line prefixed by its task (`[ps:0] ...`), and exits with the
-client's status. Every task it started is stopped when it exits, on Ctrl-C and on SIGTERM.
+from `dpkeras.cluster.join()` (or the first `dpkeras.scope()`) in their script, and end when
+the client finishes. Streams every task's output, each line prefixed by its task (`[ps:0]
+...`), and exits with the client's status. Every task it started is stopped when it exits, on
+Ctrl-C and on SIGTERM.
 """
 
 import argparse

@@ -89,8 +89,8 @@ def _check_remote(device, role, available, given):
 def resolve_devices(config, cluster_spec=None):
     """Validates and fills in a strategy's devices; see `_resolve_devices`.
 
-    With a cluster (a `tf.train.ClusterSpec` from `dpkeras.cluster.resolve_cluster`), this
-    process connects to it first (once), and the defaults are the cluster's: every GPU of every
+    With a cluster (a `tf.train.ClusterSpec` this process joined as its client, see
+    `dpkeras.cluster.join`), the defaults are the cluster's: every GPU of every
     worker, else every worker's CPUs, compute; the CPU:0 of every ps task holds variables
     (spread by `greedy_by_size`), else the first worker's. See
     `dpkeras.cluster.default_cluster_devices`.
@@ -109,7 +109,6 @@ def resolve_devices(config, cluster_spec=None):
         source = f"${VARIABLES['compute_devices']}"
     reason = None
     if cluster_spec is not None:
-        _connect.connect(cluster_spec)
         default_compute, default_parameters, reason = _devices.default_cluster_devices(cluster_spec)
         if parameter_device is None:
             parameter_device = (

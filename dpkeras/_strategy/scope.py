@@ -10,7 +10,7 @@ from dpkeras import _config
 from dpkeras._extended import devices
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
 from dpkeras._variables.partitioning import as_partitioner
-from dpkeras.cluster._task import take_part
+from dpkeras.cluster._task import join
 
 _lock = threading.Lock()
 _strategies = {}  # (resolved Config, cluster jobs, partitioner) -> strategy
@@ -32,7 +32,7 @@ def get_strategy(
     config = _config.resolve(
         compute_devices=compute_devices, parameter_device=parameter_device, deduplicate=deduplicate
     )
-    spec = take_part(cluster, config)
+    spec = join(cluster)  # a task that is not the client serves here, and does not return
     compute, policy, home, _ = devices.resolve_devices(config, spec)
     jobs = (
         None

@@ -8,7 +8,7 @@ from dpkeras._device_names import short_device
 from dpkeras._extended.extended import ParameterDeviceExtended
 from dpkeras._patches import table as keras_patches
 from dpkeras._variables.partitioning import as_partitioner
-from dpkeras.cluster._task import take_part
+from dpkeras.cluster._task import client_of
 
 
 class ParameterDeviceStrategy(tf.distribute.Strategy):
@@ -49,10 +49,13 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             `dpkeras serve`): a dict such as `{"ps": ["10.0.0.1:2222"], "worker":
             ["10.0.0.2:2222", "10.0.0.3:2222"]}`, a `tf.train.ClusterSpec` or a
             `tf.distribute.cluster_resolver.ClusterResolver`. This process is the client: it
-            connects to every task (once) and drives the steps. Devices then default to the
-            workers' GPUs (else their CPUs) for compute and the ps tasks' CPUs for variables,
-            and `/job:...` devices may be named. Defaults to `$TF_CONFIG` if it names a `ps`
-            or `worker` job, else no cluster. See docs/cluster.md.
+            connects to every task (once, see `dpkeras.cluster.join`) and drives the steps.
+            Devices then default to the workers' GPUs (else their CPUs) for compute and the
+            ps tasks' CPUs for variables, and `/job:...` devices may be named. Defaults to
+            `$TF_CONFIG` if it names a `ps` or `worker` job, else no cluster. The constructor
+            never serves: under `TF_CONFIG`, a `ps` or `worker` task that is not the client
+            is refused with a ValueError naming `dpkeras.cluster.join()`, where it serves.
+            See docs/cluster.md.
         partitioner: cut large layer weights into shards spread over the parameter devices:
             one of TensorFlow's `tf.distribute.experimental.partitioners` (such as
             `MinSizePartitioner(min_shard_bytes=1 << 20, max_shards=2)`) or any callable with
@@ -96,7 +99,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             parameter_device=parameter_device,
             deduplicate=deduplicate,
         )
-        spec = take_part(cluster, config)
+        spec = client_of(cluster)
         super().__init__(ParameterDeviceExtended(self, config, spec, partitioner))
 
     @property

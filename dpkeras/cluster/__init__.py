@@ -11,7 +11,7 @@ The package, one concept a module:
 - `_connect`: connecting this process to a cluster as its client;
 - `_devices`: the tasks' devices, and which compute and hold variables by default;
 - `_health`: whether tasks answer, `HealthMonitor`, and naming a failed task;
-- `_task`: this process as a task: its role under `TF_CONFIG`, and serving it;
+- `_task`: joining a cluster (`join`): this process's role under `TF_CONFIG`, and serving it;
 - `_loop`: the on-cluster loop (a step function coordinated by a task);
 - `_input`: each input host's pipeline, by the dataset's `auto_shard_policy`;
 - `_local`: a cluster's tasks as processes of this machine (free ports, children).
@@ -20,5 +20,13 @@ The package, one concept a module:
 from dpkeras.cluster._connect import connect
 from dpkeras.cluster._health import HealthMonitor, TaskFailedError, name_failures
 from dpkeras.cluster._spec import resolve_cluster
+from dpkeras.cluster._task import join
 
-__all__ = ["HealthMonitor", "TaskFailedError", "connect", "name_failures", "resolve_cluster"]
+__all__ = [
+    "HealthMonitor",
+    "TaskFailedError",
+    "connect",
+    "join",
+    "name_failures",
+    "resolve_cluster",
+]

@@ -1,8 +1,8 @@
-"""This process as a task of a cluster: its role under `TF_CONFIG`, and serving it.
+"""Joining a cluster: this process's role under `TF_CONFIG`, and serving it.
 
 One program in every task, as TensorFlow's parameter-server guide and Kubeflow's TFJob run it:
-the same script starts in every task with its `TF_CONFIG`, and the first dpkeras entry it
-reaches (`dpkeras.scope()`, `get_strategy()`, `ParameterDeviceStrategy()`) decides:
+the same script starts in every task with its `TF_CONFIG`, and `join` (called first by the
+script, or by `dpkeras.scope()` / `get_strategy()`) decides:
 
 - the client (task `chief` or `master`; with neither, worker 0) goes on and trains;
 - a `ps` or other `worker` task serves (a `tf.distribute.Server`) and never returns: the
@@ -20,6 +20,7 @@ import time
 import tensorflow as tf
 
 from dpkeras import _config
+from dpkeras.cluster._connect import connect
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._spec import (
     CLIENT_JOBS,
@@ -44,39 +45,100 @@ def client_address(cluster_spec):
     return name, task_addresses(cluster_spec)[name]
 
 
-def take_part(cluster, config):
-    """The cluster this process trains on as the client; a task that is not the client serves
-    (or, an evaluator, ends) here, and does not return.
+def join(cluster=None, timeout=None):
+    """Joins this process to a cluster: the named step, as `keras.distribution.initialize()`.
+
+    One program runs in every task (TensorFlow's parameter-server guide, Kubeflow's TFJob), and
+    this call is where the tasks part ways:
+
+    - the client (`chief` or `master`; with neither, worker 0; or any process given `cluster`
+      explicitly) connects to every task, once for its lifetime, and gets the cluster back;
+    - a `ps` or other `worker` task under `TF_CONFIG` prints that it stops being a client here,
+      serves (a `tf.distribute.Server`) and never returns: the process ends with status 0 when
+      the client finishes, 75 when the client stops answering or never comes;
+    - an `evaluator` ends at once with status 0 (dpkeras trains synchronously).
+
+    Call it first, before anything that touches TensorFlow's devices (a `tf.data` dataset made
+    before connecting cannot be used after it). `dpkeras.scope()` and `dpkeras.get_strategy()`
+    call it when given a cluster or under `TF_CONFIG`; calling it again is a no-op.
+
+    ```python
+    import dpkeras
+    dpkeras.cluster.join()          # under TF_CONFIG: ps and workers serve from here
+    with dpkeras.scope():
+        ...
+    ```
 
     Args:
-        cluster: what `dpkeras.scope(cluster=...)` received; None reads `TF_CONFIG`.
-        config: the `dpkeras._config.Config` in force (a task serves with its `cpus` and
-            `client_start_timeout`).
+        cluster: a dict of jobs, a JSON string or file, a `tf.train.ClusterSpec` or a cluster
+            resolver; None reads `TF_CONFIG`.
+        timeout: float, seconds to wait for every task to answer; None for `connect`'s
+            default.
 
     Returns:
-        A `tf.train.ClusterSpec`, or None (no cluster).
+        The `tf.train.ClusterSpec` this process is the client of, or None when there is no
+        cluster (no argument, no `TF_CONFIG` naming a `ps` or `worker` job).
+
+    Raises:
+        ValueError: for an invalid cluster; TimeoutError: a task that does not answer (named).
     """
     spec = resolve_cluster(cluster)
-    if cluster is not None or spec is None:
-        return spec
-    task = tf_config_task()
-    if task is None or task[0] in CLIENT_JOBS or task == client_task(spec):
-        return spec
-    job, index = task
+    if spec is None:
+        return None
+    task = None if cluster is not None else tf_config_task()
+    if task is not None and task[0] not in CLIENT_JOBS and task != client_task(spec):
+        _serve_from_here(spec, *task)
+    connect(spec, **({} if timeout is None else {"timeout": timeout}))
+    return spec
+
+
+def client_of(cluster):
+    """The cluster of a strategy built by this process, which must be its client.
+
+    A strategy's constructor does not serve: a `ps` or `worker` task under `TF_CONFIG` that
+    builds one is refused, naming its role and the step that serves (`join`).
+
+    Returns:
+        A `tf.train.ClusterSpec` (this process connected to it), or None.
+    """
+    spec = resolve_cluster(cluster)
+    if spec is None:
+        return None
+    task = None if cluster is not None else tf_config_task()
+    if task is not None and task[0] not in CLIENT_JOBS and task != client_task(spec):
+        raise ValueError(
+            f"This process is {task_name(*task)} of the cluster in TF_CONFIG, not its client "
+            f"({client_address(spec)[0]}): it cannot build a strategy. Call "
+            f"dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task "
+            f"that is not the client serves from there and never returns."
+        )
+    connect(spec)
+    return spec
+
+
+def _serve_from_here(spec, job, index):
+    name = task_name(job, index)
     if job == "evaluator":
         print(
-            f"dpkeras: this task is {task_name(job, index)}; dpkeras trains synchronously and "
-            f"uses no evaluator (evaluate in the client, with validation data or callbacks): "
-            f"nothing to do, ending with status 0.",
+            f"dpkeras: this task is {name}; dpkeras trains synchronously and uses no evaluator "
+            f"(evaluate in the client, with validation data or callbacks): nothing to do, "
+            f"ending with status 0.",
             flush=True,
         )
         _end(0)
+    client = client_address(spec)
+    print(
+        f"dpkeras: this process is {name} of the cluster in TF_CONFIG, not its client "
+        f"({client[0]}): it stops being a client here, serves, and ends with the client.",
+        flush=True,
+    )
+    config = _config.resolve()
     serve(
         spec,
         job,
         index,
         cpus=config.cpus,
-        client=client_address(spec),
+        client=client,
         client_start_timeout=config.client_start_timeout,
     )
 
