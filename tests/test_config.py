@@ -206,6 +206,26 @@ def test_get_strategy_follows_the_resolved_config(monkeypatch):
     assert dpkeras.get_strategy(["/cpu:1", "/cpu:2"], "/cpu:0") is not first
 
 
+def test_get_strategy_resolves_devices_once_per_strategy_made(monkeypatch):
+    """The devices are resolved by the constructor alone: once for a new strategy, never for
+    one found in the cache (they were resolved twice before, for the key and again)."""
+    from dpkeras._extended import devices
+
+    calls = []
+    real = devices.resolve_devices
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(devices, "resolve_devices", counting)
+    monkeypatch.setenv("DPKERAS_CLIENT_START_TIMEOUT", "61")  # settings no other test uses
+    made = dpkeras.get_strategy(["/cpu:2", "/cpu:3"], "/cpu:1")
+    assert len(calls) == 1
+    assert dpkeras.get_strategy(["/cpu:2", "/cpu:3"], "/cpu:1") is made
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize(
     "given, member",
     [

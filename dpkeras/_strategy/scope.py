@@ -7,13 +7,12 @@ import threading
 import tensorflow as tf
 
 from dpkeras import _config
-from dpkeras._extended import devices
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
 from dpkeras._variables.partitioning import as_partitioner
 from dpkeras.cluster._task import join
 
 _lock = threading.Lock()
-_strategies = {}  # (resolved Config, cluster jobs, partitioner) -> strategy
+_strategies = {}  # (Config as given, or with devices resolved, cluster jobs, partitioner) -> it
 
 
 def get_strategy(
@@ -33,30 +32,34 @@ def get_strategy(
         compute_devices=compute_devices, parameter_device=parameter_device, deduplicate=deduplicate
     )
     spec = join(cluster)  # a task that is not the client serves here, and does not return
-    compute, policy, home, _ = devices.resolve_devices(config, spec)
     jobs = (
         None
         if spec is None
         else tuple(sorted((job, tuple(addresses)) for job, addresses in spec.as_dict().items()))
     )
-    parameter = config.parameter_device  # a policy: equal only to itself
-    if parameter is None or isinstance(parameter, (str, tuple)):
-        placed = tuple(getattr(policy, "devices", (home,)))
-        parameter = placed[0] if len(placed) == 1 else placed
-    resolved = dataclasses.replace(config, compute_devices=compute, parameter_device=parameter)
-    key = (resolved, jobs, partitioner)
     with _lock:
-        strategy = _strategies.get(key)
+        asked = (config, jobs, partitioner)  # the settings as given (after the environment)
+        strategy = _strategies.get(asked)
         if strategy is None:
-            strategy = ParameterDeviceStrategy(
-                list(compute),
-                list(parameter) if isinstance(parameter, tuple) else parameter,
-                spec,
-                partitioner,
-                resolved.deduplicate,
+            # Devices are resolved once, by the constructor; two spellings of the same devices
+            # (a default and its explicit list, "/gpu:0" and "/device:GPU:0") find one strategy.
+            made = ParameterDeviceStrategy(
+                compute_devices, parameter_device, spec, partitioner, deduplicate
             )
-            _strategies[key] = strategy
+            strategy = _strategies.setdefault(_resolved_key(made, config, jobs, partitioner), made)
+            _strategies[asked] = strategy
         return strategy
+
+
+def _resolved_key(strategy, config, jobs, partitioner):
+    extended = strategy.extended
+    parameter = config.parameter_device  # a policy is equal only to itself
+    if parameter is None or isinstance(parameter, (str, tuple)):
+        parameter = tuple(extended.parameter_devices)
+    resolved = dataclasses.replace(
+        config, compute_devices=tuple(strategy.compute_devices), parameter_device=parameter
+    )
+    return ("resolved", resolved, jobs, partitioner)
 
 
 @contextlib.contextmanager
