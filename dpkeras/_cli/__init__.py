@@ -8,6 +8,13 @@
 `dpkeras bench` runs the benchmark of the source checkout this dpkeras is installed from
 (`pip install -e .`), in a process of its own; the benchmark is not part of the installed
 package, so from a wheel it refuses in one line.
+
+One module a verb:
+
+- `env`: versions, devices, settings, and what `dpkeras.scope()` picks;
+- `bench`: the checkout's benchmark, in a process of its own;
+- `serve`: one task of a cluster, until stopped or until its client finishes;
+- `launch`: a loopback cluster running one program in every task.
 """
 
 import sys

@@ -7,6 +7,7 @@
   `dpkeras._variables.task_pulls.Union`, the per-task merge of every lookup);
 - `collisions`: the strings behind hashed string ids, to count collisions;
 - `index`: the id -> row hash table and the per-row bookkeeping beside the rows;
+- `tables`: that hash table cut by id over several devices (a sharded table's index);
 - `slots`: finding the optimizer's slots of the rows and resetting a reassigned row's;
 - `layer`: the Keras layer.
 """

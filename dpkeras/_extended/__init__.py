@@ -4,6 +4,8 @@
 - `devices`: which devices compute and hold variables (arguments, settings, defaults);
 - `creator`: the one variable creator (placement, sharding);
 - `reductions`: cross-replica sums where they are consumed, and the ledger of them;
+- `cross_replica`: `CrossReplicaHooks`, TensorFlow's reduce, broadcast and update hooks, each
+  where its value is consumed;
 - `keras_steps`: what a Keras step needs around it (model check, uneven batches, "finite?");
 - `optimizer_apply`: the optimizer applies the summed gradient once;
 - `input`: feeding the replicas, one input pipeline per input host (what each host's pipeline

@@ -8,13 +8,16 @@ with testing.LocalCluster(ps=1, workers=2, cpus=2) as cluster:  # real servers o
     testing.run_python(program + "print(strategy.num_replicas_in_sync)")  # '4\n'
 ```
 
-- `LocalCluster`: ps and worker tasks as real `dpkeras serve` processes on free 127.0.0.1
-  ports, started and stopped by a `with` block, every wait bounded; tasks can be killed,
-  frozen and restarted, as a crash, a hang and a recovery.
-- `run_python`: a program in a fresh Python, optionally on simulated CPU devices (a process
-  splits its CPU once, before TensorFlow starts).
-- `cpu_strategy`: the dpkeras strategy over simulated CPU devices, cached.
-- `assert_weights_close`: two models' weights, array by array, within a tolerance.
+- `_cluster`: `LocalCluster`, ps and worker tasks as real `dpkeras serve` processes on free
+  127.0.0.1 ports, started and stopped by a `with` block, every wait bounded; tasks can be
+  killed, frozen and restarted, as a crash, a hang and a recovery (`serve_command`,
+  `server_env` and `free_port` for starting tasks by hand);
+- `_process`: `run_python`, a program in a fresh Python, optionally on simulated CPU devices
+  (a process splits its CPU once, before TensorFlow starts); `cpu_strategy`, the dpkeras
+  strategy over simulated CPU devices, cached; `assert_weights_close`, two models' weights,
+  array by array, within a tolerance;
+- `_wire`: `TrafficMeter` and `tcp_traffic`, bytes on the wire per process from the kernel's
+  TCP counters.
 """
 
 from dpkeras.testing._cluster import LocalCluster, free_port, serve_command, server_env

@@ -2,13 +2,13 @@
 
 One module per concept, each using the others through their public names only:
 
-- `store`: the `VariableStore` and its entries, by full path.
-- `errors`: argument validation and the error messages, defined once.
-- `state`: this thread's scopes and the store that applies where code runs.
-- `sharing`: the creator that names, creates and shares Keras layers' weights in a scope.
-- `scopes`: `variable_scope` and `VariableScope`.
-- `get_variable`: `get_variable`, and creating each kind of variable by name.
-- `collections`: slim's `variable`, `model_variable`, `local_variable` and the lists of them.
+- `_store`: the `VariableStore` and its entries, by full path.
+- `_errors`: argument validation and the error messages, defined once.
+- `_state`: this thread's scopes and the store that applies where code runs.
+- `_sharing`: the creator that names, creates and shares Keras layers' weights in a scope.
+- `_scopes`: `variable_scope` and `VariableScope`.
+- `_get_variable`: `get_variable`, and creating each kind of variable by name.
+- `_collections`: slim's `variable`, `model_variable`, `local_variable` and the lists of them.
 
 Every public name is also `dpkeras.<name>`.
 """
