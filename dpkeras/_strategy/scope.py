@@ -43,9 +43,7 @@ def get_strategy(
         if strategy is None:
             # Devices are resolved once, by the constructor; two spellings of the same devices
             # (a default and its explicit list, "/gpu:0" and "/device:GPU:0") find one strategy.
-            made = ParameterDeviceStrategy(
-                compute_devices, parameter_device, spec, partitioner, deduplicate
-            )
+            made = ParameterDeviceStrategy.of_resolved(config, spec, partitioner)
             strategy = _strategies.setdefault(_resolved_key(made, config, jobs, partitioner), made)
             _strategies[asked] = strategy
         return strategy

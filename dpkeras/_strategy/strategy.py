@@ -102,6 +102,17 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         spec = client_of(cluster)
         super().__init__(ParameterDeviceExtended(self, config, spec, partitioner))
 
+    @classmethod
+    def of_resolved(cls, config, cluster_spec, partitioner):
+        """The strategy for settings already resolved (`dpkeras._config.resolve`), on a cluster
+        this process already joined as its client (`dpkeras.cluster.join`), or None: what
+        `dpkeras.get_strategy` builds, without resolving anything a second time."""
+        strategy = cls.__new__(cls)
+        tf.distribute.Strategy.__init__(
+            strategy, ParameterDeviceExtended(strategy, config, cluster_spec, partitioner)
+        )
+        return strategy
+
     @property
     def compute_devices(self):
         """Tuple of the canonical names of the devices that run replicas."""
