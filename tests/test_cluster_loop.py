@@ -233,64 +233,50 @@ def test_evaluate_and_predict_run_on_a_task_as_fit_does(cluster):
         assert any("worker/task:1" in d for r in out[f"{name} on the client"] for d in r), out
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
-def test_evaluate_sends_once_per_execution_not_once_per_step(cluster):
-    """As for fit: marginal bytes per step the client sends (two evaluates, so per-call costs
-    cancel). (predict's client fetches every batch itself, in Keras's predict loop, so its
-    bytes per step cannot show where its step function runs.)"""
-    out = _client(
-        """
+def _client_bytes_per_step(cluster, run):
+    """Marginal bytes per step the client sends at K=1 and K=10, `{"1": ..., "10": ...}`: `run`
+    (code with `model`, `ds` and `steps`) called for 40 and 200 steps after a first call that
+    traces, so per-call costs cancel."""
+    return _client(
+        f"""
         from dpkeras.testing import TrafficMeter
         x = np.random.RandomState(0).randint(0, 300, (16 * 200, 4)).astype("int32")
         y = np.zeros(16 * 200)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
         with dpkeras.scope(cluster=SPEC):
-            models = {k: build(k) for k in (1, 10)}
-        per_step = {}
+            models = {{k: build(k) for k in (1, 10)}}
+        per_step = {{}}
         for k, model in models.items():
-            model.evaluate(ds, steps=20, verbose=0)  # traced
+            steps = 20
+            {run}  # traced
             sent = []
             for steps in (40, 200):
-                with TrafficMeter({"client": os.getpid()}) as meter:
-                    model.evaluate(ds, steps=steps, verbose=0)
+                with TrafficMeter({{"client": os.getpid()}}) as meter:
+                    {run}
                 sent.append(meter.traffic["client"].sent)
             per_step[k] = (sent[1] - sent[0]) / 160
         print(json.dumps(per_step))
         """,
         cluster.spec,
     )
-    one, ten = out["1"], out["10"]
-    assert one > 0
-    assert ten <= 0.2 * one, out  # K=10: one dispatch per 10 steps
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
+def test_evaluate_sends_once_per_execution_not_once_per_step(cluster):
+    """As for fit. (predict's client fetches every batch itself, in Keras's predict loop, so its
+    bytes per step cannot show where its step function runs.)"""
+    out = _client_bytes_per_step(cluster, "model.evaluate(ds, steps=steps, verbose=0)")
+    assert out["1"] > 0
+    assert out["10"] <= 0.2 * out["1"], out  # K=10: one dispatch per 10 steps
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="counting TCP bytes needs Linux's ss")
 def test_the_client_sends_once_per_execution_not_once_per_step(cluster):
-    """Marginal bytes per step the client sends (two fits, so per-fit costs cancel)."""
-    out = _client(
-        """
-        from dpkeras.testing import TrafficMeter
-        x = np.random.RandomState(0).randint(0, 300, (16 * 200, 4)).astype("int32")
-        y = np.zeros(16 * 200)
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
-        with dpkeras.scope(cluster=SPEC):
-            models = {k: build(k) for k in (1, 10)}
-        per_step = {}
-        for k, model in models.items():
-            model.fit(ds, steps_per_epoch=20, epochs=1, verbose=0)  # traced
-            sent = []
-            for steps in (40, 200):
-                with TrafficMeter({"client": os.getpid()}) as meter:
-                    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
-                sent.append(meter.traffic["client"].sent)
-            per_step[k] = (sent[1] - sent[0]) / 160
-        print(json.dumps(per_step))
-        """,
-        cluster.spec,
+    out = _client_bytes_per_step(
+        cluster, "model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)"
     )
-    one, ten = out["1"], out["10"]
-    assert one > 0
-    assert ten <= 0.2 * one, out  # K=10: one dispatch per 10 steps
+    assert out["1"] > 0
+    assert out["10"] <= 0.2 * out["1"], out  # K=10: one dispatch per 10 steps
 
 
 def test_a_model_from_before_connecting_is_refused_by_name(cluster):

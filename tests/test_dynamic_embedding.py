@@ -131,9 +131,9 @@ def test_sharded_rows_under_two_replicas_train_as_one_device():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_a_sharded_index_keeps_each_id_in_its_own_shard_and_checkpoints_every_shard(tmp_path):
-    """Rows in 2 shards: ids with id % 2 == i are in table i (admitted and pending alike),
-    and a checkpoint restores both tables."""
+def _trained_in_two_shards():
+    """`(x, y, model, layer)`: a DynamicEmbedding (min_count 2, Adagrad) whose rows are cut
+    into 2 shards, trained one epoch on `_stream()` by 2 replicas."""
     partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
     strategy = dpkeras.ParameterDeviceStrategy(
         ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=partitioner
@@ -142,6 +142,13 @@ def test_a_sharded_index_keeps_each_id_in_its_own_shard_and_checkpoints_every_sh
     with strategy.scope():
         model, layer = _model(optimizer="adagrad", min_count=2)
     model.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    return x, y, model, layer
+
+
+def test_a_sharded_index_keeps_each_id_in_its_own_shard_and_checkpoints_every_shard(tmp_path):
+    """Rows in 2 shards: ids with id % 2 == i are in table i (admitted and pending alike),
+    and a checkpoint restores both tables."""
+    x, y, model, layer = _trained_in_two_shards()
     admitted = [layer.index_table.export()[0].numpy(), layer.index_table_1.export()[0].numpy()]
     pending = [layer.pending_table.export()[0].numpy(), layer.pending_table_1.export()[0].numpy()]
     for shard in (0, 1):
@@ -149,7 +156,7 @@ def test_a_sharded_index_keeps_each_id_in_its_own_shard_and_checkpoints_every_sh
         assert set(pending[shard] % 2) <= {shard}
     assert layer.size == sum(len(a) for a in admitted)
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
-    with strategy.scope():
+    with model.distribute_strategy.scope():
         fresh, fresh_layer = _model(optimizer="adagrad", min_count=2)
     tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
     assert sorted(fresh_layer.index_table_1.export()[0].numpy()) == sorted(admitted[1])
@@ -385,14 +392,7 @@ def test_weights_files_of_a_sharded_index_hold_every_shard_s_ids(tmp_path):
     admitted and pending ids alike. A weights file holds both tables' ids: loaded into a fresh
     model, and into the trained model after it admitted more ids, each table holds exactly the
     ids it held when saved."""
-    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
-    strategy = dpkeras.ParameterDeviceStrategy(
-        ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=partitioner
-    )
-    x, y = _stream()
-    with strategy.scope():
-        model, layer = _model(optimizer="adagrad", min_count=2)
-    model.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    x, y, model, layer = _trained_in_two_shards()
     once = np.array([[7, 8, 9], [100, 101, 102]], "int64")  # each seen once: pending
     model.fit(once, np.ones((2, 1)), batch_size=2, verbose=0)
 
@@ -404,7 +404,7 @@ def test_weights_files_of_a_sharded_index_hold_every_shard_s_ids(tmp_path):
     assert all(saved) and [set(np.array(ids) % 2) for ids in saved] == [{0}, {1}] * 2
     path = str(tmp_path / "m.weights.h5")
     model.save_weights(path)
-    with strategy.scope():
+    with model.distribute_strategy.scope():
         fresh, fresh_layer = _model(optimizer="adagrad", min_count=2)
     fresh.load_weights(path)
     assert index(fresh_layer) == saved
