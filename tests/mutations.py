@@ -300,6 +300,14 @@ MUTANTS = (
         "    last = 0\n",
         ("tests/test_cluster_loop.py::test_every_steps_per_execution_equals_one_process[3]",),
     ),
+    Mutant(
+        "jit-predict",
+        "predict with jit_compile=True compiles each replica's step (Keras's way), not the whole",
+        "dpkeras/_patches/jit_predict.py",
+        "        or not model.jit_compile\n",
+        "        or True\n",
+        ("tests/test_jit_predict.py::test_jit_predict_equals_one_device",),
+    ),
 )
 
 

@@ -15,5 +15,6 @@ TensorFlow or keras-rs (tests/test_keras_patches.py).
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
+- `jit_predict`: `predict` with `jit_compile=True` compiles the whole step, as `fit` does;
 - `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here).
 """

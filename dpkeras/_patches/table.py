@@ -6,6 +6,7 @@ original object is put back. The kinds of entry are in `dpkeras._patches.entries
 """
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import threading
@@ -16,7 +17,14 @@ import tensorflow as tf
 
 from dpkeras import _keras_internals, _tf_internals
 from dpkeras._extended import optimizer_apply
-from dpkeras._patches import cluster_loop, keras_rs, resume, symbolic_build, task_failures
+from dpkeras._patches import (
+    cluster_loop,
+    jit_predict,
+    keras_rs,
+    resume,
+    symbolic_build,
+    task_failures,
+)
 from dpkeras._patches.entries import Attribute, Dispatcher, OptionalAttribute
 from dpkeras._variables import lookups
 
@@ -68,6 +76,24 @@ _LOOP = (
     "a device argument for the step functions (Keras's make_*_function calls them without "
     "one), or a strategy hook around the call of a multi-step function"
 )
+
+_JIT = (
+    "Keras's TF trainer compiling predict's distributed step whole, as it does fit's and "
+    "evaluate's, not each replica's step"
+)
+
+
+def _step_function(step):
+    on_the_cluster = cluster_loop.running_on_the_cluster(f"{step}_function")
+    if step != "predict":
+        return on_the_cluster
+
+    def make_predict_function(original, model, *args, **kwargs):
+        compiled = functools.partial(jit_predict.whole_step_compiled, original)
+        return on_the_cluster(compiled, model, *args, **kwargs)
+
+    return make_predict_function
+
 
 ENTRIES = (
     Attribute(
@@ -155,14 +181,16 @@ ENTRIES = (
     ),
     # On a cluster, the step functions run on a task, so the client is out of the per-step
     # path (dpkeras._patches.cluster_loop).
+    # predict_function: also, with jit_compile=True, XLA compiles the whole step
+    # (dpkeras._patches.jit_predict).
     *(
         Attribute(
             _keras_internals.tensorflow_trainer,
             f"make_{step}_function",
             f"TensorFlowTrainer.make_{step}_function",
             "(self, force=False)",
-            cluster_loop.running_on_the_cluster(f"{step}_function"),
-            retire=_LOOP,
+            _step_function(step),
+            retire=_LOOP if step != "predict" else f"{_LOOP}; and for jit_compile, {_JIT}",
         )
         for step in ("train", "test", "predict")
     ),

@@ -1,0 +1,35 @@
+"""`predict` of a dpkeras model compiled with `jit_compile=True`: XLA compiles the whole step.
+
+Keras 3.15's TF trainer compiles `fit`'s and `evaluate`'s step whole (the function that calls
+`strategy.run`), but `predict`'s per replica: the XLA function each replica runs reads the
+model's variables, and XLA cannot read a resource that lives on another device (the parameter
+device): "Trying to access resource ... located in CPU:0 from device CPU:2". MirroredStrategy
+escapes this because each replica has its own copy of every variable. For a dpkeras model,
+`predict` is compiled as `fit` is: the per-replica step without XLA, the distributed step (or
+the K steps of `steps_per_execution`) with it. The numbers are the same.
+"""
+
+import tensorflow as tf
+
+from dpkeras._extended.extended import extended_of
+
+
+def whole_step_compiled(original, model, force=False):
+    """Wraps Keras's `make_predict_function` (see the module): for a dpkeras model with
+    `jit_compile=True`, XLA compiles the distributed step instead of each replica's."""
+    if (
+        extended_of(model) is None
+        or not model.jit_compile
+        or model.run_eagerly
+        or (model.predict_function is not None and not force)
+    ):
+        return original(model, force)
+    model.jit_compile = False  # Keras then builds the per-replica step without XLA
+    try:
+        original(model, force)
+    finally:
+        model.jit_compile = True
+    model.predict_function = tf.function(
+        model.predict_function.python_function, reduce_retracing=True, jit_compile=True
+    )
+    return model.predict_function
