@@ -308,6 +308,16 @@ MUTANTS = (
         "        or True\n",
         ("tests/test_jit_predict.py::test_jit_predict_equals_one_device",),
     ),
+    Mutant(
+        "composite-rows",
+        "gradient weights count the rows of the first per-replica input, None included",
+        "dpkeras/_extended/keras_steps.py",
+        "        if all(_has_rows(c) for c in components):\n",
+        "        if True:\n",
+        (
+            "tests/test_composite_inputs.py::test_uneven_batches_of_composite_inputs_equal_one_device",
+        ),
+    ),
 )
 
 

@@ -52,30 +52,68 @@ def gradient_weights(args, local_results, num_replicas, device):
     (`tf.nn.compute_average_loss`) are not Keras train steps and are left alone.
 
     Args:
-        args: the step's arguments; the first `DistributedValues` in them is the batch.
+        args: the step's arguments; the first per-replica input with rows (a dense, ragged or
+            sparse tensor; None and scalars are passed over) counts each replica's examples.
         local_results: callable, a `DistributedValues` -> its per-replica components.
         num_replicas: int.
         device: where the weights are computed (the parameter device).
     """
     if num_replicas == 1:
         return None
-    per_replica = next(
-        (x for x in tf.nest.flatten(args) if isinstance(x, tf.distribute.DistributedValues)), None
-    )
-    if per_replica is None:
+    components = _batch_components(args, local_results)
+    if components is None:
         return None
-    components = local_results(per_replica)
-    static = [c.shape[0] if c.shape.rank else None for c in components]
+    static = [_static_rows(c) for c in components]
     if None not in static and len(set(static)) == 1:
         return None
     counts = []
     for c in components:
-        with tf.device(c.device):
-            counts.append(tf.cast(tf.shape(c)[0], tf.float32))
+        with tf.device(_device_of(c)):
+            counts.append(tf.cast(_rows(c), tf.float32))
     with tf.device(device):
         total = tf.add_n(counts)
         n = float(num_replicas)
         return [tf.math.divide_no_nan(c * n, total) for c in counts]
+
+
+def _batch_components(args, local_results):
+    """Per replica, the first input of the step that has a batch dimension: a dense, ragged or
+    sparse tensor (an optional input given as None, and scalars, are passed over), or None."""
+    for x in tf.nest.flatten(args):
+        if not isinstance(x, tf.distribute.DistributedValues):
+            continue
+        components = list(local_results(x))
+        if all(_has_rows(c) for c in components):
+            return components
+    return None
+
+
+def _has_rows(component):
+    if isinstance(component, (tf.RaggedTensor, tf.SparseTensor)):
+        return True
+    return isinstance(component, tf.Tensor) and component.shape.rank not in (None, 0)
+
+
+def _static_rows(component):
+    """The component's number of rows when its shape says it, else None."""
+    rows = component.shape[0]
+    return rows if isinstance(rows, int) else None
+
+
+def _rows(component):
+    if isinstance(component, tf.RaggedTensor):
+        return component.nrows()
+    if isinstance(component, tf.SparseTensor):
+        return component.dense_shape[0]
+    return tf.shape(component)[0]
+
+
+def _device_of(component):
+    if isinstance(component, tf.RaggedTensor):
+        return component.row_splits.device
+    if isinstance(component, tf.SparseTensor):
+        return component.indices.device
+    return component.device
 
 
 def replica_inputs(args, kwargs, local_results, num_replicas):
