@@ -318,6 +318,14 @@ MUTANTS = (
             "tests/test_composite_inputs.py::test_uneven_batches_of_composite_inputs_equal_one_device",
         ),
     ),
+    Mutant(
+        "empty-share",
+        "predict runs the model on a replica's empty share of a batch",
+        "dpkeras/_extended/extended.py",
+        '        if step == "predict_step" and n > 1:\n',
+        "        if False:\n",
+        ("tests/test_empty_share.py::test_predict_with_empty_replica_shares_equals_one_device",),
+    ),
 )
 
 

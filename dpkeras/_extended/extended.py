@@ -210,7 +210,9 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         variable, instead of training a copy nobody reads); weights each replica's gradients
         by `N * b_i / B` when the replicas got uneven shares of the global batch (Keras scales
         each replica's mean loss by 1/N, exact only for even shares); and collects each
-        replica's input tensors, so writes without a data dependency wait for them. After
+        replica's input tensors, so writes without a data dependency wait for them. A predict
+        step does not run the model on a replica's empty share of a batch
+        (`keras_steps.safe_with_an_empty_share`). After
         Keras's LossScaleOptimizer asks each replica whether its gradients are finite, the
         answer is made global (Keras reads replica 0's answer only).
         """
@@ -226,6 +228,8 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
             ),
             inputs=keras_steps.replica_inputs(args, kwargs, self._local_results, n),
         )
+        if step == "predict_step" and n > 1:
+            fn = keras_steps.safe_with_an_empty_share(fn)
         serial = self._eager_steps if tf.executing_eagerly() else contextlib.nullcontext()
         with serial, replica_step.running(self, state):
             result = _tf_internals.call_for_each_replica(

@@ -28,6 +28,50 @@ def step_model(fn):
     return None, None
 
 
+def safe_with_an_empty_share(fn):
+    """`fn`, a predict step, made safe on a replica whose share of the batch is empty.
+
+    With more replicas than rows in a batch (3 replicas, a last batch of 1), a replica gets no
+    rows. A model run on an empty batch does not always give an empty output of the right
+    shape: TensorFlow's CPU `Conv2D` hands back its input (`[0, 24, 24, 3]` where the other
+    replicas give `[2, 21, 21, 5]`), and concatenating the replicas' outputs fails. On an
+    empty share the step runs on one row of zeros and returns none of its rows, so the
+    outputs concatenate to one device's. A replica with rows runs `fn` as it is.
+    """
+
+    def step(*args, **kwargs):
+        leaves = [
+            t
+            for t in tf.nest.flatten((args, kwargs))
+            if isinstance(t, tf.Tensor) and t.shape.rank not in (None, 0)
+        ]
+        if not leaves or (leaves[0].shape[0] or 0) > 0:
+            return fn(*args, **kwargs)
+
+        def on_one_row_of_zeros():
+            padded_args, padded_kwargs = tf.nest.map_structure(_one_row_of_zeros, (args, kwargs))
+            return tf.nest.map_structure(_no_rows, fn(*padded_args, **padded_kwargs))
+
+        rows = tf.shape(leaves[0])[0]
+        if tf.executing_eagerly():
+            return fn(*args, **kwargs) if int(rows) > 0 else on_one_row_of_zeros()
+        return tf.cond(rows > 0, lambda: fn(*args, **kwargs), on_one_row_of_zeros)
+
+    return step
+
+
+def _one_row_of_zeros(x):
+    if not isinstance(x, tf.Tensor) or x.shape.rank in (None, 0):
+        return x
+    return tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)
+
+
+def _no_rows(x):
+    if not isinstance(x, tf.Tensor) or x.shape.rank in (None, 0):
+        return x
+    return x[:0]
+
+
 def check_model_variables(model, extended):
     """Raises ValueError naming the first variable of `model` not created under `extended`."""
     for v in model.variables:
