@@ -158,7 +158,11 @@ def _sparsecore_wrapped():
 
 
 def test_the_sparsecore_check_is_installed_only_during_a_dpkeras_scope():
-    """An entry of dpkeras's one table, with its lifecycle (no variable made here keeps it)."""
+    """An entry of dpkeras's one table, with its lifecycle: it stays while a scope is entered
+    or a dpkeras variable lives. From `uninstall()` (models of earlier tests in this process
+    would keep the table installed), a scope that makes no variable installs it for its
+    duration only."""
+    keras_patches.uninstall()
     original = keras_patches.keras_original(SPARSECORE)
     strategy = cpu_strategy(2)
     with strategy.scope():
