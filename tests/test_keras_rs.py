@@ -160,11 +160,12 @@ def _sparsecore_wrapped():
 def test_the_sparsecore_check_is_installed_only_during_a_dpkeras_scope():
     """An entry of dpkeras's one table, with its lifecycle: it stays while a scope is entered
     or a dpkeras variable lives. From `uninstall()` (models of earlier tests in this process
-    would keep the table installed), a scope that makes no variable installs it for its
-    duration only."""
+    would keep the table installed), the scope of a new strategy that makes no variable (a
+    cached strategy's variables from earlier tests would keep it) installs it for its duration
+    only."""
     keras_patches.uninstall()
     original = keras_patches.keras_original(SPARSECORE)
-    strategy = cpu_strategy(2)
+    strategy = dpkeras.ParameterDeviceStrategy(["/cpu:2", "/cpu:3"], "/cpu:1")  # no variables
     with strategy.scope():
         assert _sparsecore_wrapped()
         with strategy.scope():
