@@ -40,11 +40,7 @@ def safe_with_an_empty_share(fn):
     """
 
     def step(*args, **kwargs):
-        leaves = [
-            t
-            for t in tf.nest.flatten((args, kwargs))
-            if isinstance(t, tf.Tensor) and t.shape.rank not in (None, 0)
-        ]
+        leaves = [t for t in tf.nest.flatten((args, kwargs)) if _batched(t)]
         if not leaves or (leaves[0].shape[0] or 0) > 0:
             return fn(*args, **kwargs)
 
@@ -60,16 +56,17 @@ def safe_with_an_empty_share(fn):
     return step
 
 
+def _batched(x):
+    """Whether `x` is a dense tensor with a batch dimension (of known rank, not a scalar)."""
+    return isinstance(x, tf.Tensor) and x.shape.rank not in (None, 0)
+
+
 def _one_row_of_zeros(x):
-    if not isinstance(x, tf.Tensor) or x.shape.rank in (None, 0):
-        return x
-    return tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)
+    return tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype) if _batched(x) else x
 
 
 def _no_rows(x):
-    if not isinstance(x, tf.Tensor) or x.shape.rank in (None, 0):
-        return x
-    return x[:0]
+    return x[:0] if _batched(x) else x
 
 
 def check_model_variables(model, extended):
@@ -133,9 +130,7 @@ def _batch_components(args, local_results):
 
 
 def _has_rows(component):
-    if isinstance(component, (tf.RaggedTensor, tf.SparseTensor)):
-        return True
-    return isinstance(component, tf.Tensor) and component.shape.rank not in (None, 0)
+    return isinstance(component, (tf.RaggedTensor, tf.SparseTensor)) or _batched(component)
 
 
 def _static_rows(component):

@@ -243,11 +243,6 @@ def entry(qualname):
     return next(e for e in ENTRIES if e.qualname == qualname)
 
 
-def attributes():
-    """The entries that replace an attribute (a class's or module's function)."""
-    return [e for e in ENTRIES if isinstance(e, Attribute)]
-
-
 def keras_original(attribute):
     """Returns Keras's own object for an `Attribute` entry, whether or not it is installed."""
     with _lock:

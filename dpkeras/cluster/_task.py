@@ -85,8 +85,8 @@ def join(cluster=None, timeout=None):
     spec = resolve_cluster(cluster)
     if spec is None:
         return None
-    task = None if cluster is not None else tf_config_task()
-    if task is not None and task[0] not in CLIENT_JOBS and task != client_task(spec):
+    task = _task_but_not_client(cluster, spec)
+    if task is not None:
         _serve_from_here(spec, *task)
     connect(spec, **({} if timeout is None else {"timeout": timeout}))
     return spec
@@ -104,8 +104,8 @@ def client_of(cluster):
     spec = resolve_cluster(cluster)
     if spec is None:
         return None
-    task = None if cluster is not None else tf_config_task()
-    if task is not None and task[0] not in CLIENT_JOBS and task != client_task(spec):
+    task = _task_but_not_client(cluster, spec)
+    if task is not None:
         raise ValueError(
             f"This process is {task_name(*task)} of the cluster in TF_CONFIG, not its client "
             f"({client_address(spec)[0]}): it cannot build a strategy. Call "
@@ -114,6 +114,15 @@ def client_of(cluster):
         )
     connect(spec)
     return spec
+
+
+def _task_but_not_client(cluster, spec):
+    """`(job, index)` of this process when `TF_CONFIG` (not an explicit `cluster`) makes it a
+    task of `spec` other than the client; else None."""
+    task = None if cluster is not None else tf_config_task()
+    if task is None or task[0] in CLIENT_JOBS or task == client_task(spec):
+        return None
+    return task
 
 
 def _serve_from_here(spec, job, index):
