@@ -79,44 +79,29 @@ def tracked_variables(layer):
     return list(layer._trainable_variables) + list(layer._non_trainable_variables)
 
 
-def replace_tracked_variable(layer, old, new):
-    """Makes `layer` hold `new` wherever it holds `old`; returns whether it held `old`.
+def tracking_stores(layer):
+    """Where `layer` lists the variables it tracks itself: `[(values, ids), ...]`, or None.
 
-    Keras deduplicates `model.weights` by object identity (`Layer.weights`), and its
-    optimizers key state by the underlying `tf.Variable`: two `keras.Variable` wrappers of one
-    shared `tf.Variable` would be listed twice and updated twice. A Keras layer creates its own
-    wrapper in `add_weight` and offers no way to be handed an existing one, so after a layer
-    built under `reuse` has tracked its wrapper, this swaps it for the first layer's wrapper in
-    the layer's tracking lists (in place, keeping the weight order that saving relies on) and
-    in its attributes (through `setattr`, so TensorFlow checkpoints track the new object too).
-    `Tracker.replace_tracked_value` exists but finds `old` with `==`, which Keras variables
-    overload elementwise.
+    One pair per Keras 3.15 `Tracker` store of variables (trainable, non-trainable): the
+    layer's ordered list of variables (the order saving relies on) and the set of their ids
+    that Keras deduplicates tracking by. These are Keras's own containers, returned for
+    `dpkeras._patches.shared_weights` to change; nothing here changes them. Keras has no public
+    way to hand a layer an existing variable (`Tracker.replace_tracked_value` finds the value
+    with `==`, which Keras variables overload elementwise).
     """
     tracker = getattr(layer, "_tracker", None)
     if tracker is None:
-        return False
-    found = False
-    for store_name in ("trainable_variables", "non_trainable_variables"):
-        values = tracker.config[store_name][1]
-        ids = tracker.stored_ids[store_name]
-        for index, value in enumerate(values):
-            if value is old:
-                values[index] = new
-                ids.discard(id(old))
-                ids.add(id(new))
-                found = True
-    if not found:
-        return False
-    was_locked = tracker.locked
-    tracker.unlock()
-    try:
-        for attribute, value in list(vars(layer).items()):
-            if value is old:
-                setattr(layer, attribute, new)
-    finally:
-        if was_locked:
-            tracker.lock()
-    return True
+        return None
+    return [
+        (tracker.config[store][1], tracker.stored_ids[store])
+        for store in ("trainable_variables", "non_trainable_variables")
+    ]
+
+
+def tracker_of(layer):
+    """The Keras `Tracker` of `layer` (locked after build: `setattr` then refuses new
+    variables until it is unlocked), or None for an object Keras does not track."""
+    return getattr(layer, "_tracker", None)
 
 
 def predict_step_model(fn):
@@ -254,15 +239,6 @@ def backup_position(callback):
     Keras 3.15 tracks them in private attributes, updated by its batch and epoch hooks.
     """
     return callback._current_epoch, callback._last_batch_seen
-
-
-def set_backup_epoch(callback, epoch):
-    """Makes a `BackupAndRestore` count epochs from `epoch` (a restored backup's).
-
-    Keras 3.15 leaves its private epoch counter at 0 until an epoch ends, so a backup taken in
-    the first epoch after a resume would record the wrong epoch; there is no public setter.
-    """
-    callback._current_epoch = epoch
 
 
 # -- keras-rs (the table entry of dpkeras/_patches/keras_rs.py)

@@ -400,3 +400,59 @@ def test_the_public_name_check_sees_a_private_one():
     assert _public_path("dpkeras.cluster.TaskFailedError") is None
     assert "private" in _public_path("dpkeras._patches.uninstall")
     assert "not in dpkeras.cluster.__all__" in _public_path("dpkeras.cluster.watch")
+
+
+_MUTATORS = {"add", "discard", "append", "extend", "insert", "remove", "pop", "update", "clear"}
+_MUTATORS |= {"lock", "unlock", "setdefault"}
+
+
+def _writes(tree):
+    """Changes to objects a function did not make: `x.a = ...`, `x[i] = ...` (x not `self`),
+    `setattr(...)`, `delattr(...)`, and mutating calls on a parameter of the function."""
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.Lambda)):
+            continue
+        params = {a.arg for a in function.args.args + function.args.kwonlyargs} - {"self"}
+        for node in ast.walk(function):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                if isinstance(target, (ast.Attribute, ast.Subscript)):
+                    root = target.value
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if not (isinstance(root, ast.Name) and root.id == "self"):
+                        found.append(ast.unparse(target))
+            if isinstance(node, ast.Call):
+                name = ast.unparse(node.func)
+                if name in ("setattr", "delattr"):
+                    found.append(name)
+                elif isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+                    owner = node.func.value
+                    while isinstance(owner, (ast.Attribute, ast.Subscript)):
+                        owner = owner.value
+                    if isinstance(owner, ast.Name) and owner.id in params:
+                        found.append(name)
+    return found
+
+
+def test_the_internals_modules_only_answer_questions():
+    """`_keras_internals` and `_tf_internals` read TF and Keras; every change is in `_patches/`."""
+    modules = _modules()
+    found = {(name, w) for name in INTERNALS for w in _writes(_parse(modules[name])[1])}
+    assert not found, (
+        "An internals module changes a TensorFlow or Keras object; make it an entry of "
+        f"dpkeras/_patches/ and leave the internals module the question: {sorted(found)}"
+    )
+
+
+def test_the_write_check_sees_one():
+    tree = ast.parse(
+        "def f(callback, layer):\n    callback._epoch = 1\n    layer.stores.add(2)\n"
+        "    setattr(layer, 'a', 3)\n    self.x = 4\n    seen = set()\n    seen.add(5)\n"
+    )
+    assert sorted(_writes(tree)) == ["callback._epoch", "layer.stores.add", "setattr"]

@@ -16,5 +16,7 @@ TensorFlow or keras-rs (tests/test_keras_patches.py).
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
 - `jit_predict`: `predict` with `jit_compile=True` compiles the whole step, as `fit` does;
-- `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here).
+- `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here);
+- `shared_weights`: a layer built under TF1 `reuse` holds the first layer's variable (the one
+  change to a Keras object's own state; it is the model's structure, so it stays).
 """

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import warnings
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +27,11 @@ _log = logging.getLogger("dpkeras")
 _SUFFIXES = (".weights.h5", ".keras")
 _PENDING_PREFIX = ".pending-"
 _KEY = "dpkeras"
+
+# BackupAndRestore -> the epoch its restored backup resumes at. Keras 3.15 records epoch 0
+# until the first epoch after a restart ends (its counter is private, with no setter), so a
+# backup taken before then would name the wrong epoch; `backup_save_model` counts from here.
+_RESUMED_AT = weakref.WeakKeyDictionary()
 
 
 def built_under_dpkeras(model):
@@ -246,13 +252,14 @@ def backup_on_train_begin(original, callback, logs=None):
     """
     if not _backup_applies(callback):
         return original(callback, logs)
+    _RESUMED_AT.pop(callback, None)  # a callback used for an earlier fit
     metadata = _recover_backup(callback)
     result = original(callback, logs)
     if not os.path.exists(_keras_internals.backup_files(callback).weights):
         return result
-    # Keras leaves the epoch it records at 0 until an epoch ends: start from the restored one.
+    # Keras leaves the epoch it records at 0 until an epoch ends: count from the restored one.
     epoch = int(metadata.get("epoch", 0))
-    _keras_internals.set_backup_epoch(callback, epoch)
+    _RESUMED_AT[callback] = epoch
     ours = metadata.get(_KEY)
     if ours is not None:
         restore_seed_states(callback.model, ours.get("seeds", []))
@@ -300,6 +307,7 @@ def backup_save_model(original, callback, save_weights):
         return None
     os.makedirs(callback.backup_dir, exist_ok=True)
     (epoch, batch), complete = _keras_internals.backup_position(callback), True
+    epoch = max(epoch, _RESUMED_AT.get(callback, 0))  # see _RESUMED_AT
     files = _keras_internals.backup_files(callback)
     if callback.save_freq != "epoch":  # a save after batch `batch` of the running epoch
         steps = (callback.params or {}).get("steps")

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals as internals
+from dpkeras._patches import shared_weights
 from dpkeras.tf1._errors import (
     check_can_partition,
     check_reuse,
@@ -221,7 +222,7 @@ class _Share:
             entry.keras_variable = wrappers[0]
         for wrapper in wrappers:
             if wrapper is not entry.keras_variable:
-                internals.replace_tracked_variable(layer, wrapper, entry.keras_variable)
+                shared_weights.hold(layer, wrapper, entry.keras_variable)
         return True
 
 
