@@ -136,7 +136,7 @@ MUTANTS = (
         "monitor",
         "the strategy starts no health monitor on a cluster",
         "dpkeras/_extended/extended.py",
-        "_health.watch(cluster_spec)",
+        "_health.watch(cluster)",
         "pass",
         (
             "tests/test_cluster_training.py::"
@@ -158,9 +158,9 @@ MUTANTS = (
         "dead-from-text",
         "a task that answers is called dead because an error's gRPC text names it (the old bug)",
         "dpkeras/cluster/_health.py",
-        "        dead = failed_tasks(self._spec)\n",
-        "        dead = failed_tasks(self._spec) or {\n"
-        "            t: 'named' for t in remote_tasks(self._spec) if f'target {t}' in str(error)\n"
+        "        dead = failed_tasks(self._cluster)\n",
+        "        dead = failed_tasks(self._cluster) or {\n"
+        "            t: 'named' for t in self._cluster.remote if f'target {t}' in str(error)\n"
         "        }\n",
         (
             "tests/test_cluster.py::test_an_error_naming_a_task_that_answers_passes_through",
@@ -252,9 +252,9 @@ MUTANTS = (
     Mutant(
         "no-chief-watch",
         "without a chief, the tasks watch ps 0 instead of worker 0 (the client)",
-        "dpkeras/cluster/_task.py",
-        'task_name(client_job(cluster_spec) or "worker", 0)',
-        'task_name(client_job(cluster_spec) or "ps", 0)',
+        "dpkeras/cluster/_spec.py",
+        'task_name(client_job(self) or "worker", 0)',
+        'task_name(client_job(self) or "ps", 0)',
         (
             "tests/test_launch.py::test_the_roles_read_from_tf_config",
             "tests/test_serve.py::test_under_tf_config_without_a_chief_serve_watches_worker_0",

@@ -400,10 +400,11 @@ def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
             cluster.connect({"worker": SPEC["worker"][:1]})
         except RuntimeError as e:
             error = str(e)
-        compute, parameter, reason = _devices.default_cluster_devices(spec)
+        joined = _connect.connected_cluster()
+        compute, parameter, reason = _devices.default_cluster_devices(joined)
         print(json.dumps({
             "logical": [d.name for d in tf.config.list_logical_devices()],
-            "tasks": _devices.task_devices(spec), "compute": compute,
+            "tasks": _devices.task_devices(joined), "compute": compute,
             "parameter": parameter, "reason": reason, "error": error,
             "streaming": os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"]}))
         """,

@@ -203,7 +203,7 @@ def test_the_roles_read_from_tf_config(monkeypatch):
             "h:3",
         )
     monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
-    assert set(_spec.remote_tasks(spec)) == {
+    assert set(_spec.resolve(spec).remote) == {
         "/job:ps/replica:0/task:0",
         "/job:worker/replica:0/task:1",
     }

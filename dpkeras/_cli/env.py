@@ -113,10 +113,10 @@ def env(argv=None, out=None):
             say(f"  not connected: {e}")
             spec = None
         else:
-            addresses = _spec.task_addresses(spec)
-            for task, names in _devices.task_devices(spec).items():
+            cluster = _connect.connected_cluster()
+            for task, names in _devices.task_devices(cluster).items():
                 kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1] for n in names)
-                say(f"  {task} at {addresses[task]}: {kinds}")
+                say(f"  {task} at {cluster.tasks[task]}: {kinds}")
         say()
     say("Logical devices:")
     for d in tf.config.list_logical_devices():

@@ -9,7 +9,7 @@ import tensorflow as tf
 from dpkeras import _tf_internals, placement
 from dpkeras._config import VARIABLES
 from dpkeras._device_names import canonical_device, is_local, short_device, task_of
-from dpkeras.cluster import _connect, _devices, _spec
+from dpkeras.cluster import _connect, _devices
 
 
 def _available():
@@ -80,13 +80,13 @@ def _check_remote(device, role, available, given):
         )
     raise ValueError(
         f"The {role} {given or device!r}: task {task} "
-        f"({_spec.task_addresses(spec).get(task, '?')}) has no device "
+        f"({spec.tasks.get(task, '?')}) has no device "
         f"{device.rsplit('/device:', 1)[1]}. Its devices: "
         f"{', '.join(d.rsplit('/device:', 1)[1] for d in devices_of_task)}."
     )
 
 
-def resolve_devices(config, cluster_spec=None):
+def resolve_devices(config, cluster=None):
     """Validates and fills in a strategy's devices; see `_resolve_devices`.
 
     With a cluster (a `tf.train.ClusterSpec` this process joined as its client, see
@@ -101,15 +101,15 @@ def resolve_devices(config, cluster_spec=None):
     Args:
         config: the `dpkeras._config.Config` in force: its `compute_devices` and
             `parameter_device` (argument, else environment, else None).
-        cluster_spec: a `tf.train.ClusterSpec`, or None.
+        cluster: the `Cluster` this process joined (`dpkeras.cluster._spec.resolve`), or None.
     """
     compute_devices, parameter_device = config.compute_devices, config.parameter_device
     source = "argument"
     if config.source("compute_devices") == "environment":
         source = f"${VARIABLES['compute_devices']}"
     reason = None
-    if cluster_spec is not None:
-        default_compute, default_parameters, reason = _devices.default_cluster_devices(cluster_spec)
+    if cluster is not None:
+        default_compute, default_parameters, reason = _devices.default_cluster_devices(cluster)
         if parameter_device is None:
             parameter_device = (
                 default_parameters[0] if len(default_parameters) == 1 else default_parameters

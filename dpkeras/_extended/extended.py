@@ -62,15 +62,16 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
     Args:
         container_strategy: the `ParameterDeviceStrategy`.
         config: the `dpkeras._config.Config` in force (devices, deduplication).
-        cluster_spec: a `tf.train.ClusterSpec` (see `dpkeras.cluster.resolve_cluster`) or None.
+        cluster: the `Cluster` this process joined as its client (a `tf.train.ClusterSpec`,
+            see `dpkeras.cluster._spec.resolve`) or None.
         partitioner: a partitioner (see `dpkeras._variables.partitioning`) or None.
     """
 
-    def __init__(self, container_strategy, config, cluster_spec=None, partitioner=None):
+    def __init__(self, container_strategy, config, cluster=None, partitioner=None):
         super().__init__(container_strategy)
-        self._cluster_spec = cluster_spec
+        self._cluster = cluster
         self._config = config
-        compute, policy, home, reason = devices.resolve_devices(config, cluster_spec)
+        compute, policy, home, reason = devices.resolve_devices(config, cluster)
         self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
         compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute
@@ -87,8 +88,8 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
-        if cluster_spec is not None:
-            _health.watch(cluster_spec)  # a hung task ends the client, naming it
+        if cluster is not None:
+            _health.watch(cluster)  # a hung task ends the client, naming it
         _log.info(
             "dpkeras: compute devices %s (%s); parameter devices %s (policy %r)",
             [short_device(d) for d in compute],
@@ -124,7 +125,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
     @property
     def cluster_spec(self):
         """The `tf.train.ClusterSpec` this strategy runs on, or None on one machine."""
-        return self._cluster_spec
+        return self._cluster
 
     @property
     def device_reason(self):

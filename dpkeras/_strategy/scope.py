@@ -31,11 +31,11 @@ def get_strategy(
     config = _config.resolve(
         compute_devices=compute_devices, parameter_device=parameter_device, deduplicate=deduplicate
     )
-    spec = join(cluster)  # a task that is not the client serves here, and does not return
+    joined = join(cluster)  # a task that is not the client serves here, and does not return
     jobs = (
         None
-        if spec is None
-        else tuple(sorted((job, tuple(addresses)) for job, addresses in spec.as_dict().items()))
+        if joined is None
+        else tuple(sorted((job, tuple(addresses)) for job, addresses in joined.as_dict().items()))
     )
     with _lock:
         asked = (config, jobs, partitioner)  # the settings as given (after the environment)
@@ -43,7 +43,7 @@ def get_strategy(
         if strategy is None:
             # Devices are resolved once, by the constructor; two spellings of the same devices
             # (a default and its explicit list, "/gpu:0" and "/device:GPU:0") find one strategy.
-            made = ParameterDeviceStrategy.of_resolved(config, spec, partitioner)
+            made = ParameterDeviceStrategy.of_resolved(config, joined, partitioner)
             strategy = _strategies.setdefault(_resolved_key(made, config, jobs, partitioner), made)
             _strategies[asked] = strategy
         return strategy

@@ -103,13 +103,13 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         super().__init__(ParameterDeviceExtended(self, config, spec, partitioner))
 
     @classmethod
-    def of_resolved(cls, config, cluster_spec, partitioner):
+    def of_resolved(cls, config, cluster, partitioner):
         """The strategy for settings already resolved (`dpkeras._config.resolve`), on a cluster
         this process already joined as its client (`dpkeras.cluster.join`), or None: what
         `dpkeras.get_strategy` builds, without resolving anything a second time."""
         strategy = cls.__new__(cls)
         tf.distribute.Strategy.__init__(
-            strategy, ParameterDeviceExtended(strategy, config, cluster_spec, partitioner)
+            strategy, ParameterDeviceExtended(strategy, config, cluster, partitioner)
         )
         return strategy
 

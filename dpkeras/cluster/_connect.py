@@ -11,13 +11,7 @@ import tensorflow as tf
 
 from dpkeras import _config, _tf_internals
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._spec import (
-    client_task,
-    remote_tasks,
-    resolve_cluster,
-    tf_config_task,
-    training_tasks,
-)
+from dpkeras.cluster._spec import resolve
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
 DEFAULT_CONNECT_TIMEOUT = 60.0
@@ -107,37 +101,42 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
             it); names them.
         ValueError: for an invalid cluster (see `resolve_cluster`) or a timeout <= 0.
     """
-    global _connected
-    cluster_spec = resolve_cluster(cluster_spec)
-    if cluster_spec is None:
+    cluster = resolve(cluster_spec)
+    if cluster is None:
         raise ValueError("connect() needs a cluster. Received: None.")
+    connect_to(cluster, timeout)
+
+
+def connect_to(cluster, timeout=DEFAULT_CONNECT_TIMEOUT):
+    """`connect` for a resolved `dpkeras.cluster._spec.Cluster` (what `join` passes)."""
+    global _connected
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds. Received: {timeout!r}")
     with _lock:
         if _connected is not None:
-            if _connected.as_dict() == cluster_spec.as_dict():
+            if _connected.as_dict() == cluster.as_dict():
                 return
             raise RuntimeError(
                 f"This process is already connected to the cluster {_connected.as_dict()}; a "
                 f"process connects to one cluster for its lifetime (TensorFlow invalidates "
-                f"remote variables on a change). Received: {cluster_spec.as_dict()}. Use a "
+                f"remote variables on a change). Received: {cluster.as_dict()}. Use a "
                 f"new process for another cluster."
             )
-        _wait_for(remote_tasks(cluster_spec), timeout)
-        _refuse_variables_made_before(cluster_spec)
+        _wait_for(cluster.remote, timeout)
+        _refuse_variables_made_before(cluster)
         # Without this, a function first run on a task after it died blocks forever on TF 2.21
         # (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s). TF's
         # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,
         # so setting it here works even after TF initialised.
         os.environ.setdefault(STREAMING_ENQUEUE_ENV, "False")
-        own = client_task(cluster_spec)
+        own = cluster.own
         if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
             _split_local_cpu()
         job, index = own or ("localhost", 0)
-        tf.config.experimental_connect_to_cluster(cluster_spec, job_name=job, task_index=index)
-        _connected = cluster_spec
-        if own is not None and tf_config_task() == own:
-            atexit.register(_release_tasks, cluster_spec)
+        tf.config.experimental_connect_to_cluster(cluster, job_name=job, task_index=index)
+        _connected = cluster
+        if cluster.ends_tasks:
+            atexit.register(_release_tasks, cluster)
 
 
 def _split_local_cpu():
@@ -152,7 +151,7 @@ def _split_local_cpu():
     )
 
 
-def _release_tasks(cluster_spec):
+def _release_tasks(cluster):
     """At the exit of a client started as a task of `TF_CONFIG` (one program in every task):
     ends every other task with status 0, so that no ps or worker outlives the job.
 
@@ -162,7 +161,7 @@ def _release_tasks(cluster_spec):
     """
     if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
         return
-    for name in training_tasks_but_own(cluster_spec):
+    for name in training_tasks_but_own(cluster):
         try:
             with tf.device(f"{name}/device:CPU:0"):
                 tf.raw_ops.Abort(error_msg="dpkeras: training finished", exit_without_error=True)
@@ -177,7 +176,6 @@ def _release_tasks(cluster_spec):
     os.dup2(devnull, 2)
 
 
-def training_tasks_but_own(cluster_spec):
-    """The ps and worker tasks other than this client's own."""
-    own = remote_tasks(cluster_spec)
-    return [name for name in training_tasks(cluster_spec) if name in own]
+def training_tasks_but_own(cluster):
+    """The ps and worker tasks other than this client's own (of a `Cluster`)."""
+    return [name for name in cluster.training if name in cluster.remote]

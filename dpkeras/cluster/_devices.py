@@ -2,27 +2,23 @@
 
 import tensorflow as tf
 
-from dpkeras.cluster._spec import training_tasks
 
-
-def task_devices(cluster_spec):
-    """`{task name: [device names]}` of the ps and worker tasks, as TensorFlow lists them.
+def task_devices(cluster):
+    """`{task name: [device names]}` of the ps and worker tasks of a resolved `Cluster`
+    (`dpkeras.cluster._spec.resolve`), as TensorFlow lists them.
 
     Call after `connect`: `tf.config.list_logical_devices()` then lists every remote device
     with its full name, such as `/job:ps/replica:0/task:0/device:CPU:0`.
     """
     names = [d.name for d in tf.config.list_logical_devices()]
-    return {
-        task: [n for n in names if n.startswith(task + "/")]
-        for task in training_tasks(cluster_spec)
-    }
+    return {task: [n for n in names if n.startswith(task + "/")] for task in cluster.training}
 
 
 def _device_kind(name):
     return name.rsplit("/device:", 1)[1].split(":")[0]
 
 
-def default_cluster_devices(cluster_spec):
+def default_cluster_devices(cluster):
     """The compute and parameter devices used on a cluster when none are given, and why.
 
     Compute: every GPU of every worker task; with no GPU on the workers, every CPU device of
@@ -30,7 +26,7 @@ def default_cluster_devices(cluster_spec):
     ps job, the CPU:0 of the first worker.
 
     Args:
-        cluster_spec: `tf.train.ClusterSpec` this process is connected to.
+        cluster: the `Cluster` this process is connected to (`dpkeras.cluster._spec.resolve`).
 
     Returns:
         `(compute_devices, parameter_devices, reason)`: lists of full device names and a
@@ -39,7 +35,7 @@ def default_cluster_devices(cluster_spec):
     Raises:
         RuntimeError: if a task lists no device (this process is not connected to it).
     """
-    devices = task_devices(cluster_spec)
+    devices = task_devices(cluster)
     empty = [task for task, names in devices.items() if not names]
     if empty:
         raise RuntimeError(

@@ -8,7 +8,7 @@ import threading
 
 import tensorflow as tf
 
-from dpkeras.cluster._spec import remote_tasks, task_addresses, task_name
+from dpkeras.cluster._spec import resolve, task_name
 
 _TASK_OF_DEVICE = re.compile(r"/job:(\w+)/replica:0/task:(\d+)/")
 # An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
@@ -118,13 +118,13 @@ def failed_tasks(cluster_spec, timeout=1.0):
     range, a shape mismatch) names no task.
 
     Args:
-        cluster_spec: `tf.train.ClusterSpec`.
+        cluster_spec: `tf.train.ClusterSpec` (a resolved `Cluster` is read as it is).
         timeout: float, seconds allowed per probe and per op.
 
     Returns:
         `{task name: reason}`, in cluster order; empty if every task answers and serves.
     """
-    tasks = remote_tasks(cluster_spec)
+    tasks = resolve(cluster_spec).remote
     dead = {}
     for name, address in tasks.items():
         reason = probe(address, timeout)
@@ -160,7 +160,7 @@ def name_failures(cluster_spec):
 
 class _NameFailures:
     def __init__(self, cluster_spec):
-        self._spec = cluster_spec
+        self._cluster = resolve(cluster_spec)
 
     def __enter__(self):
         return self
@@ -170,11 +170,11 @@ class _NameFailures:
             return False
         if isinstance(error, TaskFailedError):
             return False
-        dead = failed_tasks(self._spec)
+        dead = failed_tasks(self._cluster)
         if not dead:
             return False
         task, reason = next(iter(dead.items()))
-        raise TaskFailedError(task, task_addresses(self._spec)[task], reason) from error
+        raise TaskFailedError(task, self._cluster.tasks[task], reason) from error
 
 
 def _exit_process(task, address, reason):
@@ -227,7 +227,7 @@ class HealthMonitor:
                 raise ValueError(
                     f"{label} must be a positive number of seconds. Received: {value!r}"
                 )
-        self._tasks = remote_tasks(cluster_spec)
+        self._tasks = resolve(cluster_spec).remote
         self._interval = interval
         self._failures = failures
         self._on_failure = on_failure or _exit_process

@@ -1,4 +1,10 @@
-"""A cluster's tasks: validating the cluster, reading TF_CONFIG, and naming tasks."""
+"""A cluster's tasks: validating the cluster, reading TF_CONFIG, and naming tasks.
+
+`resolve` is the one place a cluster is read: it returns a `Cluster`, a `tf.train.ClusterSpec`
+that carries every fact dpkeras needs about it (its tasks, the client, the tasks to connect to,
+this process's role), so the modules a cluster goes through on its way from
+`dpkeras.scope(cluster=...)` read them and none asks this module again.
+"""
 
 import json
 import re
@@ -274,17 +280,52 @@ def task_addresses(cluster_spec):
     }
 
 
-def remote_tasks(cluster_spec):
-    """The tasks a client connects to: every task but its own (see `client_task`)."""
-    own = client_task(cluster_spec)
-    own = None if own is None else task_name(*own)
-    return {name: address for name, address in task_addresses(cluster_spec).items() if name != own}
+class Cluster(tf.train.ClusterSpec):
+    """A validated cluster and the facts dpkeras reads about it, computed once (`resolve`).
+
+    Attributes:
+        tasks: `{task name: "host:port"}` of every task, in job order.
+        client: `(task name, "host:port")` of the client's task: the chief or master; with
+            neither, worker 0, which leads in that layout.
+        own: `(job, index)` of the task this process is when it is the client and one of the
+            cluster's tasks (see `client_task`), else None (it connects as `localhost`).
+        remote: `{task name: "host:port"}` of the tasks a client connects to (all but `own`).
+        training: `{task name: "host:port"}` of the ps and worker tasks.
+        serves_as: `(job, index)` when `TF_CONFIG` makes this process a task other than the
+            client (it serves, see `dpkeras.cluster.join`), else None.
+        ends_tasks: whether this client is its own task of `TF_CONFIG` (one program in every
+            task): at its exit it ends the other tasks.
+    """
+
+    def __init__(self, cluster_spec, own=None, serves_as=None, ends_tasks=False):
+        super().__init__(cluster_spec)
+        self.tasks = task_addresses(self)
+        client = task_name(client_job(self) or "worker", 0)
+        self.client = (client, self.tasks[client])
+        self.own = own
+        own_name = None if own is None else task_name(*own)
+        self.remote = {n: a for n, a in self.tasks.items() if n != own_name}
+        self.training = {
+            n: a for n, a in self.tasks.items() if n.split("/")[1][4:] in ("ps", "worker")
+        }
+        self.serves_as = serves_as
+        self.ends_tasks = ends_tasks
 
 
-def training_tasks(cluster_spec):
-    """The ps and worker tasks (the client's own task included when it is worker 0)."""
-    return {
-        name: address
-        for name, address in task_addresses(cluster_spec).items()
-        if name.split("/")[1][4:] in ("ps", "worker")
-    }
+def resolve(cluster=None):
+    """The `Cluster` of `cluster` (see `resolve_cluster` for what it accepts), or None.
+
+    A `Cluster` is returned as it is. With `cluster` None, `TF_CONFIG` also says this
+    process's task: a task other than the client is `serves_as`.
+    """
+    if isinstance(cluster, Cluster):
+        return cluster
+    spec = resolve_cluster(cluster)
+    if spec is None:
+        return None
+    own = client_task(spec)
+    this = tf_config_task() if cluster is None or own is not None else None
+    serves_as = None if cluster is not None else this
+    if serves_as is not None and (serves_as[0] in CLIENT_JOBS or serves_as == own):
+        serves_as = None
+    return Cluster(spec, own=own, serves_as=serves_as, ends_tasks=own is not None and this == own)

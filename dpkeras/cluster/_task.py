@@ -20,17 +20,9 @@ import time
 import tensorflow as tf
 
 from dpkeras import _config
-from dpkeras.cluster._connect import connect
+from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._spec import (
-    CLIENT_JOBS,
-    client_job,
-    client_task,
-    resolve_cluster,
-    task_addresses,
-    task_name,
-    tf_config_task,
-)
+from dpkeras.cluster._spec import Cluster, resolve, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
@@ -41,8 +33,7 @@ _PROBE_FAILURES = 3
 def client_address(cluster_spec):
     """`(task name, "host:port")` of the client as a task of `cluster_spec` (its chief or
     master; with neither, worker 0, which leads in that layout)."""
-    name = task_name(client_job(cluster_spec) or "worker", 0)
-    return name, task_addresses(cluster_spec)[name]
+    return Cluster(cluster_spec).client
 
 
 def join(cluster=None, timeout=None):
@@ -76,20 +67,20 @@ def join(cluster=None, timeout=None):
             default.
 
     Returns:
-        The `tf.train.ClusterSpec` this process is the client of, or None when there is no
-        cluster (no argument, no `TF_CONFIG` naming a `ps` or `worker` job).
+        The `tf.train.ClusterSpec` this process is the client of (a `Cluster`, which carries
+        what dpkeras reads about it), or None when there is no cluster (no argument, no
+        `TF_CONFIG` naming a `ps` or `worker` job).
 
     Raises:
         ValueError: for an invalid cluster; TimeoutError: a task that does not answer (named).
     """
-    spec = resolve_cluster(cluster)
-    if spec is None:
+    joined = resolve(cluster)
+    if joined is None:
         return None
-    task = _task_but_not_client(cluster, spec)
-    if task is not None:
-        _serve_from_here(spec, *task)
-    connect(spec, **({} if timeout is None else {"timeout": timeout}))
-    return spec
+    if joined.serves_as is not None:
+        _serve_from_here(joined)
+    connect_to(joined, **({} if timeout is None else {"timeout": timeout}))
+    return joined
 
 
 def client_of(cluster):
@@ -101,31 +92,22 @@ def client_of(cluster):
     Returns:
         A `tf.train.ClusterSpec` (this process connected to it), or None.
     """
-    spec = resolve_cluster(cluster)
-    if spec is None:
+    joined = resolve(cluster)
+    if joined is None:
         return None
-    task = _task_but_not_client(cluster, spec)
-    if task is not None:
+    if joined.serves_as is not None:
         raise ValueError(
-            f"This process is {task_name(*task)} of the cluster in TF_CONFIG, not its client "
-            f"({client_address(spec)[0]}): it cannot build a strategy. Call "
+            f"This process is {task_name(*joined.serves_as)} of the cluster in TF_CONFIG, not "
+            f"its client ({joined.client[0]}): it cannot build a strategy. Call "
             f"dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task "
             f"that is not the client serves from there and never returns."
         )
-    connect(spec)
-    return spec
+    connect_to(joined)
+    return joined
 
 
-def _task_but_not_client(cluster, spec):
-    """`(job, index)` of this process when `TF_CONFIG` (not an explicit `cluster`) makes it a
-    task of `spec` other than the client; else None."""
-    task = None if cluster is not None else tf_config_task()
-    if task is None or task[0] in CLIENT_JOBS or task == client_task(spec):
-        return None
-    return task
-
-
-def _serve_from_here(spec, job, index):
+def _serve_from_here(cluster):
+    job, index = cluster.serves_as
     name = task_name(job, index)
     if job == "evaluator":
         print(
@@ -135,7 +117,7 @@ def _serve_from_here(spec, job, index):
             flush=True,
         )
         _end(0)
-    client = client_address(spec)
+    client = cluster.client
     print(
         f"dpkeras: this process is {name} of the cluster in TF_CONFIG, not its client "
         f"({client[0]}): it stops being a client here, serves, and ends with the client.",
@@ -143,7 +125,7 @@ def _serve_from_here(spec, job, index):
     )
     config = _config.resolve()
     serve(
-        spec,
+        cluster,
         job,
         index,
         cpus=config.cpus,
