@@ -181,6 +181,47 @@ def dataset_input(dataset):
     return getattr(dataset, "_input_dataset", None)
 
 
+def dataset_inputs(dataset):
+    """The datasets `dataset` reads (none for a source; two for `zip` or `concatenate`).
+
+    `tf.data.Dataset._inputs()` is how TensorFlow's own graph rewrites walk a pipeline; there
+    is no public way.
+    """
+    return list(dataset._inputs())
+
+
+_PYTHON_OPS = {"EagerPyFunc", "PyFunc", "PyFuncStateless"}
+
+
+def runs_python(dataset):
+    """Whether `dataset`'s pipeline calls Python (`tf.py_function`, `tf.numpy_function`,
+    `Dataset.from_generator`), in any of its transformations' functions.
+
+    Python runs only in the process that made the function: such a pipeline cannot run on
+    another task. A transformation keeps its traced function in a private attribute (a
+    `StructuredFunctionWrapper`, such as `_map_func`); found by its `function` attribute.
+    """
+    pending, seen = [dataset], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for value in vars(current).values():
+            function = getattr(value, "function", None)
+            graph = getattr(function, "graph", None)
+            if graph is None or not hasattr(graph, "as_graph_def"):
+                continue
+            graph_def = graph.as_graph_def()
+            nodes = list(graph_def.node)
+            for library_function in graph_def.library.function:
+                nodes.extend(library_function.node_def)
+            if any(node.op in _PYTHON_OPS for node in nodes):
+                return True
+        pending.extend(dataset_inputs(current))
+    return False
+
+
 def batch_arguments(dataset):
     """`(batch size, drop_remainder)` of a `batch` transformation (size None if not static)."""
     size = tf.get_static_value(dataset._batch_size)

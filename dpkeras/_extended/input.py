@@ -3,7 +3,9 @@
 A global batch of 256 over 2 replicas gives each 128 examples, prefetched to the replica's
 device; 101 over 2 gives 51 and 50. An input host is the CPU that runs a pipeline: this
 process's for its own replicas, and on a cluster each worker task's host CPU for that task's
-replicas, so batches do not flow through the client.
+replicas, so batches do not flow through the client; a pipeline that calls Python
+(`py_function`, `numpy_function`, `from_generator`) runs in this process, where its Python is,
+and feeds every replica.
 
 Input is two modules, one concept each: this one is the strategy's side (which input host
 feeds which replicas, the `tf.distribute` input methods, TensorFlow's distributed datasets);
@@ -11,11 +13,16 @@ feeds which replicas, the `tf.distribute` input methods, TensorFlow's distribute
 the dataset's `auto_shard_policy`.
 """
 
+import logging
+
 import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
-from dpkeras.cluster import _input
+from dpkeras.cluster import _connect, _input
+from dpkeras.cluster._spec import task_name
+
+_log = logging.getLogger("dpkeras")
 
 
 class InputPlan:
@@ -26,9 +33,10 @@ class InputPlan:
             devices of all pairs, in order, are the replicas.
     """
 
-    def __init__(self, hosts):
+    def __init__(self, hosts, local_host=None):
         self.hosts = [(host, tuple(devices)) for host, devices in hosts]
         self.compute_devices = tuple(d for _, devices in self.hosts for d in devices)
+        self.local_host = local_host or self.hosts[0][0]
 
     @classmethod
     def by_task(cls, compute_devices, local_host):
@@ -39,7 +47,14 @@ class InputPlan:
         for device in compute_devices:
             host = local_host if device_names.is_local(device) else device_names.host_of(device)
             hosts.setdefault(host, []).append(device)
-        return cls(list(hosts.items()))
+        return cls(list(hosts.items()), local_host)
+
+    def client_host(self):
+        """This process's CPU by the name the cluster knows it (`/job:chief/...` when it is
+        one of its tasks; `local_host` otherwise)."""
+        cluster = _connect.connected_cluster()
+        own = None if cluster is None else cluster.own
+        return self.local_host if own is None else f"{task_name(*own)}/device:CPU:0"
 
     @property
     def num_replicas(self):
@@ -88,11 +103,21 @@ class InputPlan:
         2-3 and 6-7 to worker 1), so `predict` would return rows out of order.
         """
         self.check_options(options, "experimental_distribute_dataset")
+        _connect.refuse_datasets_made_before(dataset)
         self.check_not_empty(dataset)
-        if len(self.hosts) == 1:
+        hosts = self
+        if len(self.hosts) > 1 and _tf_internals.runs_python(dataset):
+            # Python runs only in this process: the pipeline runs here and feeds every replica.
+            hosts = InputPlan([(self.client_host(), self.compute_devices)])
+            _log.info(
+                "dpkeras: the dataset calls Python (py_function, numpy_function or "
+                "from_generator): its pipeline runs in this process and feeds all %d replicas",
+                self.num_replicas,
+            )
+        if len(hosts.hosts) == 1:
             return _tf_internals.get_distributed_dataset(
                 dataset,
-                self.input_workers(options),
+                hosts.input_workers(options),
                 strategy,
                 num_replicas_in_sync=self.num_replicas,
                 options=options,

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import tensorflow as tf
 
@@ -17,6 +18,9 @@ STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
 DEFAULT_CONNECT_TIMEOUT = 60.0
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
+# The tf.data datasets alive when this process connected: each lives in the TensorFlow context
+# that connecting replaced, and fails where it is used ("unknown device [Op:DatasetToGraphV2]").
+_made_before = weakref.WeakSet()
 
 
 def _wait_for(tasks, timeout):
@@ -75,6 +79,41 @@ def _refuse_variables_made_before(cluster_spec):
         )
 
 
+def _remember_datasets_made_before():
+    _made_before.update(o for o in gc.get_objects() if isinstance(o, tf.data.Dataset))
+
+
+def refuse_datasets_made_before(dataset, what="The dataset"):
+    """Raises ValueError, naming `dataset` and the fix, when it (or a dataset it reads) was
+    made before this process connected to its cluster.
+
+    Connecting replaces TensorFlow's eager context, and a tf.data pipeline belongs to the
+    context it was made in: used afterwards it fails with TensorFlow's "/job:localhost/...
+    unknown device [Op:DatasetToGraphV2]". Checked where a strategy distributes a dataset.
+    """
+    if not _made_before:
+        return
+    pending, seen = [dataset], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current in _made_before:
+            shown = "" if current is dataset else f", which reads {type(current).__name__}"
+            raise ValueError(
+                f"{what} {type(dataset).__name__} (element_spec {dataset.element_spec}"
+                f"{shown}) was made before this process joined its cluster. Joining "
+                f"replaces TensorFlow's context, and a tf.data "
+                f"pipeline cannot be used outside the context it was made in. Make the "
+                f"dataset after joining: call dpkeras.cluster.join() first in the script "
+                f"(before any tf.data code; under TF_CONFIG every task runs the top of the "
+                f"script, and join() is where the ps and workers stop), or build it after "
+                f"entering dpkeras.scope(cluster=...)."
+            )
+        pending.extend(_tf_internals.dataset_inputs(current))
+
+
 def connected_cluster():
     """The `tf.train.ClusterSpec` this process connected to with `connect`, or None."""
     return _connected
@@ -124,6 +163,7 @@ def connect_to(cluster, timeout=DEFAULT_CONNECT_TIMEOUT):
             )
         _wait_for(cluster.remote, timeout)
         _refuse_variables_made_before(cluster)
+        _remember_datasets_made_before()
         # Without this, a function first run on a task after it died blocks forever on TF 2.21
         # (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s). TF's
         # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,
