@@ -1,4 +1,5 @@
-# The two commands of README.md. Each installs what it needs into .venv/ (git-ignored) first.
+# The commands of README.md. Each installs what it needs into .venv/ (git-ignored) first.
+#   make install only that install: dpkeras from this checkout (editable) with its dev extras
 #   make bench   the benchmark on the devices found (simulated CPU devices when there is no GPU)
 #   make test    the test suite
 #   make wheel-test  build the sdist and wheel, install the wheel in a fresh venv, smoke-test it

@@ -518,7 +518,7 @@ def report(records, config, info):
             draw = chart.scaling_chart if config.scaling else chart.comparison_chart
             paths.append(draw(records, os.path.join(config.out, f"{stem}.png"), subtitle))
         except ImportError as e:
-            print(f"No chart: {e} (pip install matplotlib, or dpkeras[bench]).")
+            print(f"No chart: {e} (pip install matplotlib, or '.[bench]' in the checkout).")
     note = (
         "Simulated devices: these numbers measure overhead, not speed-up. "
         if info["devices"] == "simulated"

@@ -30,10 +30,8 @@ import dpkeras  # noqa: E402
 from dpkeras._patches import table as keras_patches  # noqa: E402
 from dpkeras.testing import LocalCluster, assert_weights_close, cpu_strategy, server_env  # noqa: E402
 from tests import keras_rs_models as rs  # noqa: E402
-from tests.guides import python_blocks  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-GUIDE = ROOT / "docs" / "keras-rs.md"
 P = tf.distribute.experimental.partitioners
 _REFERENCES = {}
 
@@ -183,16 +181,6 @@ def test_the_keras_rs_method_dpkeras_wraps_is_still_there_with_its_signature():
     assert SPARSECORE.available()
     method = keras_patches.keras_original(SPARSECORE)
     assert f"({', '.join(inspect.signature(method).parameters)})" == SPARSECORE.signature
-
-
-# -- the guide ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("index", range(2))
-def test_the_guide_blocks_run(index):
-    blocks = python_blocks(GUIDE)
-    assert len(blocks) == 2
-    exec(compile(blocks[index], str(GUIDE), "exec"), {"__name__": "guide"})
 
 
 # -- on a cluster ------------------------------------------------------------------------------
