@@ -326,6 +326,28 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_empty_share.py::test_predict_with_empty_replica_shares_equals_one_device",),
     ),
+    Mutant(
+        "dataset-before-join",
+        "datasets made before joining a cluster are not remembered (TF's raw error at fit)",
+        "dpkeras/cluster/_connect.py",
+        "        _remember_datasets_made_before()\n",
+        "        pass\n",
+        (
+            "tests/test_dataset_before_join.py::"
+            "test_pipelines_made_before_joining_are_refused_and_made_after_train",
+        ),
+    ),
+    Mutant(
+        "python-on-workers",
+        "a pipeline that calls Python is sent to the workers, which have no Python for it",
+        "dpkeras/_extended/input.py",
+        "        if len(self.hosts) > 1 and _tf_internals.runs_python(dataset):\n",
+        "        if False:\n",
+        (
+            "tests/test_dataset_before_join.py::"
+            "test_pipelines_made_before_joining_are_refused_and_made_after_train",
+        ),
+    ),
 )
 
 
