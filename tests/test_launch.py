@@ -236,3 +236,24 @@ def test_the_tfjob_manifest_names_the_roles_dpkeras_reads():
             assert _spec.client_task(_spec.resolve_cluster()) == ("chief", 0)
         finally:
             del os.environ["TF_CONFIG"]
+
+
+def test_the_network_policy_admits_only_the_job_s_own_pods_on_its_port():
+    docs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs")
+    with open(os.path.join(docs, "tfjob.json"), encoding="utf-8") as f:
+        job = json.load(f)
+    with open(os.path.join(docs, "tfjob-networkpolicy.json"), encoding="utf-8") as f:
+        policy = json.load(f)
+    assert policy["kind"] == "NetworkPolicy"
+    own = {"training.kubeflow.org/job-name": job["metadata"]["name"]}
+    assert policy["spec"]["podSelector"] == {"matchLabels": own}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": own}}]  # no namespace, no IP block
+    ports = {
+        port["containerPort"]
+        for spec in job["spec"]["tfReplicaSpecs"].values()
+        for container in spec["template"]["spec"]["containers"]
+        for port in container["ports"]
+    }
+    assert [(p["protocol"], p["port"]) for p in rule["ports"]] == [("TCP", port) for port in ports]
