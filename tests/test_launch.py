@@ -257,3 +257,36 @@ def test_the_network_policy_admits_only_the_job_s_own_pods_on_its_port():
         for port in container["ports"]
     }
     assert [(p["protocol"], p["port"]) for p in rule["ports"]] == [("TCP", port) for port in ports]
+
+
+def test_an_uncaught_task_failure_is_the_client_s_last_line(tmp_path):
+    """A ps that ends mid-job: the client's output ends with one line naming it, printed as
+    users import the class; TensorFlow's teardown noise ("Failed to remove function remotely",
+    a line per function and task) is not printed after it. (TensorFlow's own lines from the
+    failing step itself, a few, come before the traceback.)"""
+    script = """
+    import numpy as np
+    import dpkeras, keras, tensorflow as tf
+    with dpkeras.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    x, y = np.ones((32, 3), "float32"), np.ones((32, 1), "float32")
+    model.fit(x, y, epochs=1, verbose=0)  # the client's functions now live on every task
+    try:
+        with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
+            tf.raw_ops.Abort(error_msg="ended by the test", exit_without_error=True)
+    except Exception:
+        pass
+    model.fit(x, y, epochs=1, verbose=0)
+    """
+    proc, statuses = _launch(tmp_path, script, "--ps=1", "--workers=1")
+    assert statuses.get("chief:0") == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = [
+        line[len("[chief:0] ") :]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.startswith("[chief:0] ") and line.strip() != "[chief:0]"
+    ]
+    assert re.match(
+        r"dpkeras\.TaskFailedError: /job:ps/replica:0/task:0 at 127\.0\.0\.1:\d+ is unreachable",
+        client[-1],
+    ), client[-20:]

@@ -175,6 +175,7 @@ def connect_to(cluster, timeout=DEFAULT_CONNECT_TIMEOUT):
         job, index = own or ("localhost", 0)
         tf.config.experimental_connect_to_cluster(cluster, job_name=job, task_index=index)
         _connected = cluster
+        atexit.register(_quiet_teardown)  # registered first, so it runs last
         if cluster.ends_tasks:
             atexit.register(_release_tasks, cluster)
 
@@ -207,9 +208,17 @@ def _release_tasks(cluster):
                 tf.raw_ops.Abort(error_msg="dpkeras: training finished", exit_without_error=True)
         except Exception:  # the task ended before answering, as asked
             pass
-    # What is left of the process is its teardown, in which TensorFlow asks every ended task to
-    # forget each of the client's functions and logs a failure per function and task: silence
-    # standard error for it.
+
+
+def _quiet_teardown():
+    """At the exit of a connected client, after its last words (Python prints an uncaught
+    exception's traceback before exit handlers run): silences standard error for the rest.
+
+    What is left of the process is TensorFlow's teardown, in which it asks every task to forget
+    each of the client's functions, and logs a failure per function and task that has ended
+    (~160 lines of "Failed to remove function remotely" after a `TaskFailedError`, or after
+    `_release_tasks` ended them).
+    """
     sys.stdout.flush()
     sys.stderr.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)

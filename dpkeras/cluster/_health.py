@@ -57,6 +57,8 @@ class TaskFailedError(tf.errors.UnavailableError):
         address: str, its `host:port`.
     """
 
+    __module__ = "dpkeras"  # a traceback names it as users import it: dpkeras.TaskFailedError
+
     def __init__(self, task, address, reason):
         self.task = task
         self.address = address
