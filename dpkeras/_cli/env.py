@@ -113,10 +113,10 @@ def env(argv=None, out=None):
             say(f"  not connected: {e}")
             spec = None
         else:
-            cluster = _connect.connected_cluster()
-            for task, names in _devices.task_devices(cluster).items():
+            spec = _connect.connected_cluster()  # a resolved Cluster, read from here on
+            for task, names in _devices.task_devices(spec).items():
                 kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1] for n in names)
-                say(f"  {task} at {cluster.tasks[task]}: {kinds}")
+                say(f"  {task} at {spec.tasks[task]}: {kinds}")
         say()
     say("Logical devices:")
     for d in tf.config.list_logical_devices():
