@@ -14,6 +14,7 @@ Every consumer reads the `Config` that `resolve` returns (a strategy, `dpkeras s
 | `deduplicate` | `DPKERAS_DEDUPLICATE` (1, 0, true, false, sum) | `Deduplicate.ON` |
 | `cpus` | `DPKERAS_CPUS` (logical CPU devices of a task) | 1 |
 | `client_start_timeout` | `DPKERAS_CLIENT_START_TIMEOUT` (seconds) | 1800 |
+| `connect_timeout` | `DPKERAS_CONNECT_TIMEOUT` (seconds the client waits for the tasks) | 60 |
 | `exit_with_client` | `DPKERAS_EXIT_WITH_CLIENT` (1, 0, true, false) | None: `serve` decides |
 | `tf_config` | `TF_CONFIG` (its text) | None |
 
@@ -32,10 +33,12 @@ VARIABLES = {
     "deduplicate": "DPKERAS_DEDUPLICATE",
     "cpus": "DPKERAS_CPUS",
     "client_start_timeout": "DPKERAS_CLIENT_START_TIMEOUT",
+    "connect_timeout": "DPKERAS_CONNECT_TIMEOUT",
     "exit_with_client": "DPKERAS_EXIT_WITH_CLIENT",
     "tf_config": "TF_CONFIG",
 }
 DEFAULT_CLIENT_START_TIMEOUT = 1800.0  # seconds: a client's pod may start late
+DEFAULT_CONNECT_TIMEOUT = 60.0  # seconds the client waits for every task to answer
 _BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
@@ -93,6 +96,7 @@ class Config:
         deduplicate: a `Deduplicate`.
         cpus: int >= 1, logical CPU devices of a cluster task.
         client_start_timeout: float > 0, seconds a task waits for the client to appear.
+        connect_timeout: float > 0, seconds the client waits for every task to answer.
         exit_with_client: bool, or None (`dpkeras serve` decides: on under `TF_CONFIG`).
         tf_config: the text of `TF_CONFIG`, or None.
         origins: `((setting, "argument" | "environment" | "default", text received or None),
@@ -104,6 +108,7 @@ class Config:
     deduplicate: Deduplicate = Deduplicate.ON
     cpus: int = 1
     client_start_timeout: float = DEFAULT_CLIENT_START_TIMEOUT
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     exit_with_client: object = None
     tf_config: object = None
     origins: tuple = dataclasses.field(default=(), compare=False, repr=False)
@@ -204,6 +209,7 @@ _PARSERS = {
     "deduplicate": (lambda value, name: Deduplicate.of(value), _deduplicate),
     "cpus": (_positive_int, _positive_int_text),
     "client_start_timeout": (_seconds, _seconds_text),
+    "connect_timeout": (_seconds, _seconds_text),
     "exit_with_client": (_boolean, _boolean_text),
     "tf_config": (None, _text),
 }
@@ -246,6 +252,7 @@ def resolve(
     cpus=None,
     client_start_timeout=None,
     exit_with_client=None,
+    connect_timeout=None,
 ):
     """The `Config` in force: each argument that is not None, else its environment variable
     (unless unset or blank), else its default (see `setting`).
@@ -254,6 +261,7 @@ def resolve(
         compute_devices, parameter_device, deduplicate: as `dpkeras.ParameterDeviceStrategy`
             takes them.
         cpus, client_start_timeout, exit_with_client: as `dpkeras serve` takes them.
+        connect_timeout: as `dpkeras.cluster.join` takes it (`timeout`).
 
     Raises:
         ValueError: for a bad argument or environment value, naming it and what was received.
@@ -265,6 +273,7 @@ def resolve(
         "cpus": cpus,
         "client_start_timeout": client_start_timeout,
         "exit_with_client": exit_with_client,
+        "connect_timeout": connect_timeout,
     }
     settings = {name: setting(name, arguments.get(name)) for name in VARIABLES}
     return Config(

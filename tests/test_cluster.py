@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from dpkeras import cluster
 from dpkeras.cluster import _connect, _health
+from dpkeras.cluster._local import free_port
 from dpkeras.testing import server_env
 
 SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
@@ -191,20 +192,33 @@ def test_probe_tells_refused_and_silent_ports():
     assert _health.probe(address, timeout=0.5) == "Connection refused"
 
 
-def test_connect_names_a_task_that_does_not_answer_within_the_timeout():
+def test_connect_names_each_task_it_waits_for_and_every_one_that_did_not_answer(monkeypatch, capfd):
+    """Two tasks never answer (one silent, one refusing): the client names each as it waits,
+    then fails naming both, after the wait `$DPKERAS_CONNECT_TIMEOUT` sets."""
+    monkeypatch.setenv("DPKERAS_CONNECT_TIMEOUT", "3")
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        spec = {"worker": [f"127.0.0.1:{port}"]}
-        error = _bounded(lambda: cluster.connect(spec, timeout=1.5), limit=30)
+        refused = free_port()
+        spec = {"ps": [f"127.0.0.1:{refused}"], "worker": [f"127.0.0.1:{port}"]}
+        error = _bounded(lambda: cluster.connect(spec), limit=30)
     assert isinstance(error, TimeoutError)
     assert re.fullmatch(
-        rf"/job:worker/replica:0/task:0 at 127\.0\.0\.1:{port} did not answer within 1\.5 s "
-        rf"\(no answer within .* s\)\. Start it with `dpkeras serve --cluster \.\.\. --job "
-        rf"worker --task 0`, or check the address and the firewall\.",
+        rf"2 of the cluster's 2 tasks did not answer within 3 s: "
+        rf"/job:ps/replica:0/task:0 at 127\.0\.0\.1:{refused} \(Connection refused\): start it "
+        rf"with `dpkeras serve --cluster \.\.\. --job ps --task 0`; "
+        rf"/job:worker/replica:0/task:0 at 127\.0\.0\.1:{port} \(no answer within .* s\): start "
+        rf"it with `dpkeras serve --cluster \.\.\. --job worker --task 0`\. Or check the "
+        rf"addresses and the firewall; \$DPKERAS_CONNECT_TIMEOUT sets the wait\.",
         str(error),
     ), str(error)
+    waiting = [line for line in capfd.readouterr().err.splitlines() if "waiting for" in line]
+    assert len(waiting) == 2, waiting  # each named once, while it waits
+    assert waiting[0].startswith("dpkeras: waiting for /job:ps/replica:0/task:0 at 127.0.0.1:")
+    assert re.search(
+        r"\(Connection refused\); up to \d+ s more \(\$DPKERAS_CONNECT_TIMEOUT\)$", waiting[0]
+    )
     assert _connect.connected_cluster() is None  # TensorFlow was never asked to connect
 
 

@@ -28,6 +28,7 @@ PRECEDENCE = {
     "deduplicate": (False, Deduplicate.OFF, "sum", Deduplicate.SUM, Deduplicate.ON),
     "cpus": (3, 3, "2", 2, 1),
     "client_start_timeout": (5, 5.0, "7.5", 7.5, 1800.0),
+    "connect_timeout": (5, 5.0, "90", 90.0, 60.0),
     "exit_with_client": (False, False, "TRUE", True, None),
     "tf_config": (None, None, TF_CONFIG, TF_CONFIG, None),  # no argument: TF_CONFIG or None
 }
@@ -267,7 +268,7 @@ def test_dpkeras_env_prints_every_setting_and_where_it_came_from(monkeypatch):
     assert env_cli.env([], out=out) == 0
     text = out.getvalue()
     lines = text.split("Settings (the argument, else the environment variable, else the ")[1]
-    lines = [line.strip() for line in lines.splitlines()[1:8]]
+    lines = [line.strip() for line in lines.splitlines()[1 : 1 + len(_config.VARIABLES)]]
     assert [line.split()[0] for line in lines] == list(_config.VARIABLES)
     assert re.sub(r"\s+", " ", lines[2]) == (
         "deduplicate dpkeras.Deduplicate.SUM (from DPKERAS_DEDUPLICATE=sum)"

@@ -80,6 +80,14 @@ def test_one_program_in_every_task_trains_and_every_task_ends_with_status_0(tmp_
     assert out["replicas"] == 2
     assert out["max_diff"] < 1e-5
     assert out["loss"] == pytest.approx(out["expected"], rel=1e-5)
+    for task in expected_tasks - {leader}:  # each serving task says when the client came
+        job, index = task.split(":")
+        assert re.search(
+            rf"^\[{task}\] dpkeras: /job:{job}/replica:0/task:{index}: the client "
+            rf"/job:{leader.split(':')[0]}/replica:0/task:0 at 127\.0\.0\.1:\d+ is up$",
+            proc.stdout,
+            re.M,
+        ), proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("client", ["chief", "worker"])

@@ -15,7 +15,8 @@ from dpkeras.cluster._health import probe
 from dpkeras.cluster._spec import resolve
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
-DEFAULT_CONNECT_TIMEOUT = 60.0
+DEFAULT_CONNECT_TIMEOUT = _config.DEFAULT_CONNECT_TIMEOUT
+_FIRST_WORD = 2.0  # seconds of silence before the client names the tasks it waits for
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
 # The tf.data datasets alive when this process connected: each lives in the TensorFlow context
@@ -23,10 +24,17 @@ _connected = None  # the ClusterSpec this process connected to, or None
 _made_before = weakref.WeakSet()
 
 
+def _say(text):
+    print(f"dpkeras: {text}", file=sys.stderr, flush=True)
+
+
 def _wait_for(tasks, timeout):
-    """Waits until every `{name: address}` answers; raises TimeoutError naming the first not."""
-    deadline = time.monotonic() + timeout
+    """Waits until every `{name: address}` answers; raises TimeoutError naming each that did
+    not. After a moment of silence it names each task it waits for, and each that answers."""
+    start = time.monotonic()
+    deadline = start + timeout
     pending = dict(tasks)
+    named = set()
     while True:
         why = {}
         for name, address in list(pending.items()):
@@ -35,17 +43,30 @@ def _wait_for(tasks, timeout):
                 del pending[name]
             else:
                 why[name] = reason
+        for name in sorted(named - set(pending)):
+            _say(f"{name} at {tasks[name]} answered")
+            named.discard(name)
         if not pending:
             return
-        if time.monotonic() >= deadline:
-            name = next(iter(pending))
-            others = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
-            raise TimeoutError(
-                f"{name} at {pending[name]} did not answer within {timeout:g} s "
-                f"({why[name]}){others}. Start it with `dpkeras serve --cluster ... "
-                f"--job {name.split('/')[1][4:]} --task {name.rsplit(':', 1)[1]}`, or check "
-                f"the address and the firewall."
+        now = time.monotonic()
+        if now >= deadline:
+            missing = "; ".join(
+                f"{name} at {address} ({why[name]}): start it with `dpkeras serve --cluster ... "
+                f"--job {name.split('/')[1][4:]} --task {name.rsplit(':', 1)[1]}`"
+                for name, address in pending.items()
             )
+            raise TimeoutError(
+                f"{len(pending)} of the cluster's {len(tasks)} tasks did not answer within "
+                f"{timeout:g} s: {missing}. Or check the addresses and the firewall; "
+                f"${_config.VARIABLES['connect_timeout']} sets the wait."
+            )
+        if now - start >= _FIRST_WORD:
+            for name in [n for n in pending if n not in named]:
+                _say(
+                    f"waiting for {name} at {pending[name]} ({why[name]}); up to "
+                    f"{deadline - now:.0f} s more (${_config.VARIABLES['connect_timeout']})"
+                )
+                named.add(name)
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
@@ -119,7 +140,7 @@ def connected_cluster():
     return _connected
 
 
-def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
+def connect(cluster_spec, timeout=None):
     """Connects this process to a cluster as its client; a no-op if already connected to it.
 
     Every task is probed first (see `probe`), so an address that does not answer is an error naming
@@ -131,7 +152,8 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
 
     Args:
         cluster_spec: `tf.train.ClusterSpec`, as returned by `resolve_cluster`.
-        timeout: float, seconds to wait for every task to answer. Defaults to 60.
+        timeout: float, seconds to wait for every task to answer. None: 60, or
+            `$DPKERAS_CONNECT_TIMEOUT`.
 
     Raises:
         TimeoutError: if a task does not answer within `timeout`; names the task and address.
@@ -146,9 +168,11 @@ def connect(cluster_spec, timeout=DEFAULT_CONNECT_TIMEOUT):
     connect_to(cluster, timeout)
 
 
-def connect_to(cluster, timeout=DEFAULT_CONNECT_TIMEOUT):
+def connect_to(cluster, timeout=None):
     """`connect` for a resolved `dpkeras.cluster._spec.Cluster` (what `join` passes)."""
     global _connected
+    if timeout is None:
+        timeout = _config.setting("connect_timeout").value
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds. Received: {timeout!r}")
     with _lock:

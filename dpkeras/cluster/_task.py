@@ -63,8 +63,8 @@ def join(cluster=None, timeout=None):
     Args:
         cluster: a dict of jobs, a JSON string or file, a `tf.train.ClusterSpec` or a cluster
             resolver; None reads `TF_CONFIG`.
-        timeout: float, seconds to wait for every task to answer; None for `connect`'s
-            default.
+        timeout: float, seconds to wait for every task to answer; None: 60, or
+            `$DPKERAS_CONNECT_TIMEOUT`.
 
     Returns:
         The `tf.train.ClusterSpec` this process is the client of (a `Cluster`, which carries
@@ -79,7 +79,7 @@ def join(cluster=None, timeout=None):
         return None
     if joined.serves_as is not None:
         _serve_from_here(joined)
-    connect_to(joined, **({} if timeout is None else {"timeout": timeout}))
+    connect_to(joined, timeout)
     return joined
 
 
@@ -193,6 +193,7 @@ def _watch(client, start_timeout, stop, prefix, name):
                 flush=True,
             )
             return CLIENT_GONE
+    print(f"{prefix}: {name}: the client {client_name} at {address} is up", flush=True)
     misses = 0
     while not stop.wait(_PROBE_INTERVAL):
         reason = probe(address, timeout=2.0)
