@@ -671,3 +671,21 @@ def test_resolve_cluster_reads_json_text_and_files(tmp_path):
         cluster.resolve_cluster(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match=r"the cluster is not valid JSON .*Received: '\{ps'"):
         cluster.resolve_cluster("{ps")
+
+
+@pytest.mark.parametrize("job, index, have", [("worker", 2, "tasks 0..1"), ("chief", 0, "no task")])
+def test_a_tf_config_task_the_cluster_does_not_list_is_one_clear_error(
+    monkeypatch, job, index, have
+):
+    """Not an IndexError from deep inside: the task, the job's tasks, and the fix."""
+    spec = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
+    )
+    with pytest.raises(ValueError) as raised:
+        cluster.join()
+    assert str(raised.value).startswith(
+        f"TF_CONFIG's task is {job} {index}, but its cluster's {job!r} job has {have}: list "
+        f"this task's address in the cluster, or fix the index. Received: task="
+    )
+    assert _connect.connected_cluster() is None

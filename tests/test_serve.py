@@ -353,3 +353,29 @@ def test_cli_dispatches_serve(capsys):
     assert cli.main(["serve", "--cluster", SPEC, "--job", "ps", "--task", "9"]) == 2
     assert "--task must be an index of job 'ps'" in capsys.readouterr().err
     assert re.search(r"^  serve +run one task \(ps or worker\)", cli._USAGE, re.M)
+
+
+def test_a_port_in_use_under_tf_config_is_one_line_naming_the_task_and_the_port():
+    """The training script in a ps task (TF_CONFIG): `join()` serves, and a taken port is one
+    line, not TensorFlow's "UnknownError: Could not start gRPC server". (`dpkeras serve`
+    checks the port before it starts TensorFlow; see test_serve_argument_errors.)"""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cluster = {"chief": ["127.0.0.1:1"], "ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:2"]}
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})
+        proc = subprocess.run(
+            [sys.executable, "-c", "import dpkeras; dpkeras.cluster.join()"],
+            capture_output=True,
+            text=True,
+            env=dict(server_env(), TF_CONFIG=tf_config),
+            timeout=120,
+        )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"dpkeras: /job:ps/replica:0/task:0 cannot listen on 127.0.0.1:{port}: its port is in "
+        f"use by another process. Stop what listens on port {port} (`ss -ltnp 'sport = "
+        f":{port}'` names it), or give this task another address in the cluster."
+    ), proc.stderr[-2000:]

@@ -160,6 +160,14 @@ def tf_config_task():
             f"{', '.join(CLUSTER_JOBS + IGNORED_JOBS)} and an index >= 0. Received: "
             f"task={task!r} from {source}."
         )
+    tasks = _from_tf_config().job_tasks(job) if job in _from_tf_config().jobs else []
+    if job not in IGNORED_JOBS and index >= len(tasks):
+        have = f"tasks 0..{len(tasks) - 1}" if tasks else "no task"
+        raise ValueError(
+            f"{TF_CONFIG_ENV}'s task is {job} {index}, but its cluster's {job!r} job has "
+            f"{have}: list this task's address in the cluster, or fix the index. Received: "
+            f"task={task!r} from {source}."
+        )
     return job, index
 
 

@@ -13,6 +13,7 @@ script, or by `dpkeras.scope()` / `get_strategy()`) decides:
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -160,8 +161,20 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
     name = task_name(job, index)
+    try:
+        tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
+    except tf.errors.UnknownError as e:  # TensorFlow says only "Could not start gRPC server"
+        port = address.rsplit(":", 1)[1]
+        why = "its port is in use by another process" if _in_use(int(port)) else str(e).strip()
+        print(
+            f"{prefix}: {name} cannot listen on {address}: {why}. Stop what listens on port "
+            f"{port} (`ss -ltnp 'sport = :{port}'` names it), or give this task another address "
+            f"in the cluster.",
+            file=sys.stderr,
+            flush=True,
+        )
+        _end(1)
     print(
         f"{prefix}: {name} listening on {address} (port {address.rsplit(':', 1)[1]} of every "
         f"interface; no authentication or encryption: private networks only)",
@@ -175,6 +188,16 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
     if status == 0:
         print(f"{prefix}: {name} stopped", flush=True)
     _end(status)
+
+
+def _in_use(port):
+    """Whether another socket holds `port` (binding it on every interface fails)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
 
 
 def _watch(client, start_timeout, stop, prefix, name):
