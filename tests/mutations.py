@@ -312,7 +312,7 @@ MUTANTS = (
         "composite-rows",
         "gradient weights count the rows of the first per-replica input, None included",
         "dpkeras/_extended/keras_steps.py",
-        "        if all(_has_rows(c) for c in components):\n",
+        "        if all(batch_rows.has_rows(c) for c in components):\n",
         "        if True:\n",
         (
             "tests/test_composite_inputs.py::test_uneven_batches_of_composite_inputs_equal_one_device",
