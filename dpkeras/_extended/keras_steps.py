@@ -37,34 +37,35 @@ def safe_with_an_empty_share(fn):
     shape: TensorFlow's CPU `Conv2D` hands back its input (`[0, 24, 24, 3]` where the other
     replicas give `[2, 21, 21, 5]`), and concatenating the replicas' outputs fails. On an
     empty share the step runs on one row of zeros and returns none of its rows, so the
-    outputs concatenate to one device's. A replica with rows runs `fn` as it is.
+    outputs concatenate to one device's. A replica with rows runs `fn` on its rows.
+
+    The row of zeros is appended, not chosen by a `tf.cond`: each batched input gets
+    `max(1 - rows, 0)` rows of zeros (none when it has rows) and each batched output keeps its
+    first `rows` rows. A `tf.cond` around the step would put every `merge_call` of the model
+    inside control flow, which TensorFlow refuses; on a cluster whose workers run several
+    replicas each lookup merges its task's ids with one (`dpkeras._variables.task_pulls`).
     """
 
     def step(*args, **kwargs):
         leaves = [t for t in tf.nest.flatten((args, kwargs)) if batch_rows.is_dense_batch(t)]
         if not leaves or (leaves[0].shape[0] or 0) > 0:
             return fn(*args, **kwargs)
-
-        def on_one_row_of_zeros():
-            padded_args, padded_kwargs = tf.nest.map_structure(_one_row_of_zeros, (args, kwargs))
-            return tf.nest.map_structure(_no_rows, fn(*padded_args, **padded_kwargs))
-
         rows = tf.shape(leaves[0])[0]
-        if tf.executing_eagerly():
-            return fn(*args, **kwargs) if int(rows) > 0 else on_one_row_of_zeros()
-        return tf.cond(rows > 0, lambda: fn(*args, **kwargs), on_one_row_of_zeros)
+        missing = tf.maximum(1 - rows, 0)
+
+        def at_least_one_row(x):
+            if not batch_rows.is_dense_batch(x):
+                return x
+            zeros = tf.zeros(tf.concat([[missing], tf.shape(x)[1:]], 0), x.dtype)
+            return tf.concat([x, zeros], 0)
+
+        def its_rows(x):
+            return x[:rows] if batch_rows.is_dense_batch(x) else x
+
+        padded_args, padded_kwargs = tf.nest.map_structure(at_least_one_row, (args, kwargs))
+        return tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs))
 
     return step
-
-
-def _one_row_of_zeros(x):
-    if not batch_rows.is_dense_batch(x):
-        return x
-    return tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)
-
-
-def _no_rows(x):
-    return x[:0] if batch_rows.is_dense_batch(x) else x
 
 
 def check_model_variables(model, extended):
