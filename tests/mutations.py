@@ -326,6 +326,51 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_empty_share.py::test_predict_with_empty_replica_shares_equals_one_device",),
     ),
+    Mutant(
+        "cluster-sparse-slices",
+        "on a cluster, a global batch's SparseTensor is sliced with [lo:hi] (which it refuses)",
+        "dpkeras/_extended/batch_rows.py",
+        "    if isinstance(x, tf.SparseTensor):\n        lo, hi =",
+        "    if False:\n        lo, hi =",
+        ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[sparse]",),
+    ),
+    Mutant(
+        "cluster-none-rows",
+        "on a cluster, a global batch's rows are counted on its first component, even None",
+        "dpkeras/cluster/_input.py",
+        "rows = batch_rows.rows(batch_rows.first_with_rows(batch), tf.int64)",
+        "rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]",
+        ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[none]",),
+    ),
+    Mutant(
+        "empty-share-cond",
+        "predict picks the row of zeros for an empty share with a tf.cond (a merge_call inside)",
+        "dpkeras/_extended/keras_steps.py",
+        "        return tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs))\n",
+        "        return tf.cond(rows > 0, lambda: fn(*args, **kwargs), lambda: "
+        "tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs)))\n",
+        (
+            "tests/test_cluster_inputs.py::test_predict_on_every_batch_size_with_empty_shares_equals_one_device",
+        ),
+    ),
+    Mutant(
+        "dynamic-ragged",
+        "DynamicEmbedding converts ragged ids to a dense tensor",
+        "dpkeras/_dynamic/layer.py",
+        "        if isinstance(inputs, tf.RaggedTensor):\n",
+        "        if False:\n",
+        (
+            "tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[ragged-dynamic-adam]",
+        ),
+    ),
+    Mutant(
+        "cluster-jit",
+        "on a cluster, a model compiled with jit_compile=True gets XLA-compiled steps",
+        "dpkeras/_patches/cluster_loop.py",
+        "        if spec is not None and model.jit_compile and not model.run_eagerly:\n",
+        "        if False:\n",
+        ("tests/test_cluster_inputs.py::test_jit_compiled_predict_and_fit_equal_one_device",),
+    ),
 )
 
 
