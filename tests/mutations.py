@@ -360,6 +360,7 @@ MUTANTS = (
         "        if isinstance(inputs, tf.RaggedTensor):\n",
         "        if False:\n",
         (
+            "tests/test_dynamic_embedding.py::test_ragged_ids_give_ragged_vectors_and_train_as_one_device",
             "tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[ragged-dynamic-adam]",
         ),
     ),
