@@ -338,7 +338,7 @@ MUTANTS = (
         "cluster-none-rows",
         "on a cluster, a global batch's rows are counted on its first component, even None",
         "dpkeras/cluster/_input.py",
-        "rows = batch_rows.rows(batch_rows.first_with_rows(batch), tf.int64)",
+        "rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)",
         "rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]",
         ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[none]",),
     ),

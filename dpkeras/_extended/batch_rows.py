@@ -20,9 +20,18 @@ def has_rows(x):
     return isinstance(x, (tf.RaggedTensor, tf.SparseTensor)) or is_dense_batch(x)
 
 
-def first_with_rows(structure):
-    """The first component of `structure` (flattened) that has rows, or None."""
-    return next((x for x in tf.nest.flatten(structure) if has_rows(x)), None)
+def in_batch(x):
+    """Whether `x` is cut with the rows of a batch it is part of: a ragged or sparse tensor, or
+    a dense tensor that is not a scalar. Its rank may be unknown: an input pipeline's batch
+    (read from files, say) has rows whatever its static shape says."""
+    if isinstance(x, tf.Tensor):
+        return x.shape.rank != 0
+    return isinstance(x, (tf.RaggedTensor, tf.SparseTensor))
+
+
+def first_in_batch(structure):
+    """The first component of a batch `structure` (flattened) that `in_batch`, or None."""
+    return next((x for x in tf.nest.flatten(structure) if in_batch(x)), None)
 
 
 def static_rows(x):
@@ -62,9 +71,7 @@ def slice_rows(x, lo, hi):
         piece = tf.sparse.slice(x, start, tf.concat([[hi - lo], rest], 0))
         piece.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         return piece
-    if isinstance(x, tf.RaggedTensor) or is_dense_batch(x):
-        return x[lo:hi]
-    return x
+    return x[lo:hi] if in_batch(x) else x
 
 
 def slice_batch(batch, lo, hi):

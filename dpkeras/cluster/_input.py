@@ -201,7 +201,7 @@ def host_slices(dataset, first, end, num_replicas):
         batch = element if len(element) > 1 else element[0]
         # The rows of the first component that has them: an optional input given as None, or
         # a scalar, may come first; ragged and sparse components count their rows too.
-        rows = batch_rows.rows(batch_rows.first_with_rows(batch), tf.int64)
+        rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)
 
         def start(replica):
             return _replica_start_in_graph(replica, rows, num_replicas)
