@@ -230,9 +230,9 @@ MUTANTS = (
         "a task whose client never starts ends with status 0 (success) instead of 75",
         "dpkeras/cluster/_task.py",
         '{CLIENT_GONE}.",\n                file=sys.stderr,\n                flush=True,\n'
-        "            )\n            return CLIENT_GONE\n    misses = 0\n",
+        "            )\n            return CLIENT_GONE\n    print(",
         '{CLIENT_GONE}.",\n                file=sys.stderr,\n                flush=True,\n'
-        "            )\n            return 0\n    misses = 0\n",
+        "            )\n            return 0\n    print(",
         (
             "tests/test_serve.py::"
             "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
@@ -312,7 +312,7 @@ MUTANTS = (
         "composite-rows",
         "gradient weights count the rows of the first per-replica input, None included",
         "dpkeras/_extended/keras_steps.py",
-        "        if all(_has_rows(c) for c in components):\n",
+        "        if all(batch_rows.has_rows(c) for c in components):\n",
         "        if True:\n",
         (
             "tests/test_composite_inputs.py::test_uneven_batches_of_composite_inputs_equal_one_device",
@@ -347,6 +347,52 @@ MUTANTS = (
             "tests/test_dataset_before_join.py::"
             "test_pipelines_made_before_joining_are_refused_and_made_after_train",
         ),
+    ),
+    Mutant(
+        "cluster-sparse-slices",
+        "on a cluster, a global batch's SparseTensor is sliced with [lo:hi] (which it refuses)",
+        "dpkeras/_extended/batch_rows.py",
+        "    if isinstance(x, tf.SparseTensor):\n        lo, hi =",
+        "    if False:\n        lo, hi =",
+        ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[sparse]",),
+    ),
+    Mutant(
+        "cluster-none-rows",
+        "on a cluster, a global batch's rows are counted on its first component, even None",
+        "dpkeras/cluster/_input.py",
+        "rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)",
+        "rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]",
+        ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[none]",),
+    ),
+    Mutant(
+        "empty-share-cond",
+        "predict picks the row of zeros for an empty share with a tf.cond (a merge_call inside)",
+        "dpkeras/_extended/keras_steps.py",
+        "        return tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs))\n",
+        "        return tf.cond(rows > 0, lambda: fn(*args, **kwargs), lambda: "
+        "tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs)))\n",
+        (
+            "tests/test_cluster_inputs.py::test_predict_on_every_batch_size_with_empty_shares_equals_one_device",
+        ),
+    ),
+    Mutant(
+        "dynamic-ragged",
+        "DynamicEmbedding converts ragged ids to a dense tensor",
+        "dpkeras/_dynamic/layer.py",
+        "        if isinstance(inputs, tf.RaggedTensor):\n",
+        "        if False:\n",
+        (
+            "tests/test_dynamic_embedding.py::test_ragged_ids_give_ragged_vectors_and_train_as_one_device",
+            "tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[ragged-dynamic-adam]",
+        ),
+    ),
+    Mutant(
+        "cluster-jit",
+        "on a cluster, a model compiled with jit_compile=True gets XLA-compiled steps",
+        "dpkeras/_patches/cluster_loop.py",
+        "        if spec is not None and model.jit_compile and not model.run_eagerly:\n",
+        "        if False:\n",
+        ("tests/test_cluster_inputs.py::test_jit_compiled_predict_and_fit_equal_one_device",),
     ),
 )
 

@@ -1,6 +1,7 @@
 """`dpkeras.layers.DynamicEmbedding`: rows follow ids, equal a plain Embedding, admit, evict,
 save, refuse bad input; on one device, under dpkeras with 2 replicas, sharded."""
 
+import contextlib
 import os
 
 import keras
@@ -174,6 +175,38 @@ def test_a_new_rows_vector_depends_on_its_id_and_seed_only():
     normal = DynamicEmbedding(512, 8, seed=1, embeddings_initializer="truncated_normal")
     values = normal.initial_vectors(np.arange(64)).numpy()
     assert np.abs(values).max() <= 0.1 and abs(values.std() - 0.044) < 0.004
+
+
+def _ragged_trained(strategy=None):
+    """Ragged multi-hot ids (1 to 5 per example) into a mean, 14 rows in batches of 6, 6, 2."""
+    keras.utils.set_random_seed(1)
+    rng = np.random.RandomState(0)
+    pool = rng.randint(0, 2**62, 12)
+    x = tf.ragged.constant([rng.choice(pool, rng.randint(1, 6)).tolist() for _ in range(14)])
+    y = rng.normal(size=(14, 1)).astype("float32")
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        ids = keras.Input((None,), dtype="int64", ragged=True)
+        layer = DynamicEmbedding(DIM, 64, name="de", seed=5, min_count=2)
+        vectors = layer(ids)
+        pooled = keras.layers.GlobalAveragePooling1D()(vectors)
+        model = keras.Model(ids, keras.layers.Dense(1)(pooled))
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(6), epochs=2, verbose=0)
+    return model, layer, vectors, x, history.history["loss"]
+
+
+def test_ragged_ids_give_ragged_vectors_and_train_as_one_device():
+    model, layer, vectors, x, history = _ragged_trained()
+    assert vectors.ragged and vectors.shape == (None, None, DIM)
+    out = layer(x[:3])
+    assert isinstance(out, tf.RaggedTensor)
+    np.testing.assert_array_equal(out.flat_values, layer(x[:3].flat_values))
+    assert layer.size > 0
+    replicated, replicated_layer, _, _, replicated_history = _ragged_trained(cpu_strategy(3))
+    assert replicated_layer.size == layer.size
+    np.testing.assert_allclose(replicated_history, history, rtol=1e-5)
+    for a, b in zip(model.get_weights(), replicated.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def test_an_id_seen_fewer_than_min_count_times_maps_to_zeros_and_trains_nothing():

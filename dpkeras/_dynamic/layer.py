@@ -135,6 +135,10 @@ class DynamicEmbedding(keras.layers.Layer):
     # -- calling ------------------------------------------------------------------------------
 
     def call(self, inputs, training=None):
+        if isinstance(inputs, tf.RaggedTensor):
+            # Multi-hot ids (a varying number per example): the ids are the flat values, and
+            # their vectors keep the ragged rows, as `Embedding` does: `[batch, None, dim]`.
+            return inputs.with_flat_values(self.call(inputs.flat_values, training=training))
         inputs = tf.convert_to_tensor(inputs)
         ids = id_types.as_int64(self.name, self.key_dtype, inputs)
         strings = tf.reshape(inputs, [-1]) if self._strings is not None else None
@@ -216,6 +220,14 @@ class DynamicEmbedding(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.output_dim,)
+
+    def compute_output_spec(self, inputs):
+        # Ragged ids give ragged vectors (`call`), as Keras's `Embedding` says of its output.
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape),
+            dtype=self.compute_dtype,
+            ragged=getattr(inputs, "ragged", False),
+        )
 
     # -- eviction and optimizers --------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 - `cross_replica`: `CrossReplicaHooks`, TensorFlow's reduce, broadcast and update hooks, each
   where its value is consumed;
 - `keras_steps`: what a Keras step needs around it (model check, uneven batches, "finite?");
+- `batch_rows`: a batch's rows, whatever its components (dense, ragged, sparse, None);
 - `optimizer_apply`: the optimizer applies the summed gradient once;
 - `input`: feeding the replicas, one input pipeline per input host (what each host's pipeline
   reads on a cluster is `dpkeras.cluster._input`).

@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals
+from dpkeras._extended import batch_rows
 from dpkeras._variables.sharded import PLACED_TYPES
 
 _STEPS = ("train_step", "test_step", "predict_step")
@@ -36,37 +37,35 @@ def safe_with_an_empty_share(fn):
     shape: TensorFlow's CPU `Conv2D` hands back its input (`[0, 24, 24, 3]` where the other
     replicas give `[2, 21, 21, 5]`), and concatenating the replicas' outputs fails. On an
     empty share the step runs on one row of zeros and returns none of its rows, so the
-    outputs concatenate to one device's. A replica with rows runs `fn` as it is.
+    outputs concatenate to one device's. A replica with rows runs `fn` on its rows.
+
+    The row of zeros is appended, not chosen by a `tf.cond`: each batched input gets
+    `max(1 - rows, 0)` rows of zeros (none when it has rows) and each batched output keeps its
+    first `rows` rows. A `tf.cond` around the step would put every `merge_call` of the model
+    inside control flow, which TensorFlow refuses; on a cluster whose workers run several
+    replicas each lookup merges its task's ids with one (`dpkeras._variables.task_pulls`).
     """
 
     def step(*args, **kwargs):
-        leaves = [t for t in tf.nest.flatten((args, kwargs)) if _batched(t)]
+        leaves = [t for t in tf.nest.flatten((args, kwargs)) if batch_rows.is_dense_batch(t)]
         if not leaves or (leaves[0].shape[0] or 0) > 0:
             return fn(*args, **kwargs)
-
-        def on_one_row_of_zeros():
-            padded_args, padded_kwargs = tf.nest.map_structure(_one_row_of_zeros, (args, kwargs))
-            return tf.nest.map_structure(_no_rows, fn(*padded_args, **padded_kwargs))
-
         rows = tf.shape(leaves[0])[0]
-        if tf.executing_eagerly():
-            return fn(*args, **kwargs) if int(rows) > 0 else on_one_row_of_zeros()
-        return tf.cond(rows > 0, lambda: fn(*args, **kwargs), on_one_row_of_zeros)
+        missing = tf.maximum(1 - rows, 0)
+
+        def at_least_one_row(x):
+            if not batch_rows.is_dense_batch(x):
+                return x
+            zeros = tf.zeros(tf.concat([[missing], tf.shape(x)[1:]], 0), x.dtype)
+            return tf.concat([x, zeros], 0)
+
+        def its_rows(x):
+            return x[:rows] if batch_rows.is_dense_batch(x) else x
+
+        padded_args, padded_kwargs = tf.nest.map_structure(at_least_one_row, (args, kwargs))
+        return tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs))
 
     return step
-
-
-def _batched(x):
-    """Whether `x` is a dense tensor with a batch dimension (of known rank, not a scalar)."""
-    return isinstance(x, tf.Tensor) and x.shape.rank not in (None, 0)
-
-
-def _one_row_of_zeros(x):
-    return tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype) if _batched(x) else x
-
-
-def _no_rows(x):
-    return x[:0] if _batched(x) else x
 
 
 def check_model_variables(model, extended):
@@ -104,13 +103,13 @@ def gradient_weights(args, local_results, num_replicas, device):
     components = _batch_components(args, local_results)
     if components is None:
         return None
-    static = [_static_rows(c) for c in components]
+    static = [batch_rows.static_rows(c) for c in components]
     if None not in static and len(set(static)) == 1:
         return None
     counts = []
     for c in components:
-        with tf.device(_device_of(c)):
-            counts.append(tf.cast(_rows(c), tf.float32))
+        with tf.device(batch_rows.device_of(c)):
+            counts.append(tf.cast(batch_rows.rows(c), tf.float32))
     with tf.device(device):
         total = tf.add_n(counts)
         n = float(num_replicas)
@@ -124,35 +123,9 @@ def _batch_components(args, local_results):
         if not isinstance(x, tf.distribute.DistributedValues):
             continue
         components = list(local_results(x))
-        if all(_has_rows(c) for c in components):
+        if all(batch_rows.has_rows(c) for c in components):
             return components
     return None
-
-
-def _has_rows(component):
-    return isinstance(component, (tf.RaggedTensor, tf.SparseTensor)) or _batched(component)
-
-
-def _static_rows(component):
-    """The component's number of rows when its shape says it, else None."""
-    rows = component.shape[0]
-    return rows if isinstance(rows, int) else None
-
-
-def _rows(component):
-    if isinstance(component, tf.RaggedTensor):
-        return component.nrows()
-    if isinstance(component, tf.SparseTensor):
-        return component.dense_shape[0]
-    return tf.shape(component)[0]
-
-
-def _device_of(component):
-    if isinstance(component, tf.RaggedTensor):
-        return component.row_splits.device
-    if isinstance(component, tf.SparseTensor):
-        return component.indices.device
-    return component.device
 
 
 def replica_inputs(args, kwargs, local_results, num_replicas):

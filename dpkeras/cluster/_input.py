@@ -33,6 +33,7 @@ import dataclasses
 import tensorflow as tf
 
 from dpkeras import _tf_internals
+from dpkeras._extended import batch_rows
 
 AutoShardPolicy = tf.data.experimental.AutoShardPolicy
 
@@ -142,7 +143,7 @@ def _host_pipeline(cut, first, end, num_replicas):
         def piece(k):
             offset = start(first)
             a, z = start(first + k) - offset, start(first + k + 1) - offset
-            return tf.nest.map_structure(lambda t: t[a:z], batch)
+            return batch_rows.slice_batch(batch, a, z)
 
         return tf.data.Dataset.range(replicas).map(piece)
 
@@ -198,14 +199,16 @@ def host_slices(dataset, first, end, num_replicas):
 
     def slices(*element):
         batch = element if len(element) > 1 else element[0]
-        rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+        # The rows of the first component that has them: an optional input given as None, or
+        # a scalar, may come first; ragged and sparse components count their rows too.
+        rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)
 
         def start(replica):
             return _replica_start_in_graph(replica, rows, num_replicas)
 
         def cut(replica):
             lo, hi = start(replica), start(replica + 1)
-            return tf.nest.map_structure(lambda t: t[lo:hi], batch)
+            return batch_rows.slice_batch(batch, lo, hi)
 
         return tf.data.Dataset.range(first, end).map(cut)
 
@@ -258,9 +261,7 @@ def _by_files(dataset, host, hosts, first, end, num_replicas):
 
     def split(step):
         return tf.data.Dataset.range(len(sizes)).map(
-            lambda k: tf.nest.map_structure(
-                lambda t: t[tf.gather(starts, k) : tf.gather(starts, k + 1)], step
-            )
+            lambda k: batch_rows.slice_batch(step, tf.gather(starts, k), tf.gather(starts, k + 1))
         )
 
     return mine.unbatch().batch(share, drop_remainder=True).flat_map(split)

@@ -1,0 +1,231 @@
+"""Issue 29's inputs on a real cluster (2 ps + 2 workers, 2 CPU devices each: 4 replicas, two
+per worker, so lookups merge their task's ids): each equals one process's model without a
+strategy, built after connecting, in the same client.
+
+- `jit_compile=True`: `predict`, `predict_on_batch` and `fit` run (without XLA on a cluster,
+  `dpkeras._patches.cluster_loop`) and equal one device compiled with XLA;
+- `predict` on batches of every size from 1 to 9 (= 2 x 4 replicas + 1), so replicas get
+  empty shares: a Conv2D model, and an Embedding model whose lookups merge per task;
+- `fit` on sparse and optional (None) inputs and on ragged multi-hot ids, with uneven splits
+  and empty shares (14 rows in batches of 6, 6 and 2 over 4 replicas): the ids through the
+  deduplicated lookups into an `Embedding` with a mean or a sum combiner (SGD sums repeats'
+  gradient rows before they cross; Adam sends them), and into a `DynamicEmbedding`; weights,
+  history and predictions (in batches of 3: an empty share each).
+
+One client process runs every case (`results`), each case catching its own error, so the
+module starts one cluster and one client.
+"""
+
+import pytest
+
+from tests.test_cluster_training import _client
+
+_CLIENT = """
+import contextlib, traceback, warnings
+from dpkeras.layers import DynamicEmbedding
+
+dpkeras.cluster.connect(SPEC)
+strategy = dpkeras.get_strategy(cluster=SPEC)
+assert strategy.num_replicas_in_sync == 4
+assert strategy.deduplicate is dpkeras.Deduplicate.ON
+out = {}
+
+def case(name):  # runs the function now; its result, or its error, is out[name]
+    def run(function):
+        try:
+            out[name] = function()
+        except Exception as e:
+            out[name] = {"error": traceback.format_exc()[-3000:]}
+    return run
+
+def max_gap(a, b):
+    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
+
+# -- jit_compile=True ------------------------------------------------------------------------
+
+def mlp(k):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True, steps_per_execution=k)
+    return model
+
+@case("jit")
+def _():
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(10, 4).astype("float32"), rng.rand(10, 3).astype("float32")
+    result = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in (1, 3):
+            reference = mlp(k)
+            with strategy.scope():
+                model = mlp(k)
+            # predict, fit, predict again (the step reads the trained variables)
+            gaps = [max_gap([model.predict(x, batch_size=4, verbose=0)],
+                            [reference.predict(x, batch_size=4, verbose=0)])]
+            h0 = reference.fit(x, y, batch_size=4, verbose=0, shuffle=False).history["loss"]
+            h1 = model.fit(x, y, batch_size=4, verbose=0, shuffle=False).history["loss"]
+            gaps.append(max_gap([model.predict(x, batch_size=4, verbose=0)],
+                                [reference.predict(x, batch_size=4, verbose=0)]))
+            # Keras gives each replica the whole batch in predict_on_batch, under any strategy
+            on_batch = max_gap([model.predict_on_batch(x[:6])],
+                               [np.concatenate([reference.predict_on_batch(x[:6])] * 4)])
+            result[k] = {"predict": max(gaps), "history": max_gap(h0, h1),
+                         "weights": max_gap(reference.get_weights(), model.get_weights()),
+                         "on_batch": on_batch, "jit_kept": model.jit_compile}
+    result["warnings"] = sorted({str(w.message) for w in caught if "jit_compile" in str(w.message)})
+    return result
+
+# -- predict with empty shares -----------------------------------------------------------------
+
+def conv():
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Conv2D(5, 4),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model, np.random.RandomState(0).rand(45, 12, 12, 3).astype("float32")
+
+def lookups():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(300, 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model, np.random.RandomState(0).randint(0, 300, (45, 4)).astype("int32")
+
+def every_size(x):  # one batch of each size from 1 to 9 (45 rows), in one predict
+    dataset = tf.data.Dataset.from_tensors(x[:1])
+    for rows in range(2, 10):
+        start = rows * (rows - 1) // 2
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(x[start:start + rows]))
+    return dataset
+
+for name, build in [("empty-conv", conv), ("empty-lookups", lookups)]:
+    @case(name)
+    def _():
+        reference, x = build()
+        with strategy.scope():
+            model, _ = build()
+        gaps = [max_gap([model.predict(every_size(x), verbose=0)],
+                        [reference.predict(every_size(x), verbose=0)])]
+        for rows in (1, 5):  # Keras's own batching of arrays: one short batch
+            gaps.append(max_gap([model.predict(x[:rows], batch_size=9, verbose=0)],
+                                [reference.predict(x[:rows], batch_size=9, verbose=0)]))
+        return gaps
+
+# -- fit on composite inputs -------------------------------------------------------------------
+
+N = 14
+Y = np.random.RandomState(9).rand(N, 1).astype("float32")
+
+class SumRows(keras.layers.Layer):  # a sum combiner over a ragged row of vectors
+    def call(self, x):
+        return tf.reduce_sum(x, axis=1)
+
+def multi_hot(combiner):
+    def make(rng):  # 4 distinct ids, repeated within and across examples
+        inputs = keras.Input((None,), dtype="int32", ragged=True)
+        pooled = combiner()(keras.layers.Embedding(50, 4, name="table")(inputs))
+        rows = [rng.choice([3, 7, 11, 19], rng.randint(1, 6)).tolist() for _ in range(N)]
+        features = tf.ragged.constant(rows, "int32")
+        return keras.Model(inputs, keras.layers.Dense(1)(pooled)), features
+
+    return make
+
+def dynamic(rng):  # ragged int64 ids from an unbounded space
+    inputs = keras.Input((None,), dtype="int64", ragged=True)
+    layer = DynamicEmbedding(4, 64, name="de", seed=5, min_count=2)
+    pooled = keras.layers.GlobalAveragePooling1D()(layer(inputs))
+    pool = rng.randint(0, 2**62, 12)
+    rows = [rng.choice(pool, rng.randint(1, 6)).tolist() for _ in range(N)]
+    return keras.Model(inputs, keras.layers.Dense(1)(pooled)), tf.ragged.constant(rows, "int64")
+
+def sparse(rng):
+    inputs = keras.Input((6,), sparse=True)
+    dense = np.where(rng.rand(N, 6) > 0.6, rng.rand(N, 6), 0).astype("float32")
+    return keras.Model(inputs, keras.layers.Dense(1)(inputs)), tf.sparse.from_dense(dense)
+
+def optional(rng):  # two inputs, the first (in flattened order) optional and given as None
+    a = keras.Input((3,), name="a", optional=True)
+    b = keras.Input((3,), name="b")
+
+    class Add(keras.layers.Layer):
+        def call(self, a=None, b=None):
+            return b if a is None else a + b
+
+    outputs = keras.layers.Dense(1)(Add()(a, b))
+    features = {"a": None, "b": rng.rand(N, 3).astype("float32")}
+    return keras.Model({"a": a, "b": b}, outputs), features
+
+def train(make, optimizer, scope=None):
+    keras.utils.set_random_seed(1)
+    rng = np.random.RandomState(0)
+    with scope or contextlib.nullcontext():
+        model, x = make(rng)
+        model.compile(loss="mse", optimizer=keras.optimizers.SGD(0.1) if optimizer == "sgd"
+                      else keras.optimizers.Adam(0.05))
+    batches = tf.data.Dataset.from_tensor_slices((x, Y)).batch(6)  # 6, 6, 2 over 4 replicas
+    history = model.fit(batches, epochs=2, verbose=0).history["loss"]
+    # batches of 3 over 4 replicas (one share empty in each), the last of 2
+    predictions = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(3), verbose=0)
+    return model, history, predictions
+
+CASES = {  # ragged ids: a mean combiner under SGD, a sum under Adam, a DynamicEmbedding
+    "sparse": (sparse, "sgd"), "none": (optional, "sgd"),
+    "ragged-mean-sgd": (multi_hot(keras.layers.GlobalAveragePooling1D), "sgd"),
+    "ragged-sum-adam": (multi_hot(SumRows), "adam"),
+    "ragged-dynamic-adam": (dynamic, "adam"),
+}
+for name, (make, optimizer) in CASES.items():
+    @case(name)
+    def _():
+        reference, expected_history, expected = train(make, optimizer)
+        model, history, predictions = train(make, optimizer, strategy.scope())
+        return {
+            "weights": max_gap(reference.get_weights(), model.get_weights()),
+            "history": max(abs(a - b) / abs(a) for a, b in zip(expected_history, history)),
+            "predictions": max_gap([predictions], [expected]),
+            "rows": len(predictions),
+        }
+
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def results(local):
+    """Every case of `_CLIENT`, run by one client process of the module's cluster."""
+    return _client(_CLIENT, local.spec)
+
+
+def _result(results, name):
+    out = results[name]
+    assert not (isinstance(out, dict) and "error" in out), out["error"]
+    return out
+
+
+def test_jit_compiled_predict_and_fit_equal_one_device(results):
+    out = _result(results, "jit")
+    for k in ("1", "3"):
+        assert out[k]["predict"] < 1e-5, out
+        assert out[k]["history"] < 1e-5, out
+        assert out[k]["weights"] < 1e-5, out
+        assert out[k]["on_batch"] < 1e-5, out
+        assert out[k]["jit_kept"] is True, out  # the model's setting is left as compiled
+    assert out["warnings"] and all("without XLA" in w for w in out["warnings"]), out
+
+
+@pytest.mark.parametrize("model", ["conv", "lookups"])
+def test_predict_on_every_batch_size_with_empty_shares_equals_one_device(results, model):
+    assert max(_result(results, f"empty-{model}")) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "case", ["sparse", "none", "ragged-mean-sgd", "ragged-sum-adam", "ragged-dynamic-adam"]
+)
+def test_uneven_composite_inputs_equal_one_device(results, case):
+    out = _result(results, case)
+    assert out["rows"] == 14, out
+    assert out["weights"] < 1e-5, out
+    assert out["history"] < 1e-5, out
+    assert out["predictions"] < 1e-5, out
