@@ -532,6 +532,24 @@ def test_a_custom_loop_resets_the_slots_of_a_tracked_optimizer():
     assert os.environ.get("TF_CONFIG") is None
 
 
+def test_a_custom_loop_that_names_no_optimizer_is_refused_before_anything_changes():
+    layer = DynamicEmbedding(DIM, 2, eviction="lru", seed=3, name="items")
+    layer.build()
+    before = [w.copy() for w in layer.get_weights()]
+    with pytest.raises(ValueError) as raised:
+        layer(tf.constant([[1, 2]], tf.int64), training=True)
+    assert (  # Keras's call wrapper adds the arguments around it
+        "DynamicEmbedding 'items' is called with training=True outside Model.fit, and it does "
+        "not know the optimizer that trains it"
+    ) in str(raised.value)
+    assert "items.track_optimizer(optimizer)" in str(raised.value)
+    for a, b in zip(before, layer.get_weights()):
+        np.testing.assert_array_equal(a, b)  # no id admitted, nothing changed
+    layer.track_optimizer(None)  # no optimizer trains these rows: told, so it trains
+    layer(tf.constant([[1, 2]], tf.int64), training=True)
+    assert sorted(layer.get_weights()[1].tolist()) == [1, 2]
+
+
 def test_step_ids_are_deduplicated_per_task_then_once_in_global_batch_order(monkeypatch):
     from types import SimpleNamespace
 

@@ -165,6 +165,15 @@ class DynamicEmbedding(keras.layers.Layer):
 
     def _train_rows(self, unique, seen, strings, clashes):
         self._slot_resetter.discover()
+        if self.trainable and not self._slot_resetter.known:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r} is called with training=True outside "
+                f"Model.fit, and it does not know the optimizer that trains it: a row handed to "
+                f"a new id would keep the optimizer's state of the id evicted from it (Adam's "
+                f"moments, for one). Call {self.name}.track_optimizer(optimizer), with the "
+                f"optimizer built, before the first training step (track_optimizer(None) if "
+                f"no optimizer trains it), or train with model.fit."
+            )
         args = (unique, seen) if strings is None else (unique, seen, strings, clashes)
         ctx = tf.distribute.get_replica_context()
         if ctx is None:  # cross-replica context: one call for the whole batch
@@ -258,8 +267,9 @@ class DynamicEmbedding(keras.layers.Layer):
     def track_optimizer(self, optimizer):
         """Resets `optimizer`'s slots of rows handed to new ids (needed in custom loops only;
         `fit` finds the model's optimizer). Call it, with the optimizer built, before the
-        first training step is traced."""
-        self._slot_resetter.track(optimizer)
+        first training step is traced. `None` says that no optimizer trains the rows: a
+        training call outside `fit` refuses until one of these calls is made."""
+        self._slot_resetter.track(optimizer, told=True)
 
     # -- files --------------------------------------------------------------------------------
 

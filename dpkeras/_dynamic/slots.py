@@ -50,10 +50,17 @@ class SlotResetter:
 
     def __init__(self):
         self._optimizers = []
+        self.told = False  # `track` was called: the layer's user said which optimizers (if any)
 
-    def track(self, optimizer):
+    def track(self, optimizer, told=False):
+        self.told = self.told or told
         if optimizer is not None and all(o is not optimizer for o in self._optimizers):
             self._optimizers.append(optimizer)
+
+    @property
+    def known(self):
+        """Whether the optimizers that train the rows are known (found, or told)."""
+        return bool(self._optimizers) or self.told
 
     def discover(self):
         """Tracks the optimizer of the model whose `train_step` is calling, if any."""
