@@ -57,7 +57,7 @@ SUITES = {
         "keras",
         "keras",
         (
-            "keras/src/trainers/*_test.py",
+            "keras/src/backend/common/*_test.py",
             "keras/src/layers/layer_test.py",
             "keras/src/layers/core/*_test.py",
             "keras/src/layers/normalization/*_test.py",
@@ -69,8 +69,8 @@ SUITES = {
             "keras/src/saving/*_test.py",
             "keras/src/callbacks/*_test.py",
             "keras/src/metrics/*_test.py",
-            "keras/src/backend/common/*_test.py",
             "keras/src/export/*_test.py",
+            "keras/src/trainers/*_test.py",
         ),
         {
             "keras/src/export/torch_test.py": "exports through PyTorch (torch not installed)",
@@ -211,10 +211,11 @@ class Comparison:
     unexplained: list = dataclasses.field(default_factory=list)
     stale: list = dataclasses.field(default_factory=list)
     mirrored_wrong: list = dataclasses.field(default_factory=list)
+    crashed: dict = dataclasses.field(default_factory=dict)  # group and mode -> pytest status
 
     @property
     def ok(self):
-        return not (self.unexplained or self.stale or self.mirrored_wrong)
+        return not (self.unexplained or self.stale or self.mirrored_wrong or self.crashed)
 
 
 def compare(results, broken, not_run, seconds, modules):
@@ -261,6 +262,8 @@ def report(c, title, modules):
         )
     for module, why in c.not_run.items():
         lines.append(f"| {module} | not run: {why} |")
+    lines += ["", f"## pytest processes that did not end normally: {len(c.crashed)}", ""]
+    lines += [f"- {group}: {status}" for group, status in c.crashed.items()]
     for heading, ids in (
         ("Unexplained differences", c.unexplained),
         ("Stale pins (no longer differ)", c.stale),
@@ -298,34 +301,40 @@ def run(
         else:
             root = _package_parent(suite.package)
         modules, not_run = select(suite, root, patterns)
-        results, seconds, broken = {}, {}, {}
-        # The modes run one after the other, or all at once with `concurrent` (each process
-        # mostly waits on one core: Keras's tests are small).
-        batches = [modes] if concurrent else [(m,) for m in modes]
-        for batch in batches:
-            start, procs = time.monotonic(), {}
-            for mode in batch:
-                junit = os.path.join(out, f"{suite.name}-{mode}.xml")
-                print(f"{suite.name}: {len(modules)} modules, mode {mode} ...", flush=True)
-                procs[mode] = start_mode(mode, root, modules, junit, jobs, deps, scratch)
-            for mode, proc in procs.items():
-                proc.wait(timeout=TIMEOUT)
-                seconds[mode] = time.monotonic() - start
-                junit = os.path.join(out, f"{suite.name}-{mode}.xml")
-                results[mode], mode_broken = outcomes(junit)
-                if mode == "none":
-                    broken = mode_broken
-    c = compare(results, broken, not_run, seconds, modules)
-    path = os.path.join(out, f"{suite.name}-report.md")
-    with open(path, "w") as f:
-        f.write(
-            report(
-                c,
-                f"{suite.name}: its own tests without a strategy, under dpkeras, "
-                "under MirroredStrategy",
-                modules,
-            )
-        )
+        c, path = None, None
+        results = {m: {} for m in modes}
+        seconds, broken, crashed = dict.fromkeys(modes, 0.0), {}, {}
+        groups = [[m for m in modules if fnmatch.fnmatch(m, g)] for g in suite.modules]
+        groups = [g for i, g in enumerate(groups) if g and g[0] not in sum(groups[:i], [])]
+        # One pytest process per glob and mode, so that a crash loses one group and the report
+        # grows as groups end; the modes run one after the other, or at once (`concurrent`).
+        for number, group in enumerate(groups):
+            batches = [modes] if concurrent else [(m,) for m in modes]
+            for batch in batches:
+                start, procs = time.monotonic(), {}
+                for mode in batch:
+                    junit = os.path.join(out, f"{suite.name}-{number:02d}-{mode}.xml")
+                    print(f"{suite.name}: {group[0]} ... ({len(group)}), {mode}", flush=True)
+                    procs[mode] = start_mode(mode, root, group, junit, jobs, deps, scratch)
+                for mode, proc in procs.items():
+                    status = proc.wait(timeout=TIMEOUT)
+                    seconds[mode] += time.monotonic() - start
+                    junit = os.path.join(out, f"{suite.name}-{number:02d}-{mode}.xml")
+                    if status not in (0, 1) or not os.path.exists(junit):
+                        crashed[f"{group[0]} ... ({mode})"] = f"pytest status {status}"
+                    if os.path.exists(junit):
+                        tests, mode_broken = outcomes(junit)
+                        results[mode].update(tests)
+                        if mode == "none":
+                            broken.update(mode_broken)
+            done = sum(groups[: number + 1], [])
+            c = compare(results, broken, not_run, seconds, done)
+            c.crashed = crashed
+            title = f"{suite.name}: its own tests without a strategy, under dpkeras"
+            title += ", under MirroredStrategy" if "mirrored" in modes else ""
+            path = os.path.join(out, f"{suite.name}-report.md")
+            with open(path, "w") as f:
+                f.write(report(c, title, done))
     return c, path
 
 

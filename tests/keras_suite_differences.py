@@ -18,7 +18,46 @@ _OWN_STRATEGY = (
     "tf.distribute.Strategy objects)"
 )
 
+_LOSS_SCALED = (
+    "calls a loss directly inside the strategy scope (cross-replica context): Keras scales a "
+    "loss by 1/replicas under any strategy (`scale_loss_for_distribution`), so with 2 replicas "
+    "the value is half the expected one (AssertionError: 2.488... != 4.976...)"
+)
+
+_SCIPY_REBATCH = (
+    "a scipy sparse input becomes a tf.SparseTensor whose indices are not in row-major order; "
+    "TensorFlow's input rebatching for the replicas (`Rebatch` in the distributed dataset) "
+    "refuses it (InvalidArgumentError: indices[1] = [0,1] is out of order). Sparse "
+    "tf.SparseTensor inputs pass"
+)
+
 DIFFERENCES = {
     "keras/src/backend/common/variables_test.py::VariableNumpyValueAndAssignmentTest::"
     "test_variable_numpy_scalar": Pin(_OWN_STRATEGY, mirrored=True),
+    "keras_rs/src/losses/list_mle_loss_test.py::ListMLELossTest::test_loss_reduction": Pin(
+        _LOSS_SCALED, mirrored=True
+    ),
+    "keras_rs/src/losses/pairwise_hinge_loss_test.py::"
+    "PairwiseHingeLossTest::test_loss_reduction": Pin(_LOSS_SCALED, mirrored=True),
+    "keras_rs/src/losses/pairwise_logistic_loss_test.py::"
+    "PairwiseLogisticLossTest::test_loss_reduction": Pin(_LOSS_SCALED, mirrored=True),
+    "keras_rs/src/losses/pairwise_mean_squared_error_test.py::"
+    "PairwiseMeanSquaredErrorTest::test_loss_reduction": Pin(_LOSS_SCALED, mirrored=True),
+    "keras_rs/src/losses/pairwise_soft_zero_one_loss_test.py::"
+    "PairwiseSoftZeroOneLossTest::test_loss_reduction": Pin(_LOSS_SCALED, mirrored=True),
+    "keras/src/trainers/trainer_test.py::TestTrainer::test_evaluate_sparse_scipy_eager": Pin(
+        _SCIPY_REBATCH, mirrored=True
+    ),
+    "keras/src/trainers/trainer_test.py::TestTrainer::test_fit_sparse_scipy_eager": Pin(
+        _SCIPY_REBATCH, mirrored=True
+    ),
+    "keras/src/trainers/trainer_test.py::TestTrainer::test_fit_sparse_scipy_graph": Pin(
+        _SCIPY_REBATCH, mirrored=True
+    ),
+    "keras/src/trainers/trainer_test.py::TestTrainer::test_predict_sparse_scipy_eager": Pin(
+        _SCIPY_REBATCH, mirrored=True
+    ),
+    "keras/src/trainers/trainer_test.py::TestTrainer::test_predict_sparse_scipy_graph": Pin(
+        _SCIPY_REBATCH, mirrored=True
+    ),
 }
