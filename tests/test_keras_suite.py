@@ -26,4 +26,4 @@ def test_keras_own_tests_differ_under_dpkeras_only_as_pinned(tmp_path):
     assert ran == set(MODULES) and not c.broken, (ran, c.broken)
     passed = sum(outcome == "passed" for outcome in c.results["dpkeras"].values())
     assert passed >= 20, open(report).read()  # the tests ran, not only imported
-    assert not c.unexplained and not c.stale, open(report).read()
+    assert not c.unexplained and not c.stale and not c.crashed, open(report).read()
