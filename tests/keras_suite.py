@@ -354,6 +354,7 @@ def main(argv):
     parser.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers per mode")
     parser.add_argument("--concurrent", action="store_true", help="run the modes at once")
     parser.add_argument("--deps", action="store_true", help="install the `suite` extra first")
+    parser.add_argument("--out", default=RESULTS, help="where reports and JUnit XML go")
     parser.add_argument("--keras-rs-source", help="a checkout of keras-rs's v0.4.0 tag")
     args = parser.parse_args(argv)
     check_pins()
@@ -366,7 +367,7 @@ def main(argv):
             name,
             args.module,
             modes,
-            RESULTS,
+            args.out,
             args.jobs,
             args.deps,
             args.keras_rs_source,
