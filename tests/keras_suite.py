@@ -170,7 +170,9 @@ def start_mode(mode, root, modules, junit, jobs, deps, cwd):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     command += ["-p", "tests.keras_suite_plugin", f"--strategy={mode}", "-c", ini]
     command += ["--rootdir", root, "-o", "junit_family=xunit1", f"--junitxml={junit}"]
-    command += ["--continue-on-collection-errors", *parallel]
+    # Native tracebacks: pytest's own formatting parses the source and crashed the whole
+    # process (INTERNALERROR, SystemError from ast) on a failure deep in TensorFlow.
+    command += ["--continue-on-collection-errors", "--tb=native", *parallel]
     command += [os.path.join(root, m) for m in modules]
     with open(junit + ".log", "w") as log:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=log)
