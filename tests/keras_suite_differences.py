@@ -31,6 +31,26 @@ _SCIPY_REBATCH = (
     "tf.SparseTensor inputs pass"
 )
 
+_LSO_APPLY = (
+    "calls LossScaleOptimizer.apply (or apply_gradients) directly in the strategy scope: "
+    "under any strategy Keras's LossScaleOptimizer refuses it outside `strategy.run` "
+    "(ValueError: apply() must be called in a replica context)"
+)
+_PER_REPLICA_WARNING = (
+    "predict traces the step once per replica, so Keras's warning about the structure of "
+    "`inputs` is issued twice, not once (AssertionError: 2 != 1)"
+)
+_OPTIONAL_NONE_DATASET = (
+    "a generator yielding None for an optional input becomes a dataset with an OptionalSpec; "
+    "TensorFlow's distributed dataset cannot unbatch it (AttributeError: 'OptionalSpec' object "
+    "has no attribute '_unbatch'), before any dpkeras code runs"
+)
+_ATOMIC_SAVE = (
+    "dpkeras writes a dpkeras model's .keras file atomically (docs/reliability.md): a save "
+    "that raises leaves the target as it was (here: no file), where Keras leaves a partial zip "
+    "without weights, which the test asserts exists (AssertionError: False is not true)"
+)
+
 DIFFERENCES = {
     "keras/src/backend/common/variables_test.py::VariableNumpyValueAndAssignmentTest::"
     "test_variable_numpy_scalar": Pin(_OWN_STRATEGY, mirrored=True),
@@ -59,5 +79,53 @@ DIFFERENCES = {
     ),
     "keras/src/trainers/trainer_test.py::TestTrainer::test_predict_sparse_scipy_graph": Pin(
         _SCIPY_REBATCH, mirrored=True
+    ),
+    "keras/src/models/functional_test.py::"
+    "FunctionalTest::test_warning_for_mismatched_inputs_structure": Pin(
+        _PER_REPLICA_WARNING, mirrored=True
+    ),
+    "keras/src/models/model_test.py::"
+    "ModelTest::test_functional_optional_inputs_generator_optional_none": Pin(
+        _OPTIONAL_NONE_DATASET, mirrored=True
+    ),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_apply_with_no_vars": Pin(_LSO_APPLY, mirrored=True),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_downscaling_stateful": Pin(_LSO_APPLY, mirrored=True),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_finite_step_stateful": Pin(_LSO_APPLY, mirrored=True),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_finite_step_with_inner_loss_scale_stateful": Pin(
+        _LSO_APPLY, mirrored=True
+    ),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_finite_step_with_overwrite_stateful": Pin(
+        _LSO_APPLY, mirrored=True
+    ),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_infinite_step_stateful": Pin(_LSO_APPLY, mirrored=True),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_iterations_update_stateful": Pin(_LSO_APPLY, mirrored=True),
+    "keras/src/optimizers/loss_scale_optimizer_test.py::"
+    "LossScaleOptimizerTest::test_upscaling_stateful": Pin(_LSO_APPLY, mirrored=True),
+    "keras/src/optimizers/multi_optimizer_test.py::"
+    "MultiOptimizerTest::test_multi_optimizer_wrapped_in_loss_scale_optimizer": Pin(
+        _LSO_APPLY, mirrored=True
+    ),
+    "keras/src/optimizers/optimizer_sparse_test.py::"
+    "OptimizerSparseTest::test_sparse_correctness_loss_scale_optimizer_sgd": Pin(
+        _LSO_APPLY, mirrored=True
+    ),
+    "keras/src/optimizers/optimizer_sparse_test.py::"
+    "OptimizerSparseTest::test_sparse_gradients_loss_scale_optimizer_sgd": Pin(
+        _LSO_APPLY, mirrored=True
+    ),
+    "keras/src/saving/saving_lib_test.py::"
+    "SavingTest::test_save_model_exception_raised_high_memory_config": Pin(
+        _ATOMIC_SAVE, mirrored=False
+    ),
+    "keras/src/saving/saving_lib_test.py::"
+    "SavingTest::test_save_model_exception_raised_low_memory_config": Pin(
+        _ATOMIC_SAVE, mirrored=False
     ),
 }
