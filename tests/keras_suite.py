@@ -186,8 +186,12 @@ def outcomes(junit):
         module, classname, name = case.get("file"), case.get("classname"), case.get("name")
         failure = case.find("failure")
         error = case.find("error")
-        if not classname:  # a module that did not import
-            broken[module] = (error if error is not None else failure).get("message", "")
+        if not classname:  # a module that did not import, or skipped itself as a whole
+            problem = error if error is not None else failure
+            if problem is None:
+                tests[module] = "skipped"
+            else:
+                broken[module] = problem.get("message", "")
             continue
         prefix = module[: -len(".py")].replace("/", ".")
         cls = classname[len(prefix) + 1 :] if classname.startswith(prefix + ".") else ""
