@@ -186,6 +186,8 @@ def outcomes(junit):
         module, classname, name = case.get("file"), case.get("classname"), case.get("name")
         failure = case.find("failure")
         error = case.find("error")
+        if module is None:  # pytest's internal error: the process's status reports it
+            continue
         if not classname:  # a module that did not import, or skipped itself as a whole
             problem = error if error is not None else failure
             if problem is None:
