@@ -300,6 +300,7 @@ def run(
 ):
     """Runs one suite in `modes`; returns `(Comparison, report path)`."""
     suite = SUITES[suite_name]
+    out = os.path.abspath(out)  # the pytest processes run in a scratch directory
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="keras-suite-stage-") as scratch:
         if suite.package == "keras_rs":
