@@ -10,7 +10,8 @@ differs: this file stays the true list. A dpkeras bug is fixed, never listed.
 
 import collections
 
-Pin = collections.namedtuple("Pin", "reason mirrored")
+# `sometimes`: the test fails under a strategy on some random data only (never stale then).
+Pin = collections.namedtuple("Pin", "reason mirrored sometimes", defaults=(False,))
 
 _OWN_STRATEGY = (
     "the test enters its own MirroredStrategy scope, inside the scope the harness entered "
@@ -27,8 +28,8 @@ _LOSS_SCALED = (
 _SCIPY_REBATCH = (
     "a scipy sparse input becomes a tf.SparseTensor whose indices are not in row-major order; "
     "TensorFlow's input rebatching for the replicas (`Rebatch` in the distributed dataset) "
-    "refuses it (InvalidArgumentError: indices[1] = [0,1] is out of order). Sparse "
-    "tf.SparseTensor inputs pass"
+    "refuses it (InvalidArgumentError: indices[1] = [0,1] is out of order). The test's "
+    "matrix is random, so which of these fail changes from run to run"
 )
 
 _LSO_APPLY = (
@@ -51,6 +52,12 @@ _ATOMIC_SAVE = (
     "without weights, which the test asserts exists (AssertionError: False is not true)"
 )
 
+_COMPILE_LOSS_SCALED = (
+    "calls Keras's CompileLoss directly inside the strategy scope, where Keras scales a loss "
+    "for the replicas (`scale_loss_for_distribution`); MirroredStrategy gives the same, "
+    "equally different value (AssertionError: not equal to tolerance)"
+)
+
 DIFFERENCES = {
     "keras/src/backend/common/variables_test.py::VariableNumpyValueAndAssignmentTest::"
     "test_variable_numpy_scalar": Pin(_OWN_STRATEGY, mirrored=True),
@@ -66,19 +73,19 @@ DIFFERENCES = {
     "keras_rs/src/losses/pairwise_soft_zero_one_loss_test.py::"
     "PairwiseSoftZeroOneLossTest::test_loss_reduction": Pin(_LOSS_SCALED, mirrored=True),
     "keras/src/trainers/trainer_test.py::TestTrainer::test_evaluate_sparse_scipy_eager": Pin(
-        _SCIPY_REBATCH, mirrored=True
+        _SCIPY_REBATCH, mirrored=True, sometimes=True
     ),
     "keras/src/trainers/trainer_test.py::TestTrainer::test_fit_sparse_scipy_eager": Pin(
-        _SCIPY_REBATCH, mirrored=True
+        _SCIPY_REBATCH, mirrored=True, sometimes=True
     ),
     "keras/src/trainers/trainer_test.py::TestTrainer::test_fit_sparse_scipy_graph": Pin(
-        _SCIPY_REBATCH, mirrored=True
+        _SCIPY_REBATCH, mirrored=True, sometimes=True
     ),
     "keras/src/trainers/trainer_test.py::TestTrainer::test_predict_sparse_scipy_eager": Pin(
-        _SCIPY_REBATCH, mirrored=True
+        _SCIPY_REBATCH, mirrored=True, sometimes=True
     ),
     "keras/src/trainers/trainer_test.py::TestTrainer::test_predict_sparse_scipy_graph": Pin(
-        _SCIPY_REBATCH, mirrored=True
+        _SCIPY_REBATCH, mirrored=True, sometimes=True
     ),
     "keras/src/models/functional_test.py::"
     "FunctionalTest::test_warning_for_mismatched_inputs_structure": Pin(
@@ -132,4 +139,37 @@ DIFFERENCES = {
     "SwapEMAWeightsTest::test_swap_ema_weights_with_tf_distribute": Pin(
         _OWN_STRATEGY, mirrored=True
     ),
+    "keras/src/trainers/trainer_test.py::TestTrainer::test_evaluate_sparse_scipy_graph": Pin(
+        _SCIPY_REBATCH, mirrored=True, sometimes=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_dict_output_case0": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_dict_output_case1": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_list_loss_dict_data": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_list_output_case0": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_list_output_case1": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::"
+    "TestCompileLoss::test_single_output_case_with_crossentropy_loss": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_struct_loss": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_struct_loss_indice_path": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::TestCompileLoss::test_struct_loss_namedtuple": Pin(
+        _COMPILE_LOSS_SCALED, mirrored=True
+    ),
+    "keras/src/trainers/compile_utils_test.py::"
+    "TestCompileLoss::test_struct_loss_valid_weights": Pin(_COMPILE_LOSS_SCALED, mirrored=True),
 }
