@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test wheel-test bench lint format clean mutants
+.PHONY: install test wheel-test bench lint format clean mutants keras-suite
 
 $(STAMP): pyproject.toml dpkeras/_version.py
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ wheel-test: $(STAMP)
 # to fail; slow (a cluster per cluster mutant), not part of `make test`.
 mutants: $(STAMP)
 	$(VENV)/bin/python -m tests.mutations $(ARGS)
+
+# Keras's own unit tests (from the installed wheel) without a strategy, under dpkeras and under
+# MirroredStrategy, compared test by test (tests/keras_suite.py); every difference must be
+# pinned in tests/keras_suite_differences.py. Slow, not part of `make test` (which runs a
+# subset); report in results/keras-suite/. keras-rs 0.4.0 ships no tests (wheel nor sdist):
+# ARGS="--keras-rs-source DIR" with a checkout of its v0.4.0 tag adds them.
+keras-suite: $(STAMP)
+	$(VENV)/bin/python -m tests.keras_suite --deps --concurrent $(ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.compare $(ARGS)

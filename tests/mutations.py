@@ -394,6 +394,14 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_cluster_inputs.py::test_jit_compiled_predict_and_fit_equal_one_device",),
     ),
+    Mutant(
+        "assign-sub",
+        "a variable's assign_sub adds (Keras's SGD and Adam update with assign_sub)",
+        "dpkeras/_variables/writes.py",
+        '"assign_sub", delta, use_locking',
+        '"assign_add", delta, use_locking',
+        ("tests/test_keras_suite.py::test_keras_own_tests_differ_under_dpkeras_only_as_pinned",),
+    ),
 )
 
 
