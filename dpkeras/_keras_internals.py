@@ -127,9 +127,9 @@ def predict_step_model(fn):
                 content = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            if "make_predict_function" in qualname and isinstance(content, keras.Model):
+            if "make_predict_function" in qualname and isinstance(content, tensorflow_trainer()):
                 return content
-            if callable(content) and not isinstance(content, keras.Model):
+            if callable(content) and not isinstance(content, tensorflow_trainer()):
                 pending.append(content)
     return None
 

@@ -402,6 +402,17 @@ MUTANTS = (
         '"assign_add", delta, use_locking',
         ("tests/test_keras_suite.py::test_keras_own_tests_differ_under_dpkeras_only_as_pinned",),
     ),
+    Mutant(
+        "whole-batch-predict",
+        "predict_on_batch runs the whole batch on every replica (rows come back once each)",
+        "dpkeras/_extended/extended.py",
+        "            if keras_steps.is_whole_batch(args, kwargs):  # predict_on_batch\n",
+        "            if False:  # predict_on_batch\n",
+        (
+            "tests/test_predict_on_batch.py::"
+            "test_predict_on_batch_equals_one_device_for_every_batch_size",
+        ),
+    ),
 )
 
 

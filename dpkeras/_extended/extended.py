@@ -213,7 +213,8 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         each replica's mean loss by 1/N, exact only for even shares); and collects each
         replica's input tensors, so writes without a data dependency wait for them. A predict
         step does not run the model on a replica's empty share of a batch
-        (`keras_steps.safe_with_an_empty_share`). After
+        (`keras_steps.safe_with_an_empty_share`), and given one whole batch
+        (`predict_on_batch`) each replica predicts its share of it. After
         Keras's LossScaleOptimizer asks each replica whether its gradients are finite, the
         answer is made global (Keras reads replica 0's answer only).
         """
@@ -231,6 +232,8 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         )
         if step == "predict_step" and n > 1:
             fn = keras_steps.safe_with_an_empty_share(fn)
+            if keras_steps.is_whole_batch(args, kwargs):  # predict_on_batch
+                fn = keras_steps.its_share_of_a_whole_batch(fn, n)
         serial = self._eager_steps if tf.executing_eagerly() else contextlib.nullcontext()
         with serial, replica_step.running(self, state):
             result = _tf_internals.call_for_each_replica(

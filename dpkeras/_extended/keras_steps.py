@@ -21,7 +21,9 @@ def _bound_method(fn):
 def step_model(fn):
     """`(model, step name)` when `fn` is a Keras model's train/test/predict step, else Nones."""
     owner, name = _bound_method(fn)
-    if isinstance(owner, keras.Model) and name in _STEPS:
+    # A Keras trainer: a keras.Model, or any class built on Keras's TF trainer (Keras's own
+    # tests train a Layer that mixes it in).
+    if isinstance(owner, _keras_internals.tensorflow_trainer()) and name in _STEPS:
         return owner, name
     model = _keras_internals.predict_step_model(fn)
     if model is not None:
@@ -64,6 +66,37 @@ def safe_with_an_empty_share(fn):
 
         padded_args, padded_kwargs = tf.nest.map_structure(at_least_one_row, (args, kwargs))
         return tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs))
+
+    return step
+
+
+def is_whole_batch(args, kwargs):
+    """Whether a step's arguments are one batch for every replica (no distributed value)."""
+    leaves = tf.nest.flatten((args, kwargs))
+    return not any(isinstance(x, tf.distribute.DistributedValues) for x in leaves)
+
+
+def its_share_of_a_whole_batch(fn, n):
+    """`fn`, a predict step handed the whole batch on every replica, made to run on this
+    replica's contiguous share of it.
+
+    Keras's `predict_on_batch` passes its batch itself to `strategy.run`, not a distributed
+    one, so under any strategy each of the `n` replicas predicted every row and the outputs
+    came back `n` times (6 rows for a batch of 3 on 2 replicas; Keras's trainer_test
+    `test_nested_inputs`). Each replica takes the rows TensorFlow's rebatching would give it
+    (101 over 2: 51, 50), so the outputs concatenate to one device's.
+    """
+
+    def step(*args, **kwargs):
+        first = batch_rows.first_in_batch((args, kwargs))
+        if first is None:
+            return fn(*args, **kwargs)
+        total = batch_rows.rows(first)
+        replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32)
+        base, extra = total // n, total % n
+        lo = replica * base + tf.minimum(replica, extra)
+        hi = lo + base + tf.cast(replica < extra, tf.int32)
+        return fn(*batch_rows.slice_batch(args, lo, hi), **batch_rows.slice_batch(kwargs, lo, hi))
 
     return step
 
