@@ -193,6 +193,17 @@ def dataset_inputs(dataset):
 _PYTHON_OPS = {"EagerPyFunc", "PyFunc", "PyFuncStateless"}
 
 
+def pipeline(dataset):
+    """`dataset` and every dataset it reads, each once (see `dataset_inputs`)."""
+    pending, seen = [dataset], set()
+    while pending:
+        current = pending.pop()
+        if id(current) not in seen:
+            seen.add(id(current))
+            yield current
+            pending.extend(dataset_inputs(current))
+
+
 def runs_python(dataset):
     """Whether `dataset`'s pipeline calls Python (`tf.py_function`, `tf.numpy_function`,
     `Dataset.from_generator`), in any of its transformations' functions.
@@ -201,12 +212,7 @@ def runs_python(dataset):
     another task. A transformation keeps its traced function in a private attribute (a
     `StructuredFunctionWrapper`, such as `_map_func`); found by its `function` attribute.
     """
-    pending, seen = [dataset], set()
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in pipeline(dataset):
         for value in vars(current).values():
             function = getattr(value, "function", None)
             graph = getattr(function, "graph", None)
@@ -218,7 +224,6 @@ def runs_python(dataset):
                 nodes.extend(library_function.node_def)
             if any(node.op in _PYTHON_OPS for node in nodes):
                 return True
-        pending.extend(dataset_inputs(current))
     return False
 
 

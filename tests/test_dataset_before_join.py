@@ -139,3 +139,31 @@ def test_pipelines_made_before_joining_are_refused_and_made_after_train(tmp_path
     for name, loss in result["after"].items():
         assert 0 <= loss < 1e3, (name, loss)
     assert result["python_fed_difference"] < 1e-6
+
+
+def test_the_pipeline_walk_and_its_python_are_seen_on_this_tensorflow():
+    """The private parts these rest on (`Dataset._inputs()`, a transformation's traced
+    function): fails loudly if a TensorFlow upgrade moves them."""
+    import tensorflow as tf
+
+    from dpkeras import _tf_internals
+
+    numbers = tf.data.Dataset.range(4)
+    other = tf.data.Dataset.range(3)
+    zipped = tf.data.Dataset.zip(numbers.map(lambda x: x + 1), other).batch(2)
+    assert {type(d).__name__ for d in _tf_internals.pipeline(zipped)} >= {
+        "_BatchDataset",
+        "_ZipDataset",
+        "_MapDataset",
+        "_RangeDataset",
+    }
+    assert sum(1 for _ in _tf_internals.pipeline(zipped)) == 5  # each dataset once
+    assert not _tf_internals.runs_python(zipped)
+    python = numbers.map(lambda x: tf.py_function(lambda t: t, [x], tf.int64))
+    assert _tf_internals.runs_python(python.batch(2))
+    assert _tf_internals.runs_python(tf.data.Dataset.zip(python, other))
+    generated = tf.data.Dataset.from_generator(lambda: iter([1, 2]), output_types=tf.int64)
+    assert _tf_internals.runs_python(generated)
+    assert _tf_internals.runs_python(
+        numbers.map(lambda x: tf.numpy_function(lambda t: t, [x], tf.int64))
+    )

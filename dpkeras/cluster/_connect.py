@@ -114,12 +114,7 @@ def refuse_datasets_made_before(dataset, what="The dataset"):
     """
     if not _made_before:
         return
-    pending, seen = [dataset], set()
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in _tf_internals.pipeline(dataset):
         if current in _made_before:
             shown = "" if current is dataset else f", which reads {type(current).__name__}"
             raise ValueError(
@@ -132,7 +127,6 @@ def refuse_datasets_made_before(dataset, what="The dataset"):
                 f"script, and join() is where the ps and workers stop), or build it after "
                 f"entering dpkeras.scope(cluster=...)."
             )
-        pending.extend(_tf_internals.dataset_inputs(current))
 
 
 def connected_cluster():
