@@ -19,8 +19,10 @@ DEFAULT_CONNECT_TIMEOUT = _config.DEFAULT_CONNECT_TIMEOUT
 _FIRST_WORD = 2.0  # seconds of silence before the client names the tasks it waits for
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
-# The tf.data datasets alive when this process connected: each lives in the TensorFlow context
-# that connecting replaced, and fails where it is used ("unknown device [Op:DatasetToGraphV2]").
+# The tf.data datasets alive when this process connected as a task of the cluster (the chief,
+# or worker 0): each sits on a device that connecting renamed (/job:localhost/... became the
+# task's), and fails where it is used ("unknown device [Op:DatasetToGraphV2]"). A client that
+# connects as /job:localhost keeps its devices' names, and its datasets work.
 _made_before = weakref.WeakSet()
 
 
@@ -106,11 +108,12 @@ def _remember_datasets_made_before():
 
 def refuse_datasets_made_before(dataset, what="The dataset"):
     """Raises ValueError, naming `dataset` and the fix, when it (or a dataset it reads) was
-    made before this process connected to its cluster.
+    made before this process connected to its cluster as one of its tasks.
 
-    Connecting replaces TensorFlow's eager context, and a tf.data pipeline belongs to the
-    context it was made in: used afterwards it fails with TensorFlow's "/job:localhost/...
-    unknown device [Op:DatasetToGraphV2]". Checked where a strategy distributes a dataset.
+    A tf.data pipeline sits on the device it was made on, and connecting as the chief (or
+    worker 0) renames this process's devices: used afterwards it fails with TensorFlow's
+    "/job:localhost/... unknown device [Op:DatasetToGraphV2]". Checked where a strategy
+    distributes a dataset.
     """
     if not _made_before:
         return
@@ -119,9 +122,9 @@ def refuse_datasets_made_before(dataset, what="The dataset"):
             shown = "" if current is dataset else f", which reads {type(current).__name__}"
             raise ValueError(
                 f"{what} {type(dataset).__name__} (element_spec {dataset.element_spec}"
-                f"{shown}) was made before this process joined its cluster. Joining "
-                f"replaces TensorFlow's context, and a tf.data "
-                f"pipeline cannot be used outside the context it was made in. Make the "
+                f"{shown}) was made before this process joined its cluster as its "
+                f"{_connected.own[0]} task. Joining renamed this process's devices, and a "
+                f"tf.data pipeline stays on the device it was made on. Make the "
                 f"dataset after joining: call dpkeras.cluster.join() first in the script "
                 f"(before any tf.data code; under TF_CONFIG every task runs the top of the "
                 f"script, and join() is where the ps and workers stop), or build it after "
@@ -181,7 +184,8 @@ def connect_to(cluster, timeout=None):
             )
         _wait_for(cluster.remote, timeout)
         _refuse_variables_made_before(cluster)
-        _remember_datasets_made_before()
+        if cluster.own is not None:  # this process's devices are renamed /job:localhost -> own task
+            _remember_datasets_made_before()
         # Without this, a function first run on a task after it died blocks forever on TF 2.21
         # (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s). TF's
         # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,
