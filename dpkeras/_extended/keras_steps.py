@@ -8,6 +8,7 @@ import tensorflow as tf
 from dpkeras import _keras_internals
 from dpkeras._extended import batch_rows
 from dpkeras._variables.sharded import PLACED_TYPES
+from dpkeras.cluster import _input
 
 _STEPS = ("train_step", "test_step", "predict_step")
 
@@ -93,9 +94,8 @@ def its_share_of_a_whole_batch(fn, n):
             return fn(*args, **kwargs)
         total = batch_rows.rows(first)
         replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32)
-        base, extra = total // n, total % n
-        lo = replica * base + tf.minimum(replica, extra)
-        hi = lo + base + tf.cast(replica < extra, tf.int32)
+        lo = _input.replica_start_in_graph(replica, total, n)
+        hi = _input.replica_start_in_graph(replica + 1, total, n)
         return fn(*batch_rows.slice_batch(args, lo, hi), **batch_rows.slice_batch(kwargs, lo, hi))
 
     return step

@@ -51,8 +51,8 @@ def replica_start(replica, rows, num_replicas):
     return replica * per + min(replica, extra)
 
 
-def _replica_start_in_graph(replica, rows, num_replicas):
-    """`replica_start` of int64 tensors, in a pipeline's functions."""
+def replica_start_in_graph(replica, rows, num_replicas):
+    """`replica_start` of integer tensors (one dtype), in a pipeline's or a step's functions."""
     per, extra = rows // num_replicas, rows % num_replicas
     return replica * per + tf.minimum(replica, extra)
 
@@ -138,7 +138,7 @@ def _host_pipeline(cut, first, end, num_replicas):
         rows = tf.cast(rows, tf.int64)
 
         def start(replica):
-            return _replica_start_in_graph(tf.cast(replica, tf.int64), rows, num_replicas)
+            return replica_start_in_graph(tf.cast(replica, tf.int64), rows, num_replicas)
 
         def piece(k):
             offset = start(first)
@@ -204,7 +204,7 @@ def host_slices(dataset, first, end, num_replicas):
         rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)
 
         def start(replica):
-            return _replica_start_in_graph(replica, rows, num_replicas)
+            return replica_start_in_graph(replica, rows, num_replicas)
 
         def cut(replica):
             lo, hi = start(replica), start(replica + 1)
