@@ -35,39 +35,85 @@ The package, from the top down (each imports only what stands below it):
 - at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
   `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop, input),
   `_tf_internals` and `_keras_internals` (every private TensorFlow and Keras use, each with
-  its reason), `_cache` (the graph-keyed cache),
+  its reason), `_cache` (the graph-keyed cache), `_quiet` (TensorFlow's log noise kept out of
+  the commands' output), `_lazy` (this module's names imported when first used),
   `_device_names`, `_sizes`, `_config` (every setting, resolved once: arguments, then
   `DPKERAS_*`, then defaults), `_version`.
 """
 
-from dpkeras import layers, placement
-from dpkeras._config import Deduplicate
-from dpkeras._extended.devices import simulate_cpu_devices
-from dpkeras._patches.table import uninstall
-from dpkeras._strategy.report import PlacementReport, placement_report
-from dpkeras._strategy.scope import get_strategy, scope
-from dpkeras._strategy.strategy import ParameterDeviceStrategy
-from dpkeras._transfers import TransferReport, record_transfers, train_step_transfers
-from dpkeras._variables.variables import ParameterVariable
+import typing
+
+from dpkeras._lazy import exports
 from dpkeras._version import __version__
-from dpkeras.cluster import TaskFailedError
-from dpkeras.tf1 import (
-    AUTO_REUSE,
-    LocalVariable,
-    VariableScope,
-    VariableStore,
-    add_model_variable,
-    get_local_variables,
-    get_model_variables,
-    get_variable,
-    get_variable_store,
-    get_variables,
-    local_variable,
-    model_variable,
-    regularization_losses,
-    variable,
-    variable_scope,
-)
+
+# Each public name and the module that holds it, imported when first used (`dpkeras._lazy`).
+_EXPORTS = {
+    "layers": "dpkeras.layers",
+    "placement": "dpkeras.placement",
+    "Deduplicate": "dpkeras._config",
+    "simulate_cpu_devices": "dpkeras._extended.devices",
+    "uninstall": "dpkeras._patches.table",
+    "PlacementReport": "dpkeras._strategy.report",
+    "placement_report": "dpkeras._strategy.report",
+    "get_strategy": "dpkeras._strategy.scope",
+    "scope": "dpkeras._strategy.scope",
+    "ParameterDeviceStrategy": "dpkeras._strategy.strategy",
+    "TransferReport": "dpkeras._transfers",
+    "record_transfers": "dpkeras._transfers",
+    "train_step_transfers": "dpkeras._transfers",
+    "ParameterVariable": "dpkeras._variables.variables",
+    "TaskFailedError": "dpkeras.cluster",
+    **dict.fromkeys(
+        (
+            "AUTO_REUSE",
+            "LocalVariable",
+            "VariableScope",
+            "VariableStore",
+            "add_model_variable",
+            "get_local_variables",
+            "get_model_variables",
+            "get_variable",
+            "get_variable_store",
+            "get_variables",
+            "local_variable",
+            "model_variable",
+            "regularization_losses",
+            "variable",
+            "variable_scope",
+        ),
+        "dpkeras.tf1",
+    ),
+}
+__getattr__, __dir__ = exports(__name__, _EXPORTS)
+
+if typing.TYPE_CHECKING:  # what the names are, for readers and tools
+    from dpkeras import layers, placement
+    from dpkeras._config import Deduplicate
+    from dpkeras._extended.devices import simulate_cpu_devices
+    from dpkeras._patches.table import uninstall
+    from dpkeras._strategy.report import PlacementReport, placement_report
+    from dpkeras._strategy.scope import get_strategy, scope
+    from dpkeras._strategy.strategy import ParameterDeviceStrategy
+    from dpkeras._transfers import TransferReport, record_transfers, train_step_transfers
+    from dpkeras._variables.variables import ParameterVariable
+    from dpkeras.cluster import TaskFailedError
+    from dpkeras.tf1 import (
+        AUTO_REUSE,
+        LocalVariable,
+        VariableScope,
+        VariableStore,
+        add_model_variable,
+        get_local_variables,
+        get_model_variables,
+        get_variable,
+        get_variable_store,
+        get_variables,
+        local_variable,
+        model_variable,
+        regularization_losses,
+        variable,
+        variable_scope,
+    )
 
 __all__ = [
     # The strategy and its scope.

@@ -16,6 +16,7 @@ Every consumer reads the `Config` that `resolve` returns (a strategy, `dpkeras s
 | `client_start_timeout` | `DPKERAS_CLIENT_START_TIMEOUT` (seconds) | 1800 |
 | `connect_timeout` | `DPKERAS_CONNECT_TIMEOUT` (seconds the client waits for the tasks) | 60 |
 | `exit_with_client` | `DPKERAS_EXIT_WITH_CLIENT` (1, 0, true, false) | None: `serve` decides |
+| `verbose` | `DPKERAS_VERBOSE` (1, 0, true, false: TensorFlow's log noise in commands) | False |
 | `tf_config` | `TF_CONFIG` (its text) | None |
 
 A variable set to blank is unset. A bad value raises ValueError naming the argument or variable
@@ -35,6 +36,7 @@ VARIABLES = {
     "client_start_timeout": "DPKERAS_CLIENT_START_TIMEOUT",
     "connect_timeout": "DPKERAS_CONNECT_TIMEOUT",
     "exit_with_client": "DPKERAS_EXIT_WITH_CLIENT",
+    "verbose": "DPKERAS_VERBOSE",
     "tf_config": "TF_CONFIG",
 }
 DEFAULT_CLIENT_START_TIMEOUT = 1800.0  # seconds: a client's pod may start late
@@ -98,6 +100,7 @@ class Config:
         client_start_timeout: float > 0, seconds a task waits for the client to appear.
         connect_timeout: float > 0, seconds the client waits for every task to answer.
         exit_with_client: bool, or None (`dpkeras serve` decides: on under `TF_CONFIG`).
+        verbose: bool, whether dpkeras's commands show TensorFlow's log noise (`dpkeras._quiet`).
         tf_config: the text of `TF_CONFIG`, or None.
         origins: `((setting, "argument" | "environment" | "default", text received or None),
             ...)`, for messages and `dpkeras env`.
@@ -110,6 +113,7 @@ class Config:
     client_start_timeout: float = DEFAULT_CLIENT_START_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     exit_with_client: object = None
+    verbose: bool = False
     tf_config: object = None
     origins: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
@@ -211,6 +215,7 @@ _PARSERS = {
     "client_start_timeout": (_seconds, _seconds_text),
     "connect_timeout": (_seconds, _seconds_text),
     "exit_with_client": (_boolean, _boolean_text),
+    "verbose": (_boolean, _boolean_text),
     "tf_config": (None, _text),
 }
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(Config)}

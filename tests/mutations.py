@@ -413,6 +413,33 @@ MUTANTS = (
             "test_predict_on_batch_equals_one_device_for_every_batch_size",
         ),
     ),
+    Mutant(
+        "noisy-serve",
+        "a task serving from join() or `dpkeras serve` passes TensorFlow's noise on",
+        "dpkeras/cluster/_task.py",
+        "    _quiet.filter_stderr()  # the server logs",
+        "    pass  # the server logs",
+        ("tests/test_quiet.py::test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client",),
+    ),
+    Mutant(
+        "eager-init",
+        "`import dpkeras` imports TensorFlow (dpkeras --help takes seconds and prints its noise)",
+        "dpkeras/__init__.py",
+        "__getattr__, __dir__ = exports(__name__, _EXPORTS)",
+        "__getattr__, __dir__ = exports(__name__, _EXPORTS)\nimport tensorflow",
+        ("tests/test_quiet.py::test_dpkeras_help_and_launch_help_import_no_tensorflow",),
+    ),
+    Mutant(
+        "dump-shown",
+        "the lines of the SessionOptions dump after its first are passed on",
+        "dpkeras/_quiet.py",
+        "self._in_dump = bool(_DUMP.search(text))",
+        "self._in_dump = False",
+        (
+            "tests/test_quiet.py::test_the_filter_keeps_everything_that_is_not_tensorflow_s_logging",
+            "tests/test_quiet.py::test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client",
+        ),
+    ),
 )
 
 

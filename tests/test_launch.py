@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from dpkeras import _quiet
 from dpkeras.cluster import _spec, _task
 from dpkeras.testing import server_env
 
@@ -80,6 +81,12 @@ def test_one_program_in_every_task_trains_and_every_task_ends_with_status_0(tmp_
     assert out["replicas"] == 2
     assert out["max_diff"] < 1e-5
     assert out["loss"] == pytest.approx(out["expected"], rel=1e-5)
+    # TensorFlow's noise is hidden, and counted (dpkeras._quiet).
+    lines = [re.sub(r"^\[\w+:\d+\] ", "", li) for li in (proc.stdout + proc.stderr).splitlines()]
+    assert [li for li in lines if _quiet.is_noise(li)] == []
+    assert re.search(
+        r"^dpkeras launch: \d+ lines of TensorFlow's logs hidden \(--verbose", proc.stdout, re.M
+    )
     for task in expected_tasks - {leader}:  # each serving task says when the client came
         job, index = task.split(":")
         assert re.search(

@@ -17,9 +17,11 @@ One module a verb:
 - `launch`: a loopback cluster running one program in every task.
 """
 
+import importlib
+import os
 import sys
 
-from dpkeras._cli import bench, env, launch, serve
+from dpkeras import _config, _quiet
 
 _USAGE = """usage: dpkeras <command> [options]
 
@@ -34,15 +36,36 @@ commands:
   launch  run one program in every task of a cluster on this machine, each with its
           TF_CONFIG (as Kubeflow's TFJob): --ps N --workers M [--cpus K]
           [--client chief|master|worker] -- python train.py; exits with the client's status
+
+TensorFlow's log noise (start-up lines, cuInit, INFO and WARNING) is hidden; --verbose after
+the command, or DPKERAS_VERBOSE=1, shows it.
 """
 
 
-_COMMANDS = {
-    "env": env.env,
-    "bench": bench.bench,
-    "serve": serve.serve,
-    "launch": launch.launch,
-}
+_COMMANDS = ("env", "bench", "serve", "launch")  # each the function of its module
+
+
+def _take_verbose(argv):
+    """`argv` without `--verbose` among the command's own arguments (before a `--`); when it
+    was there, sets `$DPKERAS_VERBOSE=1` for this process and the tasks it starts."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    if "--verbose" not in own:
+        return argv
+    os.environ[_config.VARIABLES["verbose"]] = "1"
+    rest = list(argv)
+    rest.remove("--verbose")
+    return rest
+
+
+def add_verbose_argument(parser):
+    """`--verbose` in a command's help. `main` takes it out of the arguments before the command
+    parses them (`_take_verbose`), so that `dpkeras bench` can pass the rest on."""
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"show TensorFlow's log noise (default: ${_config.VARIABLES['verbose']}, else hide "
+        "it: start-up lines, cuInit, INFO and WARNING)",
+    )
 
 
 def main(argv=None):
@@ -51,8 +74,7 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_USAGE, end="")
         return 0 if argv else 2
-    command = _COMMANDS.get(argv[0])
-    if command is None:
+    if argv[0] not in _COMMANDS:
         print(
             f"dpkeras: unknown command {argv[0]!r}; valid commands: "
             f"{', '.join(_COMMANDS)}.\n\n{_USAGE}",
@@ -60,7 +82,18 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
-    return command(argv[1:])
+    rest = _take_verbose(argv[1:])
+    try:
+        _quiet.filter_stderr()
+    except ValueError as e:  # a bad $DPKERAS_VERBOSE
+        print(f"dpkeras {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    # Imported now, after the filter: the commands that import TensorFlow start quiet.
+    command = getattr(importlib.import_module(f"dpkeras._cli.{argv[0]}"), argv[0])
+    try:
+        return command(rest)
+    finally:
+        _quiet.close()
 
 
 if __name__ == "__main__":

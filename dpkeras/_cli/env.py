@@ -7,6 +7,8 @@ import os
 import platform
 import sys
 
+from dpkeras import _cli
+
 # Environment variables besides DPKERAS_* that change what `dpkeras env` reports.
 _RELATED_ENV = (
     "CUDA_VISIBLE_DEVICES",
@@ -66,8 +68,8 @@ def env(argv=None, out=None):
         "dpkeras serve; default: $TF_CONFIG's, if any) and show its "
         "tasks, their devices and where variables would go",
     )
+    _cli.add_verbose_argument(parser)
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import dpkeras
     from dpkeras import _config as config

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from dpkeras import _config
+from dpkeras import _cli, _config, _quiet
 from dpkeras.cluster import _local
 
 _PREFIX = "dpkeras launch"
@@ -40,14 +40,20 @@ def _cluster(args):
     return spec
 
 
-def _pump(stream, prefix, out):
+def _pump(stream, prefix, out, lines):
+    """Copies `stream` to `out`, each line prefixed, but those `lines` (a
+    `dpkeras._quiet.LineFilter`, or None to keep all) drops."""
     for line in iter(stream.readline, ""):
+        if lines is not None and not lines.keep(line):
+            continue
         out.write(f"{prefix} {line}" if line.endswith("\n") else f"{prefix} {line}\n")
         out.flush()
     stream.close()
 
 
-def _start(command, spec, job, index, cpus):
+def _start(command, spec, job, index, cpus, filters):
+    """Starts one task; its output's filters (`dpkeras._quiet.LineFilter`) are added to
+    `filters`, unless verbose."""
     env = dict(
         os.environ,
         **{
@@ -57,8 +63,10 @@ def _start(command, spec, job, index, cpus):
             _config.VARIABLES["cpus"]: str(cpus),
         },
         PYTHONUNBUFFERED="1",
-        TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
     )
+    verbose = _quiet.verbose()
+    if not verbose:
+        _quiet.quiet_level(env)
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -68,10 +76,11 @@ def _start(command, spec, job, index, cpus):
         **_local.child_options(),
     )
     prefix = f"[{job}:{index}]"
-    pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, prefix, sys.stdout), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, prefix, sys.stderr), daemon=True),
-    ]
+    pumps = []
+    for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+        lines = None if verbose else _quiet.LineFilter()
+        filters += [lines] if lines is not None else []
+        pumps.append(threading.Thread(target=_pump, args=(stream, prefix, out, lines), daemon=True))
     for pump in pumps:
         pump.start()
     return proc, pumps
@@ -117,6 +126,7 @@ def launch(argv=None):
         help="the client's task: a chief (default), a master (its older name), or worker 0 "
         "(no chief: worker 0 leads and computes)",
     )
+    _cli.add_verbose_argument(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the program to run")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -142,7 +152,7 @@ def launch(argv=None):
         f"{client[0]}:{client[1]}",
         flush=True,
     )
-    procs, pumps, stopped = {}, [], set()
+    procs, pumps, stopped, filters = {}, [], set(), []
     interrupted = []
 
     def interrupt(signum, _frame):
@@ -155,7 +165,7 @@ def launch(argv=None):
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for job, index in tasks:
-            procs[(job, index)], task_pumps = _start(command, spec, job, index, args.cpus)
+            procs[(job, index)], task_pumps = _start(command, spec, job, index, args.cpus, filters)
             pumps += task_pumps
         status = procs[client].wait()
         _stop(procs, 0.0 if interrupted else _GRACE, stopped)
@@ -168,6 +178,12 @@ def launch(argv=None):
     for (job, index), proc in procs.items():
         how = " (stopped by dpkeras launch)" if (job, index) in stopped else ""
         print(f"{_PREFIX}: {job}:{index} exited with status {proc.returncode}{how}", flush=True)
+    hidden = sum(lines.dropped for lines in filters)
+    if hidden:
+        print(
+            f"{_PREFIX}: {hidden} lines of TensorFlow's logs hidden (--verbose shows them)",
+            flush=True,
+        )
     if interrupted:
         return 128 + interrupted[0]
     return status

@@ -23,7 +23,7 @@ import errno
 import socket
 import sys
 
-from dpkeras import _config
+from dpkeras import _cli, _config
 from dpkeras.cluster import _spec, _task
 
 _PREFIX = "dpkeras serve"
@@ -171,6 +171,7 @@ def serve(argv=None):
         f"(status {_task.CLIENT_GONE}) (default: ${_config.VARIABLES['exit_with_client']}, "
         "else on when the task comes from TF_CONFIG, else off)",
     )
+    _cli.add_verbose_argument(parser)
     args = parser.parse_args(argv)
     try:
         if args.cpus is not None and args.cpus < 1:

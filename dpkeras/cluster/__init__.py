@@ -17,10 +17,28 @@ The package, one concept a module:
 - `_local`: a cluster's tasks as processes of this machine (free ports, children).
 """
 
-from dpkeras.cluster._connect import connect
-from dpkeras.cluster._health import HealthMonitor, TaskFailedError, name_failures
-from dpkeras.cluster._spec import resolve_cluster
-from dpkeras.cluster._task import join
+import typing
+
+from dpkeras._lazy import exports
+
+# Imported when first used (`dpkeras._lazy`): `dpkeras launch` uses `_local` without TensorFlow.
+__getattr__, __dir__ = exports(
+    __name__,
+    {
+        "connect": "dpkeras.cluster._connect",
+        "HealthMonitor": "dpkeras.cluster._health",
+        "TaskFailedError": "dpkeras.cluster._health",
+        "name_failures": "dpkeras.cluster._health",
+        "resolve_cluster": "dpkeras.cluster._spec",
+        "join": "dpkeras.cluster._task",
+    },
+)
+
+if typing.TYPE_CHECKING:  # what the names are, for readers and tools
+    from dpkeras.cluster._connect import connect
+    from dpkeras.cluster._health import HealthMonitor, TaskFailedError, name_failures
+    from dpkeras.cluster._spec import resolve_cluster
+    from dpkeras.cluster._task import join
 
 __all__ = [
     "HealthMonitor",

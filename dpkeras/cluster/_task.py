@@ -20,7 +20,7 @@ import time
 
 import tensorflow as tf
 
-from dpkeras import _config
+from dpkeras import _config, _quiet
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._spec import Cluster, resolve, task_name
@@ -151,6 +151,7 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
         client_start_timeout: float, seconds allowed for the client to appear.
         prefix: str, what the printed lines start with.
     """
+    _quiet.filter_stderr()  # the server logs a SessionOptions dump per client (see _quiet)
     address = spec.job_tasks(job)[index]
     workers = len(spec.job_tasks("worker"))
     # TF's multi-worker tests: fewer inter-op threads than workers + 1 "may hang" the cluster.
@@ -234,6 +235,7 @@ def _watch(client, start_timeout, stop, prefix, name):
 
 def _end(status):
     sys.stdout.flush()
+    _quiet.close()  # passes on what is left, flushing standard error
     sys.stderr.flush()
     # TF's gRPC server cannot be stopped (Server.stop is unimplemented) and its threads can
     # block interpreter shutdown: leave at once, the status already decided.

@@ -1,0 +1,195 @@
+"""dpkeras's commands print what their user needs: TensorFlow's log noise is hidden unless asked
+for (`--verbose`, `$DPKERAS_VERBOSE`), and `dpkeras --help` imports no TensorFlow
+(`dpkeras._quiet`, `dpkeras._lazy`). Checked against what TensorFlow prints here, in processes
+started without `TF_CPP_MIN_LOG_LEVEL` (which the suite's conftest sets)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dpkeras import _quiet
+from dpkeras.cluster import _local
+from dpkeras.testing import run_python, serve_command, server_env
+from dpkeras.testing._cluster import wait_for_line
+
+
+def _env(**extra):
+    env = {k: v for k, v in server_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
+    env.pop("DPKERAS_VERBOSE", None)
+    return dict(env, **extra)
+
+
+def _python(code, **extra):
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=_env(**extra),
+        timeout=300,
+    )
+
+
+def _dpkeras(*argv, **extra):
+    return subprocess.run(
+        [sys.executable, "-m", "dpkeras", *argv],
+        capture_output=True,
+        text=True,
+        env=_env(**extra),
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def tensorflow_start_up():
+    """What TensorFlow writes to standard error when it starts and makes a tensor, here."""
+    proc = _python("import tensorflow as tf; tf.constant(1.0).numpy()")
+    assert proc.returncode == 0, proc.stderr
+    if not proc.stderr.strip():
+        pytest.skip("TensorFlow prints nothing at start-up on this machine")
+    return proc.stderr
+
+
+def test_what_tensorflow_prints_at_start_up_is_all_noise(tensorflow_start_up):
+    lines = LineFilterOf(tensorflow_start_up)
+    assert lines.kept == [], lines.kept
+    assert lines.dropped == len(tensorflow_start_up.splitlines())
+
+
+class LineFilterOf:
+    def __init__(self, text):
+        f = _quiet.LineFilter()
+        self.kept = [line for line in text.splitlines() if f.keep(line)]
+        self.dropped = f.dropped
+
+
+def test_the_filter_keeps_everything_that_is_not_tensorflow_s_logging():
+    text = "\n".join(
+        [
+            "I0000 00:00:1795637894.419766   32108 port.cc:153] oneDNN custom operations are on.",
+            "/home/me/train.py:12: UserWarning: a warning of the program",
+            "W1125 20:14:59.123456   32108 dataset.cc:997] Input will not be optimized",
+            "E1125 20:14:59.123456   32108 cuda_platform.cc:52] failed call to cuInit: INTERNAL",
+            "E1125 20:14:59.123456   32108 master.cc:12] a real error",
+            "I1125 20:14:59.2   32498 eager_service_impl.cc:355] SessionOptions: goo.gle/debugstr ",
+            "device_count {",
+            '  key: "CPU"',
+            "}",
+            "",
+            "",
+            "Traceback (most recent call last):",
+            "",
+            "epoch 1",
+        ]
+    )
+    lines = LineFilterOf(text)
+    assert lines.kept == [
+        "/home/me/train.py:12: UserWarning: a warning of the program",
+        "E1125 20:14:59.123456   32108 master.cc:12] a real error",
+        "Traceback (most recent call last):",
+        "",
+        "epoch 1",
+    ]
+    assert lines.dropped == 9
+
+
+def test_dpkeras_help_and_launch_help_import_no_tensorflow():
+    proc = _python(
+        """
+        import contextlib, io, sys
+        from dpkeras._cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["--help"]) == 0
+            try:
+                main(["launch", "--help"])
+            except SystemExit:
+                pass
+        print(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert proc.stderr == ""
+
+
+def test_dpkeras_env_prints_no_tensorflow_noise_unless_verbose(tensorflow_start_up):
+    quiet = _dpkeras("env")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""
+    assert "verbose" in quiet.stdout  # the setting, with where it came from
+    for verbose in (_dpkeras("env", "--verbose"), _dpkeras("env", DPKERAS_VERBOSE="1")):
+        assert verbose.returncode == 0, verbose.stderr
+        assert LineFilterOf(verbose.stderr).dropped >= len(tensorflow_start_up.splitlines())
+
+
+def test_a_bad_dpkeras_verbose_is_one_line():
+    proc = _dpkeras("env", DPKERAS_VERBOSE="loud")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "dpkeras env: error: DPKERAS_VERBOSE must be one of 1, 0, true or false. "
+        "Received: DPKERAS_VERBOSE='loud'"
+    )
+
+
+def test_the_filter_passes_on_a_process_s_and_its_children_s_lines_in_order():
+    proc = _python(
+        """
+        import os, subprocess, sys
+        from dpkeras import _quiet
+        _quiet.filter_stderr()
+        os.write(2, b"I0000 00:00:1795637894.419766   32108 port.cc:153] noise\\n")
+        print("one", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-c",
+            "import os; os.write(2, b'W1125 20:14:59.1 7 x.cc:1] noise\\\\ntwo\\\\n')"])
+        os.write(2, b"three, without an end")
+        _quiet.close()
+        print("four", file=sys.stderr)
+        """
+    )
+    assert proc.returncode == 0
+    assert proc.stderr == "one\ntwo\nthree, without an end" + "four\n"
+
+
+def _start_task(spec, index, **extra):
+    proc = subprocess.Popen(
+        serve_command(spec, "worker", index),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(**extra),
+        **_local.child_options(),
+    )
+    wait_for_line(proc, "ready", timeout=120)
+    return proc
+
+
+def test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client():
+    """A `dpkeras serve` task started without TF_CPP_MIN_LOG_LEVEL: TensorFlow logs a
+    SessionOptions dump when a client connects (shown with --verbose), which the filter hides."""
+    spec = {"worker": [f"127.0.0.1:{_local.free_port()}" for _ in range(2)]}
+    procs = [_start_task(spec, 0), _start_task(spec, 1, DPKERAS_VERBOSE="1")]
+    try:
+        out = run_python(
+            f"""
+            import tensorflow as tf
+            from dpkeras import cluster
+            cluster.connect({json.dumps(spec)}, timeout=60)
+            with tf.device("/job:worker/replica:0/task:1/device:CPU:0"):
+                print(float(tf.constant(20.0) + 22.0))
+            """,
+            env={"TF_CPP_MIN_LOG_LEVEL": "0"},
+            timeout=300,
+        )
+        assert out.split() == ["42.0"]
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+    quiet, verbose = (proc.communicate(timeout=60)[1] for proc in procs)
+    assert [proc.returncode for proc in procs] == [0, 0]
+    assert "SessionOptions" in verbose and "device_count {" in verbose
+    assert quiet == "", quiet
+    assert os.environ.get("DPKERAS_VERBOSE") is None  # the test's own process is untouched
