@@ -48,8 +48,11 @@ from dpkeras._version import __version__
 
 # Each public name and the module that holds it, imported when first used (`dpkeras._lazy`).
 _EXPORTS = {
+    "cluster": "dpkeras.cluster",
     "layers": "dpkeras.layers",
     "placement": "dpkeras.placement",
+    "testing": "dpkeras.testing",
+    "tf1": "dpkeras.tf1",
     "Deduplicate": "dpkeras._config",
     "simulate_cpu_devices": "dpkeras._extended.devices",
     "uninstall": "dpkeras._patches.table",
@@ -87,7 +90,7 @@ _EXPORTS = {
 __getattr__, __dir__ = exports(__name__, _EXPORTS)
 
 if typing.TYPE_CHECKING:  # what the names are, for readers and tools
-    from dpkeras import layers, placement
+    from dpkeras import cluster, layers, placement, testing, tf1
     from dpkeras._config import Deduplicate
     from dpkeras._extended.devices import simulate_cpu_devices
     from dpkeras._patches.table import uninstall

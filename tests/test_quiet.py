@@ -4,7 +4,6 @@ for (`--verbose`, `$DPKERAS_VERBOSE`), and `dpkeras --help` imports no TensorFlo
 started without `TF_CPP_MIN_LOG_LEVEL` (which the suite's conftest sets)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -116,6 +115,20 @@ def test_dpkeras_help_and_launch_help_import_no_tensorflow():
     assert proc.stderr == ""
 
 
+def test_every_public_name_and_module_is_there_after_import_dpkeras_alone():
+    proc = _python(
+        """
+        import dpkeras
+        for name in dpkeras.__all__ + ["cluster", "tf1", "testing"]:
+            getattr(dpkeras, name)
+        assert callable(dpkeras.cluster.join) and callable(dpkeras.tf1.variable_scope)
+        assert set(dpkeras.__all__) <= set(dir(dpkeras))
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
+
+
 def test_dpkeras_env_prints_no_tensorflow_noise_unless_verbose(tensorflow_start_up):
     quiet = _dpkeras("env")
     assert quiet.returncode == 0, quiet.stderr
@@ -154,9 +167,9 @@ def test_the_filter_passes_on_a_process_s_and_its_children_s_lines_in_order():
     assert proc.stderr == "one\ntwo\nthree, without an end" + "four\n"
 
 
-def _start_task(spec, index, **extra):
+def _started(argv, **extra):
     proc = subprocess.Popen(
-        serve_command(spec, "worker", index),
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -168,10 +181,20 @@ def _start_task(spec, index, **extra):
 
 
 def test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client():
-    """A `dpkeras serve` task started without TF_CPP_MIN_LOG_LEVEL: TensorFlow logs a
-    SessionOptions dump when a client connects (shown with --verbose), which the filter hides."""
+    """Tasks started without TF_CPP_MIN_LOG_LEVEL: TensorFlow logs a SessionOptions dump on
+    each when a client connects. `dpkeras serve --verbose` shows it; a task serving from
+    `join()` under TF_CONFIG, in a script that imported TensorFlow first, hides it."""
     spec = {"worker": [f"127.0.0.1:{_local.free_port()}" for _ in range(2)]}
-    procs = [_start_task(spec, 0), _start_task(spec, 1, DPKERAS_VERBOSE="1")]
+    joined = """
+        import tensorflow as tf
+        import dpkeras
+        dpkeras.cluster.join()
+        """
+    tf_config = json.dumps({"cluster": spec, "task": {"type": "worker", "index": 1}})
+    procs = [
+        _started([*serve_command(spec, "worker", 0), "--verbose"]),
+        _started([sys.executable, "-c", textwrap.dedent(joined)], TF_CONFIG=tf_config),
+    ]
     try:
         out = run_python(
             f"""
@@ -186,10 +209,10 @@ def test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client():
         )
         assert out.split() == ["42.0"]
     finally:
-        for proc in procs:
+        for proc in reversed(procs):  # the joined task first: it watches worker 0
             proc.send_signal(signal.SIGTERM)
-    quiet, verbose = (proc.communicate(timeout=60)[1] for proc in procs)
+            proc.wait(timeout=60)
+    verbose, quiet = (proc.communicate(timeout=60)[1] for proc in procs)
     assert [proc.returncode for proc in procs] == [0, 0]
     assert "SessionOptions" in verbose and "device_count {" in verbose
-    assert quiet == "", quiet
-    assert os.environ.get("DPKERAS_VERBOSE") is None  # the test's own process is untouched
+    assert "SessionOptions" not in quiet and "device_count" not in quiet, quiet
