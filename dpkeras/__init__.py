@@ -90,7 +90,7 @@ _EXPORTS = {
 __getattr__, __dir__ = exports(__name__, _EXPORTS)
 
 if typing.TYPE_CHECKING:  # what the names are, for readers and tools
-    from dpkeras import cluster, layers, placement, testing, tf1
+    from dpkeras import layers, placement
     from dpkeras._config import Deduplicate
     from dpkeras._extended.devices import simulate_cpu_devices
     from dpkeras._patches.table import uninstall
