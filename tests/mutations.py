@@ -413,6 +413,26 @@ MUTANTS = (
             "test_predict_on_batch_equals_one_device_for_every_batch_size",
         ),
     ),
+    Mutant(
+        "compile-outside",
+        "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if extended_of(current) is not extended:\n",
+        "    if False:\n",
+        ("tests/test_errors.py::test_compile_outside_the_model_scope_is_one_clear_error",),
+    ),
+    Mutant(
+        "cluster-never-entered",
+        "a model without a strategy trains on the client beside a cluster strategy never entered",
+        "dpkeras/_patches/outside_the_scope.py",
+        "        if waiting and extended_of(model) is None:\n",
+        "        if False:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_model_trained_beside_a_cluster_strategy_never_entered_is_refused",
+        ),
+    ),
+    ),
 )
 
 
