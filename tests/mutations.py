@@ -432,6 +432,16 @@ MUTANTS = (
             "test_a_model_trained_beside_a_cluster_strategy_never_entered_is_refused",
         ),
     ),
+    Mutant(
+        "tf-variable-scope",
+        "tf.compat.v1.variable_scope around dpkeras's variables is ignored without a word",
+        "dpkeras/_compat_scopes.py",
+        "    if not name:\n",
+        "    if True:\n",
+        (
+            "tests/test_tf1_errors.py::"
+            "test_tensorflow_s_variable_scope_around_dpkeras_variables_is_refused",
+        ),
     ),
 )
 
