@@ -21,8 +21,8 @@ The package, from the top down (each imports only what stands below it):
 - `_strategy/`: `ParameterDeviceStrategy`, `dpkeras.scope()`, the placement report;
 - `_patches/`: every change dpkeras makes to Keras, TensorFlow and keras-rs, one table of
   entries (crash-safe saving, exact resume, the symbolic build, naming failed tasks, the
-  on-cluster loop, the optimizer summing first, the `tf.gather` dispatcher), checked and
-  reversible (`uninstall()`);
+  on-cluster loop, the optimizer summing first, the `tf.gather` dispatcher, refusing a model
+  compiled or trained outside its strategy), checked and reversible (`uninstall()`);
 - `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
   variable creator, reductions, the optimizer on the sum, Keras steps, input); beside it
   `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
@@ -38,7 +38,8 @@ The package, from the top down (each imports only what stands below it):
   its reason), `_cache` (the graph-keyed cache), `_quiet` (TensorFlow's log noise kept out of
   the commands' output), `_lazy` (this module's names imported when first used),
   `_device_names`, `_sizes`, `_config` (every setting, resolved once: arguments, then
-  `DPKERAS_*`, then defaults), `_version`.
+  `DPKERAS_*`, then defaults), `_compat_scopes` (TensorFlow's `tf.compat.v1.variable_scope`
+  around dpkeras's variables, refused by name), `_version`.
 """
 
 import typing

@@ -147,6 +147,19 @@ def creating_optimizer():
     return None
 
 
+def optimizer_strategy(optimizer):
+    """The `tf.distribute.Strategy` a Keras optimizer was made under, or None.
+
+    Keras 3.15's TF optimizer records the strategy in scope when it is constructed
+    (`TFOptimizer._distribution_strategy`) and creates its slots under it (its
+    `colocate_vars_with`): an optimizer made outside a model's strategy fails later, in `fit`,
+    with TensorFlow's "Mixing different tf.distribute.Strategy objects". No public API says
+    which strategy an optimizer belongs to; `dpkeras._patches.outside_the_scope` reads it to
+    refuse such a `compile` by name instead.
+    """
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
 # -- saving (used by dpkeras/_patches/__init__.py and dpkeras/_patches/resume.py)
 # ------------------------
 
@@ -194,6 +207,19 @@ def tensorflow_trainer():
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
     return TensorFlowTrainer
+
+
+def base_trainer():
+    """Keras's backend-independent `Trainer` class, whose `compile` dpkeras wraps (see
+    `dpkeras._patches.outside_the_scope`).
+
+    `compile` is defined there, not on `TensorFlowTrainer`, and Keras's loading compares
+    `model.__class__.compile` with `Trainer.compile` to tell a custom `compile` (then it skips
+    compiling a loaded model): the wrapper must replace `Trainer.compile` itself.
+    """
+    from keras.src.trainers.trainer import Trainer
+
+    return Trainer
 
 
 def is_functional(model):

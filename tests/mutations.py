@@ -440,6 +440,36 @@ MUTANTS = (
             "tests/test_quiet.py::test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client",
         ),
     ),
+    Mutant(
+        "compile-outside",
+        "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if extended_of(current) is not extended:\n",
+        "    if False:\n",
+        ("tests/test_errors.py::test_compile_outside_the_model_scope_is_one_clear_error",),
+    ),
+    Mutant(
+        "cluster-never-entered",
+        "a model without a strategy trains on the client beside a cluster strategy never entered",
+        "dpkeras/_patches/outside_the_scope.py",
+        "        if waiting and extended_of(model) is None:\n",
+        "        if False:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_model_trained_beside_a_cluster_strategy_never_entered_is_refused",
+        ),
+    ),
+    Mutant(
+        "tf-variable-scope",
+        "tf.compat.v1.variable_scope around dpkeras's variables is ignored without a word",
+        "dpkeras/_compat_scopes.py",
+        "    if not name:\n",
+        "    if True:\n",
+        (
+            "tests/test_tf1_errors.py::"
+            "test_tensorflow_s_variable_scope_around_dpkeras_variables_is_refused",
+        ),
+    ),
 )
 
 

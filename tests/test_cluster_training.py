@@ -269,6 +269,51 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
+def test_a_model_trained_beside_a_cluster_strategy_never_entered_is_refused(local):
+    """The strategy made, the scope forgotten: the model would train on the client alone while
+    the cluster idles. Refused at fit, before a step; once the scope was entered, a model
+    trained without a strategy is taken as meant."""
+    out = _client(
+        """
+        strategy = dpkeras.ParameterDeviceStrategy(cluster=SPEC)
+        x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+
+        def build():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            model.compile(optimizer="sgd", loss="mse")
+            return model
+
+        forgot = build()
+        before = forgot.get_weights()
+        try:
+            forgot.fit(x, y, batch_size=4, verbose=0)
+            error = None
+        except ValueError as e:
+            error = str(e)
+        unchanged = all(np.array_equal(a, b) for a, b in zip(before, forgot.get_weights()))
+        with strategy.scope():
+            model = build()
+        model.fit(x, y, batch_size=4, verbose=0)
+        build().fit(x, y, batch_size=4, verbose=0)  # after the scope was entered: as asked
+        devices = sorted({v.value.device for v in model.trainable_variables})
+        print(json.dumps({"error": error, "unchanged": unchanged, "devices": devices}))
+        """,
+        local.spec,
+    )
+    assert out["unchanged"]
+    assert re.fullmatch(
+        r"Model 'sequential' was built and compiled without a strategy, so fit would train it "
+        r"on this process alone, while this process joined the cluster \{'ps': \[.*\], "
+        r"'worker': \[.*\]\} for ParameterDeviceStrategy\(compute_devices=\[/job:worker/.*\]"
+        r", parameter_device='/job:ps/task:0/cpu:0'\) and never entered that "
+        r"strategy's scope: its tasks would idle\. Build and compile the model inside `with "
+        r"strategy\.scope\(\):` \(or `with dpkeras\.scope\(cluster=\.\.\.\):`\); fit may run "
+        r"outside it\. .*",
+        out["error"],
+    ), out["error"]
+    assert all(d.startswith("/job:ps/") for d in out["devices"]), out["devices"]
+
+
 def test_devices_a_cluster_does_not_have_are_errors_naming_the_task(local):
     out = _client(
         """

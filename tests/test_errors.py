@@ -1,5 +1,7 @@
 """Bad input fails early, says what it received and what is valid, and leaves nothing behind."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -108,6 +110,56 @@ def test_model_built_outside_the_scope_fails_before_training():
             model.fit(x, y, batch_size=48, epochs=1, verbose=0)
     for a, b in zip(initial, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def _dense():
+    return keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("outside", ["no strategy", "another strategy"])
+def test_compile_outside_the_model_scope_is_one_clear_error(optimizer, outside):
+    """Keras lets this through: with Adam, fit then fails with TensorFlow's raw "Mixing
+    different tf.distribute.Strategy objects"; with SGD, the optimizer's and the loss's
+    variables silently land outside the strategy (MirroredStrategy does the same)."""
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3") as strategy:
+        model = _dense()
+    other = tf.distribute.OneDeviceStrategy("/cpu:0")
+    around = contextlib.nullcontext() if outside == "no strategy" else other.scope()
+    with around:
+        with pytest.raises(
+            ValueError,
+            match=r"^Model 'sequential' was built under ParameterDeviceStrategy\(compute_devices="
+            r"\[/cpu:1, /cpu:2\], parameter_device='/cpu:3'\) and is compiled outside its scope "
+            r"\((no strategy|a OneDeviceStrategy) is in scope\).*Mixing different.*"
+            r"Compile the model inside the scope it was built in: `with dpkeras.scope\(...\):` "
+            r"or `with strategy.scope\(\):`",
+        ):
+            model.compile(optimizer=optimizer, loss="mse")
+    assert not model.compiled and not hasattr(model, "optimizer")  # nothing was made
+    with strategy.scope():  # the fix
+        model.compile(optimizer=optimizer, loss="mse")
+    x, y = make_data("dense", 8)
+    model.fit(x, keras.ops.one_hot(y, 4), batch_size=4, verbose=0)
+    report = dpkeras.placement_report(model)  # the optimizer's and the loss's variables too
+    assert {row.device for row in report.rows} == {"/cpu:3"}, report
+
+
+def test_an_optimizer_made_outside_the_model_scope_is_one_clear_error():
+    optimizer = keras.optimizers.Adam(0.01)  # made with no strategy in scope
+    with dpkeras.scope(["/cpu:1", "/cpu:2"]):
+        model = _dense()
+        with pytest.raises(
+            ValueError,
+            match=r"^Model 'sequential' is compiled with optimizer 'adam' \(Adam\), which was "
+            r"made outside the scope of ParameterDeviceStrategy\(.*\), the strategy the model "
+            r"was built under .*Make the optimizer inside `with strategy.scope\(\):`",
+        ):
+            model.compile(optimizer=optimizer, loss="mse")
+        assert not model.compiled
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")  # made inside: fine
+    x, y = make_data("dense", 8)
+    model.fit(x, keras.ops.one_hot(y, 4), batch_size=4, verbose=0)
 
 
 def test_integer_variable_with_mean_aggregation():

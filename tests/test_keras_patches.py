@@ -13,6 +13,7 @@ import inspect
 import pathlib
 import re
 import threading
+import warnings
 
 import keras
 import pytest
@@ -72,18 +73,18 @@ def small_model():
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 
 
-def test_the_table_holds_sixteen_entries_of_three_kinds():
+def test_the_table_holds_seventeen_entries_of_three_kinds():
     """The table grows only on purpose: a new change to Keras, TF or keras-rs changes this."""
     kinds = {}
     for e in keras_patches.ENTRIES:
         kinds.setdefault(e.kind, []).append(e.qualname)
     assert {k: len(v) for k, v in kinds.items()} == {
-        "attribute": 14,
+        "attribute": 15,
         "optional attribute": 1,
         "dispatcher": 1,
     }
     names = [e.qualname for e in keras_patches.ENTRIES]
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 17
     assert len({id(o) for o in originals().values()}) == len(originals())
 
 
@@ -322,3 +323,20 @@ def test_importing_dpkeras_registers_no_dispatcher():
         """
     )
     assert out.strip() == "not registered"
+
+
+def test_a_model_loaded_while_compile_is_wrapped_is_compiled(tmp_path):
+    """Keras compiles a loaded model only when `model.__class__.compile is Trainer.compile`
+    (else it warns that `compile()` is custom and skips it): the wrapper replaces
+    `Trainer.compile` itself."""
+    path = str(tmp_path / "model.keras")
+    with new_strategy().scope():
+        model = small_model()
+        model.compile(optimizer="adam", loss="mse")
+        model.save(path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded = keras.models.load_model(path)
+        assert keras_patches.installed()
+    assert not [w for w in caught if "compile()` was not called" in str(w.message)]
+    assert loaded.compiled and isinstance(loaded.optimizer, keras.optimizers.Adam)

@@ -1,7 +1,9 @@
 """dpkeras.tf1._errors: every error names the full path and what is valid."""
 
 import pytest
+import tensorflow as tf
 
+import dpkeras
 from dpkeras.tf1 import (
     add_model_variable,
     get_variable,
@@ -144,3 +146,82 @@ def test_error_invalid_arguments_name_the_rule():
         r"string or a Keras layer/model. Received: scope=3",
     ):
         get_variables(3)
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorFlow's own variable_scope: TF2 neither names nor shares Keras variables by it, so
+# around dpkeras's variables it is refused by name instead of being ignored.
+
+_TF_SCOPE = (
+    r" inside tf.compat.v1.variable_scope\('towers'\), which dpkeras does not follow: .* "
+    r"Use dpkeras.variable_scope\('towers', reuse=...\) instead"
+)
+
+
+def _under_dpkeras():
+    return dpkeras.scope(["/cpu:1", "/cpu:2"])
+
+
+def _get_variable(tf_scope):
+    with tf_scope():
+        get_variable("w", (2,))
+
+
+def _variable_scope(tf_scope):
+    with tf_scope():
+        with variable_scope("model"):
+            pass
+
+
+def _layer_in_a_dpkeras_scope(tf_scope):
+    with variable_scope("model"):
+        with tf_scope():
+            L.Dense(3, name="Layer").build((None, 4))
+
+
+def _layer_under_dpkeras(tf_scope):
+    with tf_scope():
+        L.Dense(3, name="Layer").build((None, 4))
+
+
+@pytest.mark.parametrize(
+    "build,what",
+    [
+        (_get_variable, r"^dpkeras.get_variable\('w'\) is called"),
+        (_variable_scope, r"^dpkeras.variable_scope\('model'\) is entered"),
+        (
+            _layer_in_a_dpkeras_scope,
+            r"^Keras layer 'Layer' \(Dense\) creating weight 'kernel' in "
+            r"dpkeras.variable_scope\('model'\)",
+        ),
+        (_layer_under_dpkeras, r"^A Keras layer creating weight 'Layer/kernel' under dpkeras"),
+    ],
+    ids=["get_variable", "variable_scope", "layer-in-a-dpkeras-scope", "layer-under-dpkeras"],
+)
+@pytest.mark.parametrize("reuse", [True, None])
+def test_tensorflow_s_variable_scope_around_dpkeras_variables_is_refused(build, what, reuse):
+    """TF1 code ported half-way: `tf.compat.v1.variable_scope(..., reuse=True)` would share
+    nothing (and name nothing) without a word."""
+    first = get_variable("first", (2,))  # a name that a reusing scope might have shared
+
+    def tf_scope():
+        return tf.compat.v1.variable_scope("towers", reuse=reuse)
+
+    with _under_dpkeras():
+        with pytest.raises(RuntimeError, match=what + _TF_SCOPE):
+            build(tf_scope)
+    assert [v.path for v in get_variables()] == [first.path]  # nothing was made
+    with _under_dpkeras():  # the replacement the error names shares by name
+        with variable_scope("towers"):
+            v = get_variable("w", (2,))
+        with variable_scope("towers", reuse=True):
+            assert get_variable("w", (2,)) is v
+
+
+def test_tensorflow_s_variable_scope_is_left_to_keras_without_dpkeras():
+    """Without dpkeras (no dpkeras.scope(), variable_scope or get_variable), a Keras layer in
+    TensorFlow's scope is Keras's business, as with any other strategy."""
+    with tf.compat.v1.variable_scope("towers", reuse=True):
+        layer = L.Dense(3, name="Layer")
+        layer.build((None, 4))
+    assert layer.kernel.path == "Layer/kernel"

@@ -14,6 +14,7 @@ import weakref
 import tensorflow as tf
 
 from dpkeras import _keras_internals, _tf_internals, placement
+from dpkeras._compat_scopes import refuse_tf_variable_scope
 from dpkeras._device_names import canonical_device, short_device
 from dpkeras._variables import partitioning
 from dpkeras._variables.shard_updates import ROW_WISE_OPTIMIZERS
@@ -116,6 +117,8 @@ class VariableCreator:
         if dtype is not None:
             _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
         spec = placement.describe_variable(kwargs)
+        if spec.kind is VariableKind.WEIGHT:
+            refuse_tf_variable_scope(f"A Keras layer creating weight '{spec.path}' under dpkeras")
         rows = self._rows_per_shard(spec, kwargs, colocate_with)
         if rows is not None:
             return self._create_sharded(next_creator, kwargs, spec, rows, colocate_with)

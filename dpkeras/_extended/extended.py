@@ -123,6 +123,11 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         return self._creator.policy
 
     @property
+    def strategy(self):
+        """The `ParameterDeviceStrategy` this is the machinery of."""
+        return self._container_strategy()
+
+    @property
     def cluster_spec(self):
         """The `tf.train.ClusterSpec` this strategy runs on, or None on one machine."""
         return self._cluster

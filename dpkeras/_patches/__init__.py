@@ -8,8 +8,9 @@ dispatcher), naming the hook that would retire it. No other module of dpkeras ch
 TensorFlow or keras-rs (tests/test_keras_patches.py).
 
 - `entries`: the kinds of entry, each checked before it is installed and reversible;
-- `table`: the entries, and their one lifecycle (installed by a dpkeras scope, put back when
-  no scope is entered and no dpkeras variable lives, or by `dpkeras.uninstall()`);
+- `table`: the entries, and their one lifecycle (installed by a dpkeras scope, or by a cluster
+  strategy until it is entered; put back when no scope is entered and no dpkeras variable
+  lives, or by `dpkeras.uninstall()`);
 - `resume`: crash-safe saving and exact resume (docs/reliability.md);
 - `atomic_files`: files that are at every moment old or new (standard library only);
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
@@ -17,6 +18,8 @@ TensorFlow or keras-rs (tests/test_keras_patches.py).
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
 - `jit_predict`: `predict` with `jit_compile=True` compiles the whole step, as `fit` does;
 - `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here);
+- `outside_the_scope`: `compile` outside a model's strategy, and `fit` of a model without one
+  beside a cluster strategy never entered, refused by name;
 - `shared_weights`: a layer built under TF1 `reuse` holds the first layer's variable (the one
   change to a Keras object's own state; it is the model's structure, so it stays).
 """

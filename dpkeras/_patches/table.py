@@ -21,6 +21,7 @@ from dpkeras._patches import (
     cluster_loop,
     jit_predict,
     keras_rs,
+    outside_the_scope,
     resume,
     symbolic_build,
     task_failures,
@@ -81,6 +82,23 @@ _JIT = (
     "Keras's TF trainer compiling predict's distributed step whole, as it does fit's and "
     "evaluate's, not each replica's step"
 )
+
+
+_COMPILE = (
+    "(self, optimizer='rmsprop', loss=None, loss_weights=None, metrics=None, "
+    "weighted_metrics=None, run_eagerly=False, steps_per_execution=1, jit_compile='auto', "
+    "auto_scale_loss=True)"
+)
+_SCOPES = (
+    "Keras's TF trainer checking, in compile and fit, that the model, its optimizer and the "
+    "strategy in scope agree (as tf.keras 2 did), or a strategy hook called by compile and fit"
+)
+
+
+def _fit(original, model, *args, **kwargs):
+    return outside_the_scope.refusing_an_idle_cluster(
+        functools.partial(task_failures.naming_failed_tasks, original), model, *args, **kwargs
+    )
 
 
 def _step_function(step):
@@ -154,14 +172,24 @@ ENTRIES = (
         symbolic_build.maybe_symbolic_build,
         retire="Keras's TF trainer building from the dataset's element_spec, as it can",
     ),
-    # On a cluster, name the task that failed (dpkeras._patches.task_failures).
+    # A model of a dpkeras strategy compiles in its scope (dpkeras._patches.outside_the_scope).
+    Attribute(
+        _keras_internals.base_trainer,
+        "compile",
+        "Trainer.compile",
+        _COMPILE,
+        outside_the_scope.compiling_in_the_model_scope,
+        retire=_SCOPES,
+    ),
+    # On a cluster, name the task that failed (dpkeras._patches.task_failures); fit refuses a
+    # model without a strategy beside a cluster strategy never entered (outside_the_scope).
     Attribute(
         _keras_internals.tensorflow_trainer,
         "fit",
         "TensorFlowTrainer.fit",
         _FIT,
-        task_failures.naming_failed_tasks,
-        retire=_FAILURES,
+        _fit,
+        retire=f"{_FAILURES}; and {_SCOPES}",
     ),
     Attribute(
         _keras_internals.tensorflow_trainer,
@@ -333,8 +361,24 @@ def _lease(variables):
             _leases[key] = weakref.finalize(v, _variable_died, key)
 
 
+def hold_until_entered(strategy):
+    """Installs the entries for a strategy on a cluster, made and not yet entered.
+
+    Its first entry, or its garbage collection, lets them go (as a scope left does). Meanwhile
+    `fit` can refuse a model trained without it (dpkeras._patches.outside_the_scope): a script
+    that made the strategy and forgot `with strategy.scope():` would train on the client alone.
+
+    Raises:
+        RuntimeError: see `install`.
+    """
+    with _lock:
+        install()
+        _lease([strategy])
+    outside_the_scope.awaiting_entry(strategy)
+
+
 @contextlib.contextmanager
-def installed_during(scope, live_variables):
+def installed_during(scope, live_variables, strategy=None):
     """Enters `scope` with the patches installed; keeps them while its variables live.
 
     A scope alone cannot bound the patches' lifetime: Keras 3.15's TF trainer enters the
@@ -349,7 +393,7 @@ def installed_during(scope, live_variables):
 
     When the last scope is left with no dpkeras variable alive, or the last such variable is
     garbage-collected, or `uninstall()` is called, Keras's original function objects are put
-    back. Creating a strategy patches nothing.
+    back. Creating a strategy patches nothing, except on a cluster (`hold_until_entered`).
 
     ```python
     with dpkeras.scope():
@@ -360,6 +404,7 @@ def installed_during(scope, live_variables):
         scope: the context manager of a `ParameterDeviceStrategy`'s scope.
         live_variables: callable returning the strategy's live variables; each keeps the
             patches installed until it is garbage-collected.
+        strategy: the strategy entered, or None; its hold (`hold_until_entered`) ends here.
 
     Yields:
         What entering `scope` gives (the strategy).
@@ -371,6 +416,11 @@ def installed_during(scope, live_variables):
     with _lock:
         install()
         _scopes.add(token)
+        held = None if strategy is None else _leases.pop(id(strategy), None)
+        if held is not None:
+            held.detach()
+    if strategy is not None:
+        outside_the_scope.entered(strategy)
     try:
         with scope as entered:
             yield entered

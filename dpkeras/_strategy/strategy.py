@@ -55,7 +55,9 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
             `$TF_CONFIG` if it names a `ps` or `worker` job, else no cluster. The constructor
             never serves: under `TF_CONFIG`, a `ps` or `worker` task that is not the client
             is refused with a ValueError naming `dpkeras.cluster.join()`, where it serves.
-            See docs/cluster.md.
+            Until the scope of a cluster strategy is first entered, `fit` refuses a model
+            built without any strategy (it would train on the client alone). See
+            docs/cluster.md.
         partitioner: cut large layer weights into shards spread over the parameter devices:
             one of TensorFlow's `tf.distribute.experimental.partitioners` (such as
             `MinSizePartitioner(min_shard_bytes=1 << 20, max_shards=2)`) or any callable with
@@ -101,6 +103,8 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         )
         spec = client_of(cluster)
         super().__init__(ParameterDeviceExtended(self, config, spec, partitioner))
+        if spec is not None:
+            keras_patches.hold_until_entered(self)
 
     @classmethod
     def of_resolved(cls, config, cluster, partitioner):
@@ -111,6 +115,8 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         tf.distribute.Strategy.__init__(
             strategy, ParameterDeviceExtended(strategy, config, cluster, partitioner)
         )
+        if cluster is not None:
+            keras_patches.hold_until_entered(strategy)
         return strategy
 
     @property
@@ -136,7 +142,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     def scope(self):
         """`tf.distribute.Strategy.scope`, with dpkeras's patches (dpkeras._patches)."""
-        return keras_patches.installed_during(super().scope(), self.extended.variables)
+        return keras_patches.installed_during(super().scope(), self.extended.variables, self)
 
     def __repr__(self):
         compute = ", ".join(short_device(d) for d in self.compute_devices)

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals as internals
+from dpkeras._compat_scopes import refuse_tf_variable_scope
 from dpkeras._variables import partitioning
 from dpkeras.tf1._errors import (
     check_can_partition,
@@ -117,6 +118,7 @@ def get_or_create(
     """Creates or reuses the variable `<scope>/<name>` of the given kind (see get_variable)."""
     process_pending()
     validate_name(name, "get_variable", "name")
+    refuse_tf_variable_scope(f"dpkeras.get_variable('{name}') is called")
     partitioner = partitioning.as_partitioner(partitioner, "get_variable(partitioner=...)")
     scope = current_scope()
     store = scope.store if scope is not None else implicit_store()

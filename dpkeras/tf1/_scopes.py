@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals as internals
+from dpkeras._compat_scopes import refuse_tf_variable_scope
 from dpkeras._variables import partitioning
 from dpkeras.tf1._errors import join_path, late_message, validate_name, validate_reuse
 from dpkeras.tf1._sharing import create_variable, process_pending
@@ -107,9 +108,11 @@ def variable_scope(name_or_scope, reuse=None, partitioner=None):
 
     Raises:
         ValueError: for an invalid name or `reuse` value.
-        RuntimeError: when Keras is building a model symbolically, where layers' variables
-            would be created after the scope has exited; build the model inside the scope
-            (`model.build(input_shape)`, or call it once on a batch).
+        RuntimeError: inside a `tf.compat.v1.variable_scope`, which dpkeras does not follow
+            (TensorFlow 2 neither names nor shares Keras variables by it; use this function
+            instead); and when Keras is building a model symbolically, where layers'
+            variables would be created after the scope has exited; build the model inside
+            the scope (`model.build(input_shape)`, or call it once on a batch).
 
     Example:
 
@@ -155,6 +158,7 @@ def variable_scope(name_or_scope, reuse=None, partitioner=None):
             f"re-enter. Received: name_or_scope={name_or_scope!r} "
             f"(of type {type(name_or_scope).__name__})"
         )
+    refuse_tf_variable_scope(f"dpkeras.variable_scope('{path}') is entered")
     scope = VariableScope(path, mode, store, parent=parent, partitioner=partitioner)
 
     stateless = internals.in_stateless_scope()

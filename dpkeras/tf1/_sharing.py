@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals as internals
+from dpkeras._compat_scopes import refuse_tf_variable_scope
 from dpkeras._patches import shared_weights
 from dpkeras.tf1._errors import (
     check_can_partition,
@@ -62,6 +63,7 @@ def _create_scoped_variable(next_creator, kwargs):
     layer, layer_path = found
     path = join_path(join_path(scope.name, layer_path), leaf)
     what = f"Keras layer '{layer.name}' ({type(layer).__name__}) creating weight '{leaf}'"
+    refuse_tf_variable_scope(f"{what} in dpkeras.variable_scope('{scope.name}')")
     if scope.partitioner is not None:
         check_can_partition(what, scope.partitioner)
     store = scope.store

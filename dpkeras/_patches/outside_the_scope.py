@@ -1,0 +1,128 @@
+"""A model compiled outside its strategy, or trained beside a cluster strategy never entered.
+
+Both were silent or raw before: Keras 3 lets a model built under a strategy be compiled outside
+its scope (the optimizer's and metrics' variables then land outside the strategy, and an
+optimizer with slots fails in `fit` with TensorFlow's "Mixing different tf.distribute.Strategy
+objects"), and a model built without any strategy trains on the client alone while the cluster
+a `ParameterDeviceStrategy(cluster=...)` joined idles. Each is refused by name, before Keras
+creates anything:
+
+- `compiling_in_the_model_scope` wraps `compile`;
+- `refusing_an_idle_cluster` wraps `fit`;
+- `awaiting_entry` / `entered` keep, weakly, the cluster strategies made and not yet entered.
+"""
+
+import threading
+import weakref
+
+import keras
+import tensorflow as tf
+
+from dpkeras import _keras_internals
+from dpkeras._extended.extended import extended_of
+
+
+class _Clusters:
+    """The cluster strategies of this process made but never entered, and whether one was."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.unentered = weakref.WeakSet()
+        self.one_was_entered = False
+
+
+_CLUSTERS = _Clusters()
+
+
+def awaiting_entry(strategy):
+    """Notes a strategy on a cluster, made and not yet entered (called when it is made)."""
+    with _CLUSTERS.lock:
+        _CLUSTERS.unentered.add(strategy)
+
+
+def entered(strategy):
+    """Notes that `strategy`'s scope was entered (called at each entry; cheap after the first)."""
+    if extended_of(strategy).cluster_spec is None:
+        return
+    with _CLUSTERS.lock:
+        _CLUSTERS.unentered.discard(strategy)
+        _CLUSTERS.one_was_entered = True
+
+
+def _scope_text(strategy):
+    if not tf.distribute.has_strategy():
+        return "no strategy is in scope"
+    if extended_of(strategy) is None:
+        return f"a {type(strategy).__name__} is in scope"
+    return f"{strategy!r} is in scope"
+
+
+def compiling_in_the_model_scope(original, model, *args, **kwargs):
+    """Wraps Keras's `compile`: a model of a dpkeras strategy compiles in that strategy's scope.
+
+    Keras's TF optimizer belongs to the strategy in scope when it is made and a metric's
+    variables to the one in scope when `compile` makes them, so for a model built under a
+    dpkeras strategy, `compile` outside its scope (no strategy or another one in scope), or
+    with an optimizer object made outside it, raises ValueError naming the model, its strategy
+    and the fix, before anything is created. Every other model is Keras's own.
+    """
+    extended = extended_of(model)
+    if extended is None:
+        return original(model, *args, **kwargs)
+    strategy = extended.strategy
+    current = tf.distribute.get_strategy()
+    if extended_of(current) is not extended:
+        raise ValueError(
+            f"Model '{model.name}' was built under {strategy!r} and is compiled outside its "
+            f"scope ({_scope_text(current)}): Keras would make the optimizer's and the "
+            f"metrics' variables outside that strategy (and an optimizer with slots, such as "
+            f"Adam, would fail in fit with TensorFlow's \"Mixing different "
+            f'tf.distribute.Strategy objects"). Compile the model inside the scope it was '
+            f"built in: `with dpkeras.scope(...):` or `with strategy.scope():`, then "
+            f"`model.compile(...)`; fit, evaluate and predict may run outside it."
+        )
+    optimizer = kwargs["optimizer"] if "optimizer" in kwargs else (args[0] if args else None)
+    for made in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if not isinstance(made, keras.optimizers.Optimizer):
+            continue
+        owner = _keras_internals.optimizer_strategy(made)
+        if owner is not None and extended_of(owner) is not extended:
+            raise ValueError(
+                f"Model '{model.name}' is compiled with optimizer '{made.name}' "
+                f"({type(made).__name__}), which was made outside the scope of {strategy!r}, "
+                f"the strategy the model was built under (it belongs to {owner!r}): its slots "
+                f"could not be made beside the model's variables. Make the optimizer inside "
+                f"`with strategy.scope():` (or `dpkeras.scope(...)`), or pass it by name "
+                f'(such as optimizer="adam"): compile then makes it in the scope.'
+            )
+    return original(model, *args, **kwargs)
+
+
+def refusing_an_idle_cluster(fit, model, *args, **kwargs):
+    """Runs `fit`, unless it would train on this process alone beside an idle cluster.
+
+    Refused (ValueError naming the model, the strategy and its cluster, and the fix): a model
+    built without any strategy, trained with none in scope, in a process that made a
+    `ParameterDeviceStrategy` on a cluster (alive) and has entered no cluster strategy's scope
+    yet. That is a script that forgot `with strategy.scope():`. Once any cluster strategy was
+    entered, a model trained on this process alone is taken as meant (a reference, say).
+    """
+    if (
+        not tf.distribute.has_strategy()
+        and model.distribute_strategy is tf.distribute.get_strategy()
+    ):
+        with _CLUSTERS.lock:
+            waiting = [] if _CLUSTERS.one_was_entered else list(_CLUSTERS.unentered)
+        if waiting and extended_of(model) is None:
+            strategy = waiting[0]
+            jobs = extended_of(strategy).cluster_spec.as_dict()
+            raise ValueError(
+                f"Model '{model.name}' was built and compiled without a strategy, so fit would "
+                f"train it on this process alone, while this process joined the cluster "
+                f"{jobs} for {strategy!r} and never entered that strategy's scope: its tasks "
+                f"would idle. Build and compile the model inside `with strategy.scope():` (or "
+                f"`with dpkeras.scope(cluster=...):`); fit may run outside it. (A model meant "
+                f"for this process alone is trained as asked once the strategy's scope has "
+                f"been entered.)"
+            )
+    return fit(model, *args, **kwargs)
