@@ -5,6 +5,7 @@ tests import it)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -673,6 +674,30 @@ def test_soak_benchmark_runs_and_summarizes(tmp_path):
     assert header["summary"]["variables_constant"] is True
     assert all(w["rss_mib"] > 0 and w["step_ms_median"] > 0 for w in windows)
     assert "RSS:" in proc.stdout and "Variables constant" in proc.stdout
+
+
+def test_fit_costs_benchmark_compares_per_fit_costs(tmp_path):
+    """`benchmarks/fit_costs.py` end to end, briefly: a row per strategy, against none."""
+    out = tmp_path / "fit_costs.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fit_costs", "--fits=1", "--strategies=none,dpkeras"]
+        + [f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["strategy"], r["replicas"]) for r in rows] == [("none", 1), ("dpkeras", 2)]
+    for r in rows:
+        assert r["cpu_s_per_fit"] > 0 and set(r["profile_shares"]) == {
+            "making iterators",
+            "tracing",
+        }
+        assert 0 < r["profile_shares"]["making iterators"] < 1
+    assert re.search(r"^dpkeras +2 +[\d.]+s +[\d.]+ ", proc.stdout, re.M), proc.stdout
 
 
 # -- GPU arithmetic and the command line --------------------------------------------------------
