@@ -11,8 +11,9 @@ import weakref
 import tensorflow as tf
 
 from dpkeras import _config, _tf_internals
-from dpkeras.cluster import _lease, _local
 from dpkeras.cluster._health import probe
+from dpkeras.cluster._lease import claim, finish, own_record, refuse_if_in_use
+from dpkeras.cluster._local import free_port, port_in_use
 from dpkeras.cluster._spec import resolve, task_name
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
@@ -185,7 +186,7 @@ def connect_to(cluster, timeout=None):
                 f"new process for another cluster."
             )
         _wait_for(cluster.remote, timeout)
-        _lease.refuse_if_in_use(cluster)
+        refuse_if_in_use(cluster)
         _refuse_own_address_in_use(cluster)
         _refuse_variables_made_before(cluster)
         if cluster.own is not None:  # this process's devices are renamed /job:localhost -> own task
@@ -199,7 +200,7 @@ def connect_to(cluster, timeout=None):
         if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
             _split_local_cpu()
         if own is None:  # the client's own server (TensorFlow would pick a port the same way)
-            address = f"localhost:{_local.free_port()}"
+            address = f"localhost:{free_port()}"
             spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
             tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
         else:
@@ -207,8 +208,8 @@ def connect_to(cluster, timeout=None):
             tf.config.experimental_connect_to_cluster(cluster, job_name=own[0], task_index=own[1])
         _connected = cluster
         atexit.register(_quiet_teardown)  # registered first, so it runs last
-        record = _lease.own_record(cluster, address)
-        _lease.claim(cluster, record)
+        record = own_record(cluster, address)
+        claim(cluster, record)
         atexit.register(_at_exit, cluster, record)
 
 
@@ -221,7 +222,7 @@ def _refuse_own_address_in_use(cluster):
     name = task_name(*cluster.own)
     address = cluster.tasks[name]
     port = int(address.rsplit(":", 1)[1])
-    if not _local.port_in_use(port):
+    if not port_in_use(port):
         return
     host = address.rsplit(":", 1)[0]
     what = "another process"
@@ -253,7 +254,7 @@ def _at_exit(cluster, record):
     their task of `TF_CONFIG`. Bounded: a task that does not answer is not waited for."""
     if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
         return  # the tasks see it gone, and end with a status of their own (`_task`)
-    worker = threading.Thread(target=_lease.finish, args=(cluster, record), daemon=True)
+    worker = threading.Thread(target=finish, args=(cluster, record), daemon=True)
     worker.start()
     worker.join(_FINISH_WAIT)
     if cluster.ends_tasks:

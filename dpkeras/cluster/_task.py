@@ -21,9 +21,9 @@ import time
 import tensorflow as tf
 
 from dpkeras import _config
-from dpkeras.cluster import _lease
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
+from dpkeras.cluster._lease import FINISHED, Reader
 from dpkeras.cluster._spec import Cluster, resolve, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
@@ -230,7 +230,7 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
             )
             return CLIENT_GONE
     print(f"{prefix}: {name}: the client {client_name} at {address} is up", flush=True)
-    lease = _lease.Reader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
+    lease = Reader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
     misses = 0
     rounds = 0
     while not stop.wait(_LEASE_INTERVAL):
@@ -264,7 +264,7 @@ def _client_finished(lease, client_name):
         record = lease.record()
     except Exception:  # this task's own server did not answer in time: probe as before
         return False
-    return record is not None and record["client"] == client_name and record["state"] == "finished"
+    return record is not None and record["client"] == client_name and record["state"] == FINISHED
 
 
 def _end(status):
