@@ -470,6 +470,50 @@ MUTANTS = (
             "test_tensorflow_s_variable_scope_around_dpkeras_variables_is_refused",
         ),
     ),
+    Mutant(
+        "second-client",
+        "a client connects to a cluster on which another client trains (no check of the record)",
+        "dpkeras/cluster/_connect.py",
+        "        refuse_if_in_use(cluster)\n",
+        "",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed",
+        ),
+    ),
+    Mutant(
+        "env-client",
+        "dpkeras env --cluster shows a task's devices but not the client training on it",
+        "dpkeras/_cli/env.py",
+        '        client = f"training: {_lease.describe(record)}"\n',
+        '        client = "training"\n',
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed",
+        ),
+    ),
+    Mutant(
+        "task-exit-reason",
+        "a task does not read that its client finished: TensorFlow's Abort ends it, unexplained",
+        "dpkeras/cluster/_task.py",
+        "        if _client_finished(lease, client_name):\n",
+        "        if False:\n",
+        (
+            "tests/test_launch.py::"
+            "test_one_program_in_every_task_trains_and_every_task_ends_with_status_0[chief]",
+        ),
+    ),
+    Mutant(
+        "client-lines",
+        "the client writes no record and no line on the tasks at connecting",
+        "dpkeras/cluster/_lease.py",
+        "_write(task, record, f\"client {record['client']} {where} connected\")",
+        "tf.constant(0)",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed",
+        ),
+    ),
 )
 
 

@@ -195,7 +195,10 @@ def test_dpkeras_env_shows_the_cluster_from_tf_config(local):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job, addresses in local.spec.items():
         for index, address in enumerate(addresses):
-            assert f"/job:{job}/replica:0/task:{index} at {address}: cpu:0, cpu:1" in proc.stdout
+            assert (
+                f"/job:{job}/replica:0/task:{index} at {address}: answers; cpu:0, cpu:1; "
+                in proc.stdout
+            )
     assert (
         "parameter device: greedy_by_size([/job:ps/task:0/cpu:0, /job:ps/task:1/cpu:0])"
         in proc.stdout

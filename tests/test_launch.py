@@ -95,6 +95,19 @@ def test_one_program_in_every_task_trains_and_every_task_ends_with_status_0(tmp_
             proc.stdout,
             re.M,
         ), proc.stdout[-3000:]
+        # It says when the client connected and finished, and why it ends: not as a warning.
+        client = rf"/job:{leader.split(':')[0]}/replica:0/task:0"
+        name = rf"/job:{job}/replica:0/task:{index}"
+        for pattern, stream in (
+            (
+                rf"{name}: client {client} at 127\.0\.0\.1:\d+ \(pid \d+ on host .*\) connected",
+                proc.stderr,
+            ),
+            (rf"{name}: client {client} finished training", proc.stderr),
+            (rf"{name}: the client {client} finished training; ending with status 0", proc.stdout),
+        ):
+            assert re.search(rf"^\[{task}\] dpkeras: {pattern}$", stream, re.M), stream[-3000:]
+    assert "Exiting the process" not in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("client", ["chief", "worker"])

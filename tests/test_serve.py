@@ -40,7 +40,9 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
         assert out.split() == ["/job:worker/replica:0/task:0/device:CPU:1", "42.0"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert proc.stdout.read().strip() == "dpkeras serve: /job:worker/replica:0/task:0 stopped"
+        assert proc.stdout.read().strip() == (
+            "dpkeras serve: /job:worker/replica:0/task:0 stopped by SIGTERM; ending with status 0"
+        )
         print(cluster.stderr("worker", 0))  # shown by pytest -s, for what TF logs
 
 

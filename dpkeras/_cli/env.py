@@ -43,6 +43,62 @@ def _setting_lines(settings, variables):
     return lines
 
 
+def _task_state(cluster, task, address):
+    """`(what a task's line says, its device names)`, read without connecting as a client:
+    a probe of its port, then its devices and its client's record (`cluster._lease`)."""
+    from dpkeras import _device_names as device_names
+    from dpkeras.cluster import _lease
+    from dpkeras.cluster._health import probe
+
+    reason = probe(address, timeout=2.0)
+    if task == cluster.client[0] and task not in cluster.training:  # the chief: the client
+        if reason is None:
+            return "the client's task; it answers: a client is running", []
+        return f"the client's task; no client is running ({reason})", []
+    if reason is not None:
+        return f"does not answer ({reason})", []
+    reader = _lease.Reader(address, task)
+    try:
+        names = reader.devices()
+        record = reader.record()
+    except Exception as e:  # it answered the probe, not the read
+        return f"answers, but not a read of its devices ({type(e).__name__}: {e})", []
+    finally:
+        reader.close()
+    kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1] for n in names)
+    if record is None:
+        client = "no client has connected"
+    elif record["state"] == _lease.FINISHED:
+        client = f"its last {_lease.describe(record)} finished training"
+    elif _lease.holder_answers(record) is False:
+        client = f"its {_lease.describe(record)} no longer answers (it did not finish)"
+    else:
+        client = f"training: {_lease.describe(record)}"
+    return f"answers; {kinds}; {client}", names
+
+
+def _say_cluster_defaults(say, cluster, cluster_devices, settings):
+    """The devices `dpkeras.scope()` would use on the cluster by default, from the tasks'
+    devices as read (`_task_state`)."""
+    from dpkeras import _device_names as device_names
+    from dpkeras import placement
+    from dpkeras.cluster import _devices
+
+    silent = [task for task, names in cluster_devices.items() if not names]
+    if silent:
+        say(f"  nothing known: no device read from {', '.join(silent)}")
+        return
+    compute, parameters, reason = _devices.default_cluster_devices(cluster, cluster_devices)
+    policy = placement.as_policy(parameters[0] if len(parameters) == 1 else parameters)
+    home = device_names.short_device(parameters[0])
+    say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
+    say(f"  parameter device: {policy!r} (reductions on {home})")
+    say(f"  because:          {reason}")
+    given = [n for n in ("compute_devices", "parameter_device") if settings.received(n)]
+    if given:
+        say(f"  unless replaced by: {', '.join(settings.received(n) for n in given)}")
+
+
 def env(argv=None, out=None):
     """`dpkeras env`: prints what a bug report needs; returns the exit status."""
     out = out or sys.stdout
@@ -64,9 +120,10 @@ def env(argv=None, out=None):
         "--cluster",
         default=None,
         metavar="JSON_OR_FILE",
-        help="also connect to this cluster (a JSON object or file, as for "
-        "dpkeras serve; default: $TF_CONFIG's, if any) and show its "
-        "tasks, their devices and where variables would go",
+        help="also show this cluster's tasks (a JSON object or file, as for "
+        "dpkeras serve; default: $TF_CONFIG's, if any): whether each answers, its devices, "
+        "the client training on it, and where variables would go; read without connecting "
+        "as a client, so a running training is not disturbed",
     )
     _cli.add_verbose_argument(parser)
     args = parser.parse_args(argv)
@@ -76,7 +133,7 @@ def env(argv=None, out=None):
     from dpkeras import _device_names as device_names
     from dpkeras._cli.serve import load_cluster
     from dpkeras._extended import devices
-    from dpkeras.cluster import _connect, _devices, _spec
+    from dpkeras.cluster import _spec
 
     try:
         settings = config.resolve()
@@ -107,33 +164,37 @@ def env(argv=None, out=None):
     say("Physical devices:")
     for d in tf.config.list_physical_devices():
         say(f"  {d.name} ({d.device_type})")
+    cluster_devices = None
     if spec is not None:
-        say("Cluster (no authentication or encryption: private networks only):")
-        try:
-            _connect.connect(spec, timeout=30)
-        except (TimeoutError, RuntimeError) as e:
-            say(f"  not connected: {e}")
-            spec = None
-        else:
-            spec = _connect.connected_cluster()  # a resolved Cluster, read from here on
-            for task, names in _devices.task_devices(spec).items():
-                kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1] for n in names)
-                say(f"  {task} at {spec.tasks[task]}: {kinds}")
+        say(
+            "Cluster (no authentication or encryption: private networks only; each task read "
+            "without connecting to it as a client, so a client training there is undisturbed):"
+        )
+        cluster = _spec.Cluster(spec)
+        cluster_devices = {}
+        for task, address in cluster.tasks.items():
+            state, names = _task_state(cluster, task, address)
+            say(f"  {task} at {address}: {state}")
+            if task in cluster.training:
+                cluster_devices[task] = names
         say()
     say("Logical devices:")
     for d in tf.config.list_logical_devices():
         say(f"  {device_names.short_device(d.name)}  ({d.name})")
     say()
     say("dpkeras.scope() with no arguments would use:")
-    try:
-        resolved = devices.resolve_devices(settings, spec)
-    except ValueError as e:
-        say(f"  nothing: {e}")
+    if cluster_devices is not None:
+        _say_cluster_defaults(say, cluster, cluster_devices, settings)
     else:
-        compute, policy, home, reason = resolved
-        say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
-        say(f"  parameter device: {policy!r} (reductions on {device_names.short_device(home)})")
-        say(f"  because:          {reason}")
+        try:
+            resolved = devices.resolve_devices(settings, spec)
+        except ValueError as e:
+            say(f"  nothing: {e}")
+        else:
+            compute, policy, home, reason = resolved
+            say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
+            say(f"  parameter device: {policy!r} (reductions on {device_names.short_device(home)})")
+            say(f"  because:          {reason}")
     say()
     say("Settings (the argument, else the environment variable, else the default):")
     for line in _setting_lines(settings, config.VARIABLES):

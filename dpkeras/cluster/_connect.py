@@ -12,11 +12,14 @@ import tensorflow as tf
 
 from dpkeras import _config, _tf_internals
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._spec import resolve
+from dpkeras.cluster._lease import claim, finish, own_record, refuse_if_in_use
+from dpkeras.cluster._local import free_port, port_in_use
+from dpkeras.cluster._spec import resolve, task_name
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
 DEFAULT_CONNECT_TIMEOUT = _config.DEFAULT_CONNECT_TIMEOUT
 _FIRST_WORD = 2.0  # seconds of silence before the client names the tasks it waits for
+_FINISH_WAIT = 5.0  # seconds the tasks get, at the client's exit, to hear it and to end
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
 # The tf.data datasets alive when this process connected as a task of the cluster (the chief,
@@ -183,6 +186,8 @@ def connect_to(cluster, timeout=None):
                 f"new process for another cluster."
             )
         _wait_for(cluster.remote, timeout)
+        refuse_if_in_use(cluster)
+        _refuse_own_address_in_use(cluster)
         _refuse_variables_made_before(cluster)
         if cluster.own is not None:  # this process's devices are renamed /job:localhost -> own task
             _remember_datasets_made_before()
@@ -194,12 +199,41 @@ def connect_to(cluster, timeout=None):
         own = cluster.own
         if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
             _split_local_cpu()
-        job, index = own or ("localhost", 0)
-        tf.config.experimental_connect_to_cluster(cluster, job_name=job, task_index=index)
+        if own is None:  # the client's own server (TensorFlow would pick a port the same way)
+            address = f"localhost:{free_port()}"
+            spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
+            tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
+        else:
+            address = cluster.tasks[task_name(*own)]
+            tf.config.experimental_connect_to_cluster(cluster, job_name=own[0], task_index=own[1])
         _connected = cluster
         atexit.register(_quiet_teardown)  # registered first, so it runs last
-        if cluster.ends_tasks:
-            atexit.register(_release_tasks, cluster)
+        record = own_record(cluster, address)
+        claim(cluster, record)
+        atexit.register(_at_exit, cluster, record)
+
+
+def _refuse_own_address_in_use(cluster):
+    """A client that is a task of the cluster (the chief) listens on its address: refuses, in
+    one line, when something on this machine holds its port (TensorFlow would fail with "Could
+    not start gRPC server"), naming another client of the cluster when a gRPC server answers."""
+    if cluster.own is None:
+        return
+    name = task_name(*cluster.own)
+    address = cluster.tasks[name]
+    port = int(address.rsplit(":", 1)[1])
+    if not port_in_use(port):
+        return
+    host = address.rsplit(":", 1)[0]
+    what = "another process"
+    if probe(f"{host}:{port}" if host not in ("", "0.0.0.0") else f"localhost:{port}") is None:
+        what = "a gRPC server, likely another client of this cluster already running as " + name
+    raise RuntimeError(
+        f"Cannot connect as the cluster's client {name} at {address}: its port {port} is in "
+        f"use on this machine by {what}. Wait for that client to finish or stop it (`ss -ltnp "
+        f"'sport = :{port}'` names it), then start this one again; or give the client another "
+        f"address in the cluster."
+    )
 
 
 def _split_local_cpu():
@@ -214,17 +248,34 @@ def _split_local_cpu():
     )
 
 
+def _at_exit(cluster, record):
+    """At the exit of a connected client that did not die of an uncaught exception: tells every
+    task that it finished (`_lease.finish`: each prints it), and ends the tasks when it is
+    their task of `TF_CONFIG`. Bounded: a task that does not answer is not waited for."""
+    if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
+        return  # the tasks see it gone, and end with a status of their own (`_task`)
+    worker = threading.Thread(target=finish, args=(cluster, record), daemon=True)
+    worker.start()
+    worker.join(_FINISH_WAIT)
+    if cluster.ends_tasks:
+        _release_tasks(cluster)
+
+
 def _release_tasks(cluster):
     """At the exit of a client started as a task of `TF_CONFIG` (one program in every task):
     ends every other task with status 0, so that no ps or worker outlives the job.
 
-    Not when the client dies of an uncaught exception: the tasks then see it gone, and end with
-    a non-zero status of their own (`dpkeras.cluster._task`). The request ends the task at once
-    (TensorFlow's `Abort` with `exit_without_error`), so its error is expected and ignored.
+    A task that watches this client ends by itself once it reads that the client finished
+    (`dpkeras.cluster._task`), saying so; the others that still answer after `_FINISH_WAIT`
+    seconds are ended by a request (TensorFlow's `Abort` with `exit_without_error`, which logs
+    a warning on the task), whose error is expected and ignored.
     """
-    if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
-        return
-    for name in training_tasks_but_own(cluster):
+    deadline = time.monotonic() + _FINISH_WAIT
+    pending = training_tasks_but_own(cluster)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pending = [n for n in pending if probe(cluster.tasks[n], timeout=0.5) is None]
+    for name in pending:
         try:
             with tf.device(f"{name}/device:CPU:0"):
                 tf.raw_ops.Abort(error_msg="dpkeras: training finished", exit_without_error=True)

@@ -18,7 +18,7 @@ def _device_kind(name):
     return name.rsplit("/device:", 1)[1].split(":")[0]
 
 
-def default_cluster_devices(cluster):
+def default_cluster_devices(cluster, devices=None):
     """The compute and parameter devices used on a cluster when none are given, and why.
 
     Compute: every GPU of every worker task; with no GPU on the workers, every CPU device of
@@ -27,6 +27,8 @@ def default_cluster_devices(cluster):
 
     Args:
         cluster: the `Cluster` this process is connected to (`dpkeras.cluster._spec.resolve`).
+        devices: `{task name: [device names]}` of its ps and worker tasks, or None: the ones
+            this process lists (`task_devices`). `dpkeras env` reads them without connecting.
 
     Returns:
         `(compute_devices, parameter_devices, reason)`: lists of full device names and a
@@ -35,7 +37,7 @@ def default_cluster_devices(cluster):
     Raises:
         RuntimeError: if a task lists no device (this process is not connected to it).
     """
-    devices = task_devices(cluster)
+    devices = task_devices(cluster) if devices is None else devices
     empty = [task for task, names in devices.items() if not names]
     if empty:
         raise RuntimeError(

@@ -14,6 +14,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def port_in_use(port):
+    """Whether another socket holds `port` of this machine (binding it on every interface, as
+    TensorFlow's server does, fails)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
 def _die_with_parent():
     """In the child before exec (Linux): SIGKILL it when the process that started it dies, so
     that even a parent killed without cleanup leaves no task behind. (Linux ties this to the

@@ -23,10 +23,12 @@ import tensorflow as tf
 from dpkeras import _config, _quiet
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
+from dpkeras.cluster._lease import FINISHED, Reader
 from dpkeras.cluster._spec import Cluster, resolve, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
+_LEASE_INTERVAL = 0.5  # seconds between reads of whether the client finished
 _FIRST_PROBE_INTERVAL = 0.25
 _PROBE_FAILURES = 3
 
@@ -138,10 +140,12 @@ def _serve_from_here(cluster):
 def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, prefix="dpkeras"):
     """Runs task `job`:`index` of `spec` as a `tf.distribute.Server`; ends the process.
 
-    Ends with status 0 on SIGTERM or SIGINT, or when the client finishes training (it ends
-    every task with TensorFlow's `Abort`, status 0). With `client`, `(task name, address)`,
-    the client is watched: the process ends with status 75 if the client does not answer
-    within `client_start_timeout` seconds, or stops answering afterwards before it finishes.
+    Ends with status 0 on SIGTERM or SIGINT, or when the client finishes training. With
+    `client`, `(task name, address)`, the client is watched: the process ends with status 0
+    once the client writes that it finished (`dpkeras.cluster._lease`), with status 75 if the
+    client does not answer within `client_start_timeout` seconds, or stops answering afterwards
+    before it finishes; each with a line saying why. (A client under `TF_CONFIG` ends the tasks
+    that do not end by themselves with TensorFlow's `Abort`, status 0.)
 
     Args:
         spec: the `tf.train.ClusterSpec`.
@@ -160,8 +164,14 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
         inter_op_parallelism_threads=max(os.cpu_count() or 1, workers + 1),
     )
     stop = threading.Event()
+    stopped_by = []  # the signal that stopped the task
+
+    def on_signal(signum, _frame):
+        stopped_by.append(signal.Signals(signum).name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     name = task_name(job, index)
     try:
         tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
@@ -182,12 +192,14 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
         flush=True,
     )
     print("ready", flush=True)
-    status = 0 if client is None else _watch(client, client_start_timeout, stop, prefix, name)
-    if client is None:
+    status = 0
+    if client is not None:
+        status = _watch(client, client_start_timeout, stop, prefix, name, address)
+    else:
         while not stop.wait(1.0):
             pass
     if status == 0:
-        print(f"{prefix}: {name} stopped", flush=True)
+        print(f"{prefix}: {name} stopped by {stopped_by[0]}; ending with status 0", flush=True)
     _end(status)
 
 
@@ -201,9 +213,10 @@ def _in_use(port):
     return False
 
 
-def _watch(client, start_timeout, stop, prefix, name):
+def _watch(client, start_timeout, stop, prefix, name, own_address):
     """0 when stopped by a signal; `CLIENT_GONE` when the client never answers within
-    `start_timeout` or stops answering. (A client that finishes ends this process itself.)"""
+    `start_timeout` or stops answering. Ends the process with status 0 when the client writes
+    that it finished training (`dpkeras.cluster._lease`, read from this task's own server)."""
     client_name, address = client
     deadline = time.monotonic() + (start_timeout or _config.DEFAULT_CLIENT_START_TIMEOUT)
     while probe(address, timeout=2.0) is not None:
@@ -218,8 +231,20 @@ def _watch(client, start_timeout, stop, prefix, name):
             )
             return CLIENT_GONE
     print(f"{prefix}: {name}: the client {client_name} at {address} is up", flush=True)
+    lease = Reader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
     misses = 0
-    while not stop.wait(_PROBE_INTERVAL):
+    rounds = 0
+    while not stop.wait(_LEASE_INTERVAL):
+        if _client_finished(lease, client_name):
+            print(
+                f"{prefix}: {name}: the client {client_name} finished training; ending with "
+                f"status 0",
+                flush=True,
+            )
+            _end(0)
+        rounds += 1
+        if rounds % round(_PROBE_INTERVAL / _LEASE_INTERVAL):
+            continue
         reason = probe(address, timeout=2.0)
         misses = 0 if reason is None else misses + 1
         if misses >= _PROBE_FAILURES:
@@ -231,6 +256,16 @@ def _watch(client, start_timeout, stop, prefix, name):
             )
             return CLIENT_GONE
     return 0
+
+
+def _client_finished(lease, client_name):
+    """Whether this task's record says that `client_name` finished training (a read that
+    fails, or times out, says no: the probes then decide)."""
+    try:
+        record = lease.record()
+    except Exception:  # this task's own server did not answer in time: probe as before
+        return False
+    return record is not None and record["client"] == client_name and record["state"] == FINISHED
 
 
 def _end(status):

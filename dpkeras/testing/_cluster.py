@@ -81,12 +81,16 @@ class LocalCluster:
         ps: int, number of ps tasks.
         workers: int, number of worker tasks.
         cpus: int or None, `--cpus` of every task.
+        chief: bool, whether the spec also names a `chief` (the client's address, a free port
+            that no task started here listens on: a client given this spec listens there).
     """
 
-    def __init__(self, ps=2, workers=2, cpus=2):
+    def __init__(self, ps=2, workers=2, cpus=2, chief=False):
         self.spec = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)]}
         if ps:
             self.spec = {"ps": [f"127.0.0.1:{free_port()}" for _ in range(ps)], **self.spec}
+        if chief:
+            self.spec = {"chief": [f"127.0.0.1:{free_port()}"], **self.spec}
         self.cpus = cpus
         self.procs = {}  # (job, index) -> Popen
         self.startup_lines = {}  # (job, index) -> stdout lines up to `ready`
@@ -129,7 +133,7 @@ class LocalCluster:
         _live.add(self)
         try:
             for job, addresses in self.spec.items():
-                for task in range(len(addresses)):
+                for task in range(len(addresses) if job != "chief" else 0):
                     self._start(job, task)
             for (job, task), proc in self.procs.items():
                 try:

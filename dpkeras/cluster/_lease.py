@@ -1,0 +1,205 @@
+"""Which client each task serves: the record a client leaves on every task it trains on.
+
+A connecting client writes a small record (who it is, where it answers, since when, whether it
+is training or finished) into a string variable of each ps and worker task, created with the
+shared name `dpkeras_client`. Resources of one shared name are one resource on a task, whoever
+asks for it (measured on TF 2.21: a second client's eager context, and a graph session, read
+what the first client wrote), so this record is what lets
+
+- a second client see that the cluster is in use, and refuse to train beside the first
+  (TensorFlow would let it: each client's variables are its own, and both would train,
+  each slowing the other);
+- `dpkeras env --cluster` show each task's client without connecting as a client;
+- a task end with status 0 when its client finished, by itself, instead of being aborted.
+
+It is read through a graph `tf.compat.v1.Session` on the task, limited to that task's devices
+(`device_filters`): no eager context, nothing reset, and no other task contacted. Every read is
+bounded. Written by the client with one assignment per task at connecting and at exit, never
+per step; with each, the task prints one line (`tf.print` on the task's device prints in the
+task's process).
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+from dpkeras.cluster._health import probe
+
+SHARED_NAME = "dpkeras_client"
+TRAINING = "training"
+FINISHED = "finished"
+
+
+def _cpu(task):
+    return f"{task}/device:CPU:0"
+
+
+def _handle():
+    return tf.raw_ops.VarHandleOp(dtype=tf.string, shape=[], shared_name=SHARED_NAME)
+
+
+class Reader:
+    """Reads one task's record and devices through a graph session on the task.
+
+    Args:
+        address: `"host:port"` of the task's server.
+        task: the task's name, such as `"/job:ps/replica:0/task:0"`.
+        timeout: float, seconds allowed per read (the session's operations and the wait).
+    """
+
+    def __init__(self, address, task, timeout=5.0):
+        self._target = f"grpc://{address}"
+        self._task = task
+        self._timeout = timeout
+        self._graph = tf.Graph()
+        with self._graph.as_default(), tf.device(_cpu(task)):
+            handle = _handle()
+            self._initialized = tf.raw_ops.VarIsInitializedOp(resource=handle)
+            self._value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.string)
+        self._session = None
+
+    def _run(self, work):
+        """`work(session)` on a thread bounded by the timeout; raises TimeoutError."""
+        outcome = []
+
+        def run():
+            try:
+                if self._session is None:
+                    config = tf.compat.v1.ConfigProto(
+                        device_filters=[self._task],
+                        operation_timeout_in_ms=int(self._timeout * 1000),
+                    )
+                    self._session = tf.compat.v1.Session(
+                        self._target, graph=self._graph, config=config
+                    )
+                outcome.append((True, work(self._session)))
+            except Exception as e:  # reported to the caller, as it is
+                outcome.append((False, e))
+
+        thread = threading.Thread(target=run, name="dpkeras-lease-read", daemon=True)
+        thread.start()
+        thread.join(self._timeout)
+        if not outcome:
+            raise TimeoutError(f"{self._task} did not answer a read within {self._timeout:g} s")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def record(self):
+        """The task's record (a dict), or None if no dpkeras client ever connected to it."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._timeout * 1000))
+
+        def read(session):
+            if not session.run(self._initialized, options=options):
+                return None
+            return session.run(self._value, options=options)
+
+        raw = self._run(read)
+        return None if raw is None else json.loads(raw.decode("utf-8"))
+
+    def devices(self):
+        """The full names of the task's devices."""
+        return self._run(lambda session: [d.name for d in session.list_devices()])
+
+    def close(self):
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+def own_record(cluster, address):
+    """The record this client writes: its task name, the address it answers on, and more."""
+    name = "/job:localhost/replica:0/task:0"
+    if cluster.own is not None:
+        name = f"/job:{cluster.own[0]}/replica:0/task:{cluster.own[1]}"
+    return {
+        "client": name,
+        "address": address,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "state": TRAINING,
+    }
+
+
+def describe(record):
+    """`client X at A (pid P on host H, connected at T)`, for a record."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record["since"]))
+    return (
+        f"client {record['client']} at {record['address']} (pid {record['pid']} on host "
+        f"{record['host']}, connected at {since})"
+    )
+
+
+def holder_answers(record):
+    """Whether the client of a `TRAINING` record still answers: True, False, or None when it
+    cannot be told from here (a client on `localhost` of another machine)."""
+    address = record["address"]
+    if address.startswith("localhost:") and record["host"] != socket.gethostname():
+        return None
+    return probe(address, timeout=2.0) is None
+
+
+def refuse_if_in_use(cluster, timeout=5.0):
+    """Raises RuntimeError naming the client that trains on `cluster`'s tasks, if one does.
+
+    Read before connecting (nothing of this process reaches the tasks but the reads): a task
+    whose record says a client is training, and whose client still answers, is in use. A
+    record left by a client that died (it no longer answers) does not count.
+    """
+    for task, address in cluster.training.items():
+        if task not in cluster.remote or probe(address, timeout=2.0) is not None:
+            continue  # connect names a task that does not answer
+        reader = Reader(address, task, timeout)
+        try:
+            record = reader.record()
+        finally:
+            reader.close()
+        if record is None or record["state"] != TRAINING:
+            continue
+        alive = holder_answers(record)
+        if alive is False:
+            continue
+        seen = "still answers" if alive else "may still run (it cannot be probed from here)"
+        raise RuntimeError(
+            f"Cannot connect to the cluster: it is in use by {describe(record)}, which trains "
+            f"on {task} at {address} and {seen}. Two clients would train on the same tasks at "
+            f"once, each slowing the other. Wait for that client to finish or stop it (kill "
+            f"{record['pid']} on {record['host']}), then start this one again; or give this "
+            f"one a cluster of its own."
+        )
+
+
+def _write(task, record, line):
+    with tf.device(_cpu(task)):
+        tf.raw_ops.AssignVariableOp(resource=_handle(), value=tf.constant(json.dumps(record)))
+        tf.raw_ops.PrintV2(input=tf.constant(f"dpkeras: {task}: {line}"), output_stream="stderr")
+
+
+def claim(cluster, record):
+    """Writes `record` (this client, training) on each ps and worker task this process
+    connected to; each task prints that the client connected. Call after connecting."""
+    where = f"at {record['address']} (pid {record['pid']} on host {record['host']})"
+    for task in cluster.training:
+        if task in cluster.remote:
+            _write(task, record, f"client {record['client']} {where} connected")
+
+
+def finish(cluster, record):
+    """Marks `record` finished on each task (a task that ends with its client reads it and
+    ends with status 0); each task prints that the client finished. Errors are ignored: a task
+    that already ended needs no word."""
+    record = dict(record, state=FINISHED)
+    for task in cluster.training:
+        if task in cluster.remote:
+            try:
+                _write(task, record, f"client {record['client']} finished training")
+            except Exception:  # an ended task, or an ended connection: nothing to tell
+                pass
+    sys.stderr.flush()

@@ -1,0 +1,191 @@
+"""One client at a time: a second client is refused naming the first, `dpkeras env --cluster`
+shows who trains without disturbing it, and the tasks say when a client connects and leaves.
+
+One real cluster (1 ps, 1 worker, `dpkeras serve` processes that do not end with the client)
+whose spec names a chief address; every client is a fresh process. Every wait is bounded.
+"""
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from dpkeras.cluster import _connect, _spec
+from dpkeras.testing import LocalCluster, server_env
+
+TIMEOUT = 300
+
+# A client that trains one epoch, says so, waits for a line on stdin, then trains again and
+# prints its losses and those of the same model built after connecting without a strategy.
+_CLIENT = """
+import json, sys
+import numpy as np
+import dpkeras, keras
+
+def build():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+x = np.random.RandomState(0).rand(32, 3).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+with dpkeras.scope(cluster=json.loads(sys.argv[1])):
+    model = build()
+losses = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history["loss"]
+print("TRAINING", flush=True)
+sys.stdin.readline()
+losses += model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
+reference = build()
+expected = reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+print("RESULT " + json.dumps({"loss": losses, "expected": expected.history["loss"]}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def local():
+    with LocalCluster(ps=1, workers=1, cpus=1, chief=True) as cluster:
+        yield cluster
+
+
+def _without_chief(spec):
+    return {job: tasks for job, tasks in spec.items() if job != "chief"}
+
+
+def _run(argv, timeout=TIMEOUT):
+    return subprocess.run(argv, capture_output=True, text=True, env=server_env(), timeout=timeout)
+
+
+def _connect_script(spec):
+    return [
+        sys.executable,
+        "-c",
+        f"import dpkeras\nwith dpkeras.scope(cluster={spec!r}):\n    pass\nprint('CONNECTED')",
+    ]
+
+
+class _FirstClient:
+    """The first client, running `_CLIENT` until `finish()`."""
+
+    def __init__(self, spec):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_CLIENT), json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=server_env(),
+        )
+        line = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))
+        reader.daemon = True
+        reader.start()
+        reader.join(TIMEOUT)
+        if line != ["TRAINING\n"]:
+            self.proc.kill()
+            pytest.fail(f"the first client did not start training: {line} {self.proc.stderr}")
+
+    def finish(self):
+        out, err = self.proc.communicate("\n", timeout=TIMEOUT)
+        assert self.proc.returncode == 0, err[-3000:]
+        result = json.loads(out.split("RESULT ", 1)[1])
+        return result["loss"], result["expected"]
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def _last_line(text):
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+def test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed(local):
+    """With a client training: a second one, as the chief (TensorFlow alone: "Could not start
+    gRPC server") or as /job:localhost (TensorFlow alone: it connects and trains beside the
+    first), is refused in one line naming the first; `dpkeras env --cluster` shows each
+    task's state and that client; the first trains on, equal to one process. After it
+    finished, a new client connects."""
+    chief = local.spec["chief"][0]
+    first = _FirstClient(local.spec)
+    try:
+        refused = re.escape(
+            f"RuntimeError: Cannot connect to the cluster: it is in use by client "
+            f"/job:chief/replica:0/task:0 at {chief} (pid {first.proc.pid} on host "
+            f"{socket.gethostname()}, connected at "
+        )
+        for spec in (local.spec, _without_chief(local.spec)):
+            second = _run(_connect_script(spec))
+            assert second.returncode == 1, second.stdout + second.stderr[-3000:]
+            assert re.match(
+                refused + r"[-0-9: ]+ UTC\), which trains on /job:ps/replica:0/task:0 at "
+                r"127\.0\.0\.1:\d+ and still answers\. .*Wait for that client to finish or "
+                rf"stop it \(kill {first.proc.pid} on .*\)",
+                _last_line(second.stderr),
+            ), second.stderr[-3000:]
+
+        env = _run([sys.executable, "-m", "dpkeras", "env", "--cluster", json.dumps(local.spec)])
+        assert env.returncode == 0, env.stderr[-3000:]
+        lines = env.stdout.splitlines()
+        assert (
+            f"  /job:chief/replica:0/task:0 at {chief}: the client's task; it answers: a "
+            f"client is running" in lines
+        ), env.stdout
+        for job in ("ps", "worker"):
+            address = local.address(job, 0)
+            pattern = (
+                rf"  /job:{job}/replica:0/task:0 at {re.escape(address)}: answers; cpu:0; "
+                rf"training: client /job:chief/replica:0/task:0 at {re.escape(chief)} \(pid "
+                rf"{first.proc.pid} on host .*, connected at [-0-9: ]+ UTC\)"
+            )
+            assert any(re.fullmatch(pattern, line) for line in lines), env.stdout
+
+        losses, expected = first.finish()
+        assert losses == pytest.approx(expected, rel=1e-5)  # undisturbed
+    finally:
+        first.kill()
+
+    after = _run([sys.executable, "-m", "dpkeras", "env", "--cluster", json.dumps(local.spec)])
+    assert "no client is running (Connection refused)" in after.stdout, after.stdout
+    assert "finished training" in after.stdout, after.stdout
+    third = _run(_connect_script(_without_chief(local.spec)))
+    assert third.returncode == 0 and third.stdout.strip() == "CONNECTED", third.stderr[-3000:]
+
+    # Each task said when each client connected and left.
+    said = [line for line in local.stderr("ps", 0).splitlines() if line.startswith("dpkeras:")]
+    task = "/job:ps/replica:0/task:0"
+    assert said[:2] == [
+        f"dpkeras: {task}: client /job:chief/replica:0/task:0 at {chief} (pid "
+        f"{first.proc.pid} on host {socket.gethostname()}) connected",
+        f"dpkeras: {task}: client /job:chief/replica:0/task:0 finished training",
+    ], said
+    assert re.fullmatch(
+        rf"dpkeras: {task}: client /job:localhost/replica:0/task:0 at localhost:\d+ \(pid \d+ "
+        rf"on host .*\) connected",
+        said[2],
+    ), said
+    assert said[3] == f"dpkeras: {task}: client /job:localhost/replica:0/task:0 finished training"
+
+
+def test_a_client_whose_address_is_held_by_another_process_is_one_line():
+    """TensorFlow alone says `UnknownError: Could not start gRPC server`."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        cluster = _spec.Cluster({"chief": [address], "worker": ["127.0.0.1:1"]}, own=("chief", 0))
+        with pytest.raises(RuntimeError) as raised:
+            _connect._refuse_own_address_in_use(cluster)
+    assert str(raised.value) == (
+        f"Cannot connect as the cluster's client /job:chief/replica:0/task:0 at {address}: its "
+        f"port {address.rsplit(':', 1)[1]} is in use on this machine by another process. Wait "
+        f"for that client to finish or stop it (`ss -ltnp 'sport = :{address.rsplit(':', 1)[1]}'`"
+        f" names it), then start this one again; or give the client another address in the "
+        f"cluster."
+    )
