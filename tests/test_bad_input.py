@@ -329,10 +329,10 @@ CASES = {
     ),
     # TensorFlow's message: the optimizer was created outside, under the default strategy.
     "model-compiled-outside-the-scope": Case(
-        fit((X, np.ones((96, 4), "float32"))),
-        RuntimeError,
-        r"Mixing different tf.distribute.Strategy objects: ParameterDeviceStrategy\(.*\) is "
-        r"not .*_DefaultDistributionStrategy",
+        lambda model: model.compile(optimizer="adam", loss="mse"),
+        ValueError,
+        r"Model 'sequential' was built under ParameterDeviceStrategy\(.*\) and is compiled "
+        r"outside its scope \(no strategy is in scope\).*Compile the model inside the scope",
         setup=lambda: _compiled_outside(),
     ),
     # -- variables ----------------------------------------------------------------------------
@@ -471,9 +471,7 @@ def _predict_in(strategy, model):
 
 def _compiled_outside():
     with cpu_strategy(2).scope():
-        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
+        return keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
 
 
 def _variable(value, **kwargs):
@@ -494,7 +492,8 @@ def _live_variables():
 
 def _model_state(target):
     if isinstance(target, keras.Model):
-        iterations = target.optimizer.iterations.numpy() if target.optimizer else None
+        optimizer = getattr(target, "optimizer", None)  # None before compile
+        iterations = optimizer.iterations.numpy() if optimizer else None
         return [w.copy() for w in target.get_weights()], iterations
     if isinstance(target, tf.Variable):
         return [target.numpy()], None
@@ -507,9 +506,10 @@ def test_the_table_has_at_least_25_cases():
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_bad_input(case, monkeypatch):
+    # The strategies cases use exist beforehand, under each name they are asked by.
+    cpu_strategy(2), cpu_strategy(3), dpkeras.get_strategy(TWO)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
-    cpu_strategy(2), cpu_strategy(3)  # the strategies cases use exist beforehand
     target = case.setup() if case.setup else None
     default = tf.distribute.get_strategy()
     cached = dict(scope_module._strategies)

@@ -3,6 +3,8 @@ evenly over the replicas (the per-replica gradient weights then count each repli
 `dpkeras._extended.keras_steps.gradient_weights`). 2 replicas on simulated CPU devices against
 one device: weights and loss history equal."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -44,12 +46,9 @@ def _optional(rng):
 def _train(make, strategy=None):
     keras.utils.set_random_seed(1)
     rng = np.random.RandomState(0)
-    if strategy is None:
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model, x = make(rng)
-    else:
-        with strategy.scope():
-            model, x = make(rng)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     ds = tf.data.Dataset.from_tensor_slices((x, Y)).batch(5)  # 5 rows: 3 and 2 per replica
     history = model.fit(ds, epochs=3, verbose=0).history["loss"]
     return model, history

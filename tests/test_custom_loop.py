@@ -481,7 +481,10 @@ def test_optimizer_iterations_count_steps_with_three_replicas():
         train_step(batch)
         assert int(opt.iterations.numpy()) == k
     # Keras fit on the same model counts one per step too.
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with strategy.scope():  # compile in the model's scope (outside it is refused)
+        model.compile(
+            optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
     model.fit(x, y, batch_size=GB, epochs=1, steps_per_epoch=3, shuffle=False, verbose=0)
     assert int(opt.iterations.numpy()) == STEPS + 3
 
