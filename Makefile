@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml dpkeras/_version.py
 install: $(STAMP)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n auto --dist loadgroup -q
+	$(VENV)/bin/python -m pytest -n auto --dist loadfile -q
 
 wheel-test: $(STAMP)
 	PYTHON=$(PYTHON) .ci/wheel-test

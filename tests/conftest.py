@@ -48,14 +48,3 @@ def local():
     """A real cluster of 2 ps + 2 workers, 2 CPU devices each, shared by a module's tests."""
     with LocalCluster(ps=2, workers=2, cpus=2) as running:
         yield running
-
-
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`--dist loadgroup`, `make test`), a module's tests that share a
-    fixture made once per module (a cluster, one client running every case) go to one
-    worker, so that the fixture is made once, not once per worker that draws one of them."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        definitions = getattr(info, "name2fixturedefs", {}) or {}
-        if any(d and d[-1].scope in ("module", "package") for d in definitions.values()):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
