@@ -13,7 +13,6 @@ script, or by `dpkeras.scope()` / `get_strategy()`) decides:
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from dpkeras import _config, _quiet
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._lease import FINISHED, Reader
+from dpkeras.cluster._local import port_in_use
 from dpkeras.cluster._spec import Cluster, resolve, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
@@ -177,7 +177,7 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
         tf.distribute.Server(spec, job_name=job, task_index=index, config=config, start=True)
     except tf.errors.UnknownError as e:  # TensorFlow says only "Could not start gRPC server"
         port = address.rsplit(":", 1)[1]
-        why = "its port is in use by another process" if _in_use(int(port)) else str(e).strip()
+        why = "its port is in use by another process" if port_in_use(int(port)) else str(e).strip()
         print(
             f"{prefix}: {name} cannot listen on {address}: {why}. Stop what listens on port "
             f"{port} (`ss -ltnp 'sport = :{port}'` names it), or give this task another address "
@@ -201,16 +201,6 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
     if status == 0:
         print(f"{prefix}: {name} stopped by {stopped_by[0]}; ending with status 0", flush=True)
     _end(status)
-
-
-def _in_use(port):
-    """Whether another socket holds `port` (binding it on every interface fails)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return True
-    return False
 
 
 def _watch(client, start_timeout, stop, prefix, name, own_address):
