@@ -17,7 +17,7 @@ import time
 import pytest
 
 from dpkeras import _quiet
-from dpkeras.cluster import _spec, _task
+from dpkeras.cluster import _local, _spec, _task
 from dpkeras.testing import server_env
 
 LAUNCH_TIMEOUT = 300
@@ -318,3 +318,10 @@ def test_an_uncaught_task_failure_is_the_client_s_last_line(tmp_path):
         r"dpkeras\.TaskFailedError: /job:ps/replica:0/task:0 at 127\.0\.0\.1:\d+ is unreachable",
         client[-1],
     ), client[-20:]
+
+
+def test_the_ports_of_a_cluster_are_distinct():
+    """`dpkeras launch` and LocalCluster take their ports together: asked for one at a time,
+    the kernel may hand a port just released out again (CI once got two workers on one port)."""
+    ports = _local.free_ports(500)
+    assert len(set(ports)) == 500

@@ -184,7 +184,7 @@ def test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client():
     """Tasks started without TF_CPP_MIN_LOG_LEVEL: TensorFlow logs a SessionOptions dump on
     each when a client connects. `dpkeras serve --verbose` shows it; a task serving from
     `join()` under TF_CONFIG, in a script that imported TensorFlow first, hides it."""
-    spec = {"worker": [f"127.0.0.1:{_local.free_port()}" for _ in range(2)]}
+    spec = {"worker": [f"127.0.0.1:{port}" for port in _local.free_ports(2)]}
     joined = """
         import tensorflow as tf
         import dpkeras

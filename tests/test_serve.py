@@ -17,7 +17,7 @@ from dpkeras import _config
 from dpkeras._cli.serve import serve
 from dpkeras.cluster import _task
 from dpkeras.cluster._health import probe
-from dpkeras.testing import LocalCluster, run_python, serve_command, server_env
+from dpkeras.testing import LocalCluster, free_ports, run_python, serve_command, server_env
 
 
 def test_serves_a_reachable_task_and_exits_0_on_sigterm():
@@ -185,13 +185,8 @@ def test_under_tf_config_without_a_chief_serve_watches_worker_0(monkeypatch):
 
 def test_under_tf_config_a_task_ends_with_status_0_when_the_client_finishes():
     """Kubernetes runs `dpkeras serve` with TF_CONFIG: the ps pod must not outlive the job."""
-    from dpkeras.testing import free_port
-
-    cluster = {
-        "chief": [f"127.0.0.1:{free_port()}"],
-        "ps": [f"127.0.0.1:{free_port()}"],
-        "worker": [f"127.0.0.1:{free_port()}"],
-    }
+    chief, ps, worker = (f"127.0.0.1:{port}" for port in free_ports(3))
+    cluster = {"chief": [chief], "ps": [ps], "worker": [worker]}
 
     def tf_config(job):
         return json.dumps({"cluster": cluster, "task": {"type": job, "index": 0}})
@@ -232,15 +227,11 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
     `dpkeras serve --cluster ... --exit-with-client`. They run at once, in one cluster whose
     chief (a free port nothing listens on) never starts; each must end 3 s after its `ready`,
     not at once and not after the 1800 s default."""
-    from dpkeras.testing import free_port
     from dpkeras.testing._cluster import READY_TIMEOUT, wait_for_line
 
     timeout = 3
-    cluster = {
-        "chief": [f"127.0.0.1:{free_port()}"],
-        "ps": [f"127.0.0.1:{free_port()}"],
-        "worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
-    }
+    chief, ps, *workers = (f"127.0.0.1:{port}" for port in free_ports(4))
+    cluster = {"chief": [chief], "ps": [ps], "worker": workers}
 
     def tf_config(job, index):
         return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})

@@ -30,7 +30,7 @@ _GRACE = 30.0  # seconds the other tasks get to end by themselves after the clie
 
 
 def _cluster(args):
-    ports = iter(_local.free_port() for _ in range(1 + args.ps + args.workers))
+    ports = iter(_local.free_ports(1 + args.ps + args.workers))
     spec = {}
     if args.client in ("chief", "master"):
         spec[args.client] = [f"127.0.0.1:{next(ports)}"]

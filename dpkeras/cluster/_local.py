@@ -7,11 +7,25 @@ import socket
 import sys
 
 
+def free_ports(count):
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on now. Each is held until
+    all are chosen: ports asked for one at a time can come back twice (the kernel may hand a
+    port just released out again), and two tasks of one cluster on one port cannot start."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now (for several, `free_ports`)."""
+    return free_ports(1)[0]
 
 
 def port_in_use(port):

@@ -11,7 +11,7 @@ with testing.LocalCluster(ps=1, workers=2, cpus=2) as cluster:  # real servers o
 - `_cluster`: `LocalCluster`, ps and worker tasks as real `dpkeras serve` processes on free
   127.0.0.1 ports, started and stopped by a `with` block, every wait bounded; tasks can be
   killed, frozen and restarted, as a crash, a hang and a recovery (`serve_command`,
-  `server_env` and `free_port` for starting tasks by hand);
+  `server_env`, `free_port` and `free_ports` for starting tasks by hand);
 - `_process`: `run_python`, a program in a fresh Python, optionally on simulated CPU devices
   (a process splits its CPU once, before TensorFlow starts); `cpu_strategy`, the dpkeras
   strategy over simulated CPU devices, cached; `assert_weights_close`, two models' weights,
@@ -20,7 +20,8 @@ with testing.LocalCluster(ps=1, workers=2, cpus=2) as cluster:  # real servers o
   TCP counters.
 """
 
-from dpkeras.testing._cluster import LocalCluster, free_port, serve_command, server_env
+from dpkeras.cluster._local import free_port, free_ports
+from dpkeras.testing._cluster import LocalCluster, serve_command, server_env
 from dpkeras.testing._process import assert_weights_close, cpu_strategy, run_python
 from dpkeras.testing._wire import TrafficMeter, tcp_traffic
 
@@ -30,6 +31,7 @@ __all__ = [
     "assert_weights_close",
     "cpu_strategy",
     "free_port",
+    "free_ports",
     "run_python",
     "serve_command",
     "server_env",

@@ -12,7 +12,7 @@ import threading
 import time
 
 from dpkeras.cluster import _local
-from dpkeras.cluster._local import free_port
+from dpkeras.cluster._local import free_ports
 
 # The directory dpkeras is imported from (a checkout's root, or site-packages): subprocesses
 # put it first on their path, so they run this dpkeras.
@@ -86,11 +86,12 @@ class LocalCluster:
     """
 
     def __init__(self, ps=2, workers=2, cpus=2, chief=False):
-        self.spec = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)]}
+        ports = [f"127.0.0.1:{port}" for port in free_ports(int(chief) + ps + workers)]
+        self.spec = {"worker": ports[len(ports) - workers :]}
         if ps:
-            self.spec = {"ps": [f"127.0.0.1:{free_port()}" for _ in range(ps)], **self.spec}
+            self.spec = {"ps": ports[int(chief) : int(chief) + ps], **self.spec}
         if chief:
-            self.spec = {"chief": [f"127.0.0.1:{free_port()}"], **self.spec}
+            self.spec = {"chief": ports[:1], **self.spec}
         self.cpus = cpus
         self.procs = {}  # (job, index) -> Popen
         self.startup_lines = {}  # (job, index) -> stdout lines up to `ready`
