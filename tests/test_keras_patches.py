@@ -340,3 +340,15 @@ def test_a_model_loaded_while_compile_is_wrapped_is_compiled(tmp_path):
         assert keras_patches.installed()
     assert not [w for w in caught if "compile()` was not called" in str(w.message)]
     assert loaded.compiled and isinstance(loaded.optimizer, keras.optimizers.Adam)
+
+
+def test_the_strategy_an_optimizer_was_made_under_is_still_where_dpkeras_reads_it():
+    """`_keras_internals.optimizer_strategy` reads a private attribute of Keras's TF optimizer;
+    None for every optimizer (a renamed attribute) would let a compile with a foreign
+    optimizer through without a word."""
+    strategy = dpkeras.get_strategy(["/cpu:1", "/cpu:2"], "/cpu:0")
+    with strategy.scope():
+        inside = keras.optimizers.Adam()
+    outside = keras.optimizers.Adam()
+    assert _keras_internals.optimizer_strategy(inside) is strategy
+    assert _keras_internals.optimizer_strategy(outside) is tf.distribute.get_strategy()
