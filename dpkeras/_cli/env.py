@@ -77,10 +77,19 @@ def _task_state(cluster, task, address):
     return f"answers; {kinds}; {client}", names
 
 
+def _say_devices(say, compute, policy, home, reason):
+    """The three lines of what `dpkeras.scope()` would use: compute devices, parameter device
+    (and where reductions run, `home`), and why."""
+    from dpkeras import _device_names as device_names
+
+    say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
+    say(f"  parameter device: {policy!r} (reductions on {device_names.short_device(home)})")
+    say(f"  because:          {reason}")
+
+
 def _say_cluster_defaults(say, cluster, cluster_devices, settings):
     """The devices `dpkeras.scope()` would use on the cluster by default, from the tasks'
     devices as read (`_task_state`)."""
-    from dpkeras import _device_names as device_names
     from dpkeras import placement
     from dpkeras.cluster import _devices
 
@@ -90,10 +99,7 @@ def _say_cluster_defaults(say, cluster, cluster_devices, settings):
         return
     compute, parameters, reason = _devices.default_cluster_devices(cluster, cluster_devices)
     policy = placement.as_policy(parameters[0] if len(parameters) == 1 else parameters)
-    home = device_names.short_device(parameters[0])
-    say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
-    say(f"  parameter device: {policy!r} (reductions on {home})")
-    say(f"  because:          {reason}")
+    _say_devices(say, compute, policy, parameters[0], reason)
     given = [n for n in ("compute_devices", "parameter_device") if settings.received(n)]
     if given:
         say(f"  unless replaced by: {', '.join(settings.received(n) for n in given)}")
@@ -191,10 +197,7 @@ def env(argv=None, out=None):
         except ValueError as e:
             say(f"  nothing: {e}")
         else:
-            compute, policy, home, reason = resolved
-            say(f"  compute devices:  {', '.join(device_names.short_device(d) for d in compute)}")
-            say(f"  parameter device: {policy!r} (reductions on {device_names.short_device(home)})")
-            say(f"  because:          {reason}")
+            _say_devices(say, *resolved)
     say()
     say("Settings (the argument, else the environment variable, else the default):")
     for line in _setting_lines(settings, config.VARIABLES):
