@@ -209,6 +209,15 @@ def tensorflow_trainer():
     return TensorFlowTrainer
 
 
+def tf_epoch_iterator():
+    """Keras's `TFEpochIterator` class, the epoch loop of the TF trainer, whose `__init__`
+    dpkeras wraps (`dpkeras._patches.whole_batches`): it is where Keras hands a dataset to
+    `strategy.experimental_distribute_dataset`, and Keras exposes no hook for it."""
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    return TFEpochIterator
+
+
 def base_trainer():
     """Keras's backend-independent `Trainer` class, whose `compile` dpkeras wraps (see
     `dpkeras._patches.outside_the_scope`).

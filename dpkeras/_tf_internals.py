@@ -82,6 +82,13 @@ from tensorflow.python.ops.resource_variable_ops import (
 from tensorflow.python.util.dispatch import register_dispatchable_type
 
 
+def function_names():
+    """The names of the functions registered in the eager context: what tracing a
+    `tf.function`, and making TensorFlow's distributed iterators, add. Tests count them per
+    fit (tests/test_whole_batches.py); only the context lists them."""
+    return frozenset(_context.context().list_function_names())
+
+
 def enable_run_metadata():
     """Starts recording partition graphs of functions instantiated from now on.
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 from dpkeras import _sizes as sizes
 from dpkeras import _tf_internals
 from dpkeras._device_names import canonical_device, short_device
+from dpkeras._extended import keras_steps
 from dpkeras.cluster import _loop
 
 _COLLECTIVE_OPS = (
@@ -23,6 +24,13 @@ _COLLECTIVE_OPS = (
 )
 
 
+# A step's batch: the replicas' shares (`keras_steps.BATCH_SHARE_SCOPE`, made unique by a
+# suffix), or what the step's iterator yields.
+_BATCH = re.compile(
+    rf"(^|/)({keras_steps.BATCH_SHARE_SCOPE}(_\d+)?/|(IteratorGetNext|OptionalGetValue)(_\d+)?$)"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Transfer:
     """One tensor sent from `source` to `destination` device (short names, e.g. `/cpu:0`)."""
@@ -33,6 +41,13 @@ class Transfer:
     dtype: str
     shape: tuple  # None entries for unknown dimensions
     bytes: int  # 0 when the shape is not fully known
+
+    @property
+    def of_the_batch(self):
+        """Whether this is the batch, read on the host inside the step, rather than a weight,
+        a gradient or state: a replica's share cut from the whole batch (on one machine of
+        CPU replicas, see `dpkeras._patches.whole_batches`), or one replica's whole batch."""
+        return _BATCH.search(self.tensor) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +75,18 @@ class TransferReport:
         """The `Transfer`s whose size the graph does not fix (counted as 0 bytes)."""
         return tuple(t for t in self.transfers if t.shape is None or None in t.shape)
 
-    def to_device(self, device):
-        """`(tensors, bytes)` received by `device` from other devices."""
+    @property
+    def batch_shares(self):
+        """The `Transfer`s of the replicas' shares of the batch (`Transfer.of_the_batch`)."""
+        return tuple(t for t in self.transfers if t.of_the_batch)
+
+    def to_device(self, device, batch=True):
+        """`(tensors, bytes)` received by `device` from other devices; with `batch=False`,
+        without its share of the batch (weights, gradients and state only)."""
         device = short_device(canonical_device(device))
-        ts = [t for t in self.transfers if t.destination == device]
+        ts = [
+            t for t in self.transfers if t.destination == device and (batch or not t.of_the_batch)
+        ]
         return len(ts), sum(t.bytes for t in ts)
 
     def from_device(self, device):

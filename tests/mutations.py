@@ -404,14 +404,25 @@ MUTANTS = (
     ),
     Mutant(
         "whole-batch-predict",
-        "predict_on_batch runs the whole batch on every replica (rows come back once each)",
+        "a Keras step handed one whole batch runs it on every replica (predict_on_batch rows "
+        "come back once per replica; fit on CPU replicas counts each row N times)",
         "dpkeras/_extended/extended.py",
-        "            if keras_steps.is_whole_batch(args, kwargs):  # predict_on_batch\n",
-        "            if False:  # predict_on_batch\n",
+        "            if n > 1 and keras_steps.is_whole_batch(args, kwargs):\n",
+        "            if False:\n",
         (
             "tests/test_predict_on_batch.py::"
             "test_predict_on_batch_equals_one_device_for_every_batch_size",
+            "tests/test_whole_batches.py::test_train_and_test_on_batch_run_each_replica_on_its_share",
+            "tests/test_whole_batches.py::test_fit_on_whole_batches_equals_one_device",
         ),
+    ),
+    Mutant(
+        "iterator-per-epoch",
+        "on CPU replicas Keras's epoch loop makes TensorFlow's distributed iterator each epoch",
+        "dpkeras/_patches/whole_batches.py",
+        "    if extended is None or not extended.input_plan.reads_whole_batches():\n",
+        "    if True:\n",
+        ("tests/test_whole_batches.py::test_a_second_fit_and_evaluate_make_no_function",),
     ),
     Mutant(
         "noisy-serve",

@@ -81,7 +81,10 @@ def test_the_towers_train_step_for_step_like_one_layer_called_twice():
         expected = reference.train_on_batch(x[batch], y[batch])
         loss = towers.train_on_batch(x[batch], y[batch])
         assert loss == pytest.approx(expected, rel=1e-5)
-        assert_weights_close(reference.get_weights(), towers.get_weights())
+        # Each replica runs its half of the batch, summed on the parameter device: rounding
+        # differs from one device's sum over 8 rows by ~1e-7, and Adam divides a near-zero
+        # gradient by its own size (an element moved 4e-5 further after 4 steps at lr 0.05).
+        assert_weights_close(reference.get_weights(), towers.get_weights(), atol=1e-4)
     # One set of slots: Adam's two per variable, plus its two scalars.
     assert len(towers.optimizer.variables) == len(reference.optimizer.variables) == 2 + 2 * 2
 

@@ -26,7 +26,11 @@ def _shared_layer_model():
 
 def _weight_reads(report, replica):
     """Transfers to `replica` of model/optimizer weights (not metric state)."""
-    return [t for t in report.transfers if t.destination == replica and t.source == "/cpu:0"]
+    return [
+        t
+        for t in report.transfers
+        if t.destination == replica and t.source == "/cpu:0" and not t.of_the_batch
+    ]
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
@@ -55,6 +59,24 @@ def test_at_most_one_tensor_per_variable_per_replica(replicas):
         assert len(back) == len(model.trainable_variables)
 
 
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_each_replica_receives_its_share_of_the_batch_once(replicas):
+    """On CPU replicas the step reads the whole batch on the host and cuts it: each replica
+    receives its rows of x and of y, once, and nothing more of the batch."""
+    strategy = cpu_strategy(replicas)
+    with strategy.scope():
+        model = build_model("dense", metrics=())
+    x, y = make_data("dense", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    rows = 96 // replicas
+    for replica in strategy.extended.worker_devices:
+        short = dpkeras._device_names.short_device(replica)
+        shares = [t for t in report.batch_shares if t.destination == short]
+        assert sorted(t.shape for t in shares) == [(rows,), (rows, 12)], shares
+        assert {t.source for t in shares} == {"/cpu:0"}
+        assert sum(t.bytes for t in shares) == rows * (12 * 4 + 8)
+
+
 def test_central_storage_sends_each_use_separately():
     """The predecessor, on the same model: a tensor per use, so more than dpkeras."""
     strategy = tf.distribute.experimental.CentralStorageStrategy(
@@ -68,9 +90,9 @@ def test_central_storage_sends_each_use_separately():
     with cpu_strategy(2).scope():
         model = _shared_layer_model()
     ours = dpkeras.train_step_transfers(model, x, y, batch_size=96)
-    for replica in ("/cpu:1", "/cpu:2"):
-        assert ours.to_device(replica)[0] < css.to_device(replica)[0]
-        assert ours.to_device(replica)[1] < css.to_device(replica)[1]
+    for replica in ("/cpu:1", "/cpu:2"):  # CentralStorage's batch crosses in its iterator
+        assert ours.to_device(replica, batch=False)[0] < css.to_device(replica)[0]
+        assert ours.to_device(replica, batch=False)[1] < css.to_device(replica)[1]
 
 
 def test_report_counts_match_the_model():

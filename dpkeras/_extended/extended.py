@@ -189,6 +189,11 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         return self._creator.partitioner
 
     @property
+    def input_plan(self):
+        """The `InputPlan`: which input host feeds which replicas."""
+        return self._input
+
+    @property
     def config(self):
         """The `dpkeras._config.Config` this strategy was made with."""
         return self._config
@@ -216,17 +221,22 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         variable, instead of training a copy nobody reads); weights each replica's gradients
         by `N * b_i / B` when the replicas got uneven shares of the global batch (Keras scales
         each replica's mean loss by 1/N, exact only for even shares); and collects each
-        replica's input tensors, so writes without a data dependency wait for them. A predict
-        step does not run the model on a replica's empty share of a batch
-        (`keras_steps.safe_with_an_empty_share`), and given one whole batch
-        (`predict_on_batch`) each replica predicts its share of it. After
+        replica's input tensors, so writes without a data dependency wait for them. A Keras
+        step given one whole batch (`train_on_batch` and its kin, or Keras's epoch loop on CPU
+        replicas, `dpkeras._patches.whole_batches`) runs each replica on its share of it
+        (`keras_steps.shares_of_a_whole_batch`). A predict step does not run the model on a
+        replica's empty share of a batch (`keras_steps.safe_with_an_empty_share`). After
         Keras's LossScaleOptimizer asks each replica whether its gradients are finite, the
         answer is made global (Keras reads replica 0's answer only).
         """
         model, step = keras_steps.step_model(fn)
+        n = self._num_replicas_in_sync
         if model is not None:
             keras_steps.check_model_variables(model, self)
-        n = self._num_replicas_in_sync
+            if n > 1 and keras_steps.is_whole_batch(args, kwargs):
+                args, kwargs = keras_steps.shares_of_a_whole_batch(
+                    args, kwargs, n, self._input.local_host
+                )
         state = replica_step.StepState(
             gradient_weights=(
                 keras_steps.gradient_weights(args, self._local_results, n, self._parameter_device)
@@ -237,8 +247,6 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         )
         if step == "predict_step" and n > 1:
             fn = keras_steps.safe_with_an_empty_share(fn)
-            if keras_steps.is_whole_batch(args, kwargs):  # predict_on_batch
-                fn = keras_steps.its_share_of_a_whole_batch(fn, n)
         serial = self._eager_steps if tf.executing_eagerly() else contextlib.nullcontext()
         with serial, replica_step.running(self, state):
             result = _tf_internals.call_for_each_replica(

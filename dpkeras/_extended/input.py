@@ -1,11 +1,12 @@
 """Input for the replicas: one pipeline per input host, feeding that host's replicas.
 
 A global batch of 256 over 2 replicas gives each 128 examples, prefetched to the replica's
-device; 101 over 2 gives 51 and 50. An input host is the CPU that runs a pipeline: this
-process's for its own replicas, and on a cluster each worker task's host CPU for that task's
-replicas, so batches do not flow through the client; a pipeline that calls Python
-(`py_function`, `numpy_function`, `from_generator`) runs in this process, where its Python is,
-and feeds every replica.
+device; 101 over 2 gives 51 and 50. (Keras's epoch loop on one machine of CPU replicas reads
+whole batches instead, and the step cuts the shares: `InputPlan.reads_whole_batches`.) An
+input host is the CPU that runs a pipeline: this process's for its own replicas, and on a
+cluster each worker task's host CPU for that task's replicas, so batches do not flow through
+the client; a pipeline that calls Python (`py_function`, `numpy_function`, `from_generator`)
+runs in this process, where its Python is, and feeds every replica.
 
 Input is two modules, one concept each: this one is the strategy's side (which input host
 feeds which replicas, the `tf.distribute` input methods, TensorFlow's distributed datasets);
@@ -13,7 +14,9 @@ feeds which replicas, the `tf.distribute` input methods, TensorFlow's distribute
 the dataset's `auto_shard_policy`.
 """
 
+import contextlib
 import logging
+import threading
 
 import tensorflow as tf
 
@@ -23,6 +26,7 @@ from dpkeras.cluster import _connect, _input
 from dpkeras.cluster._spec import task_name
 
 _log = logging.getLogger("dpkeras")
+_state = threading.local()
 
 
 class InputPlan:
@@ -55,6 +59,37 @@ class InputPlan:
         cluster = _connect.connected_cluster()
         own = None if cluster is None else cluster.own
         return self.local_host if own is None else f"{task_name(*own)}/device:CPU:0"
+
+    def reads_whole_batches(self):
+        """Whether Keras's epoch loop should read whole global batches on this process's CPU
+        and leave the cut to the step (`whole_batches`): on one machine whose replicas are
+        all CPUs.
+
+        TensorFlow's distributed iterator is costly to make, and Keras makes one per epoch
+        for training and one per epoch for validation: it traces functions for every device
+        it feeds (a `MultiDeviceIterator`), ~0.13 s on a 2-core machine with 2 replicas, most
+        of what a small fit costs (BENCHMARKS.md, "Per fit"). What it buys is prefetching each
+        replica's share into that device's memory, which CPU replicas do not have: they read
+        the host's memory. GPUs keep it, and so do clusters, whose workers' pipelines run on
+        the workers (`distribute_dataset`).
+        """
+        return (
+            len(self.hosts) == 1
+            and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in self.compute_devices)
+            and all(device_names.is_local(d) for d in self.compute_devices)
+        )
+
+    @contextlib.contextmanager
+    def whole_batches(self):
+        """In the block, `distribute_dataset` on this thread checks the dataset and returns it
+        as it is: its iterator yields whole global batches, and a Keras step handed one whole
+        batch runs each replica on its share (`keras_steps.shares_of_a_whole_batch`)."""
+        saved = getattr(_state, "whole", False)
+        _state.whole = True
+        try:
+            yield
+        finally:
+            _state.whole = saved
 
     @property
     def num_replicas(self):
@@ -105,6 +140,8 @@ class InputPlan:
         self.check_options(options, "experimental_distribute_dataset")
         _connect.refuse_datasets_made_before(dataset)
         self.check_not_empty(dataset)
+        if getattr(_state, "whole", False) and options is None:
+            return dataset
         hosts = self
         if len(self.hosts) > 1 and _tf_internals.runs_python(dataset):
             # Python runs only in this process: the pipeline runs here and feeds every replica.

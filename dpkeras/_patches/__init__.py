@@ -1,11 +1,11 @@
 """Every change dpkeras makes to Keras, TensorFlow and keras-rs: one table, checked and reversible.
 
 Keras has no public hook for how files are written, how an unbuilt model is built, what a
-failed cluster task is called, where a step function runs, or where gradients are summed
-relative to clipping; each such change is an entry of `table.ENTRIES`, of a kind declared in
-`entries` (a Keras function wrapped, an optional library's function wrapped, a TensorFlow
-dispatcher), naming the hook that would retire it. No other module of dpkeras changes Keras,
-TensorFlow or keras-rs (tests/test_keras_patches.py).
+failed cluster task is called, where a step function runs, how the epoch loop reads a dataset,
+or where gradients are summed relative to clipping; each such change is an entry of
+`table.ENTRIES`, of a kind declared in `entries` (a Keras function wrapped, an optional
+library's function wrapped, a TensorFlow dispatcher), naming the hook that would retire it. No
+other module of dpkeras changes Keras, TensorFlow or keras-rs (tests/test_keras_patches.py).
 
 - `entries`: the kinds of entry, each checked before it is installed and reversible;
 - `table`: the entries, and their one lifecycle (installed by a dpkeras scope, or by a cluster
@@ -17,6 +17,8 @@ TensorFlow or keras-rs (tests/test_keras_patches.py).
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
 - `jit_predict`: `predict` with `jit_compile=True` compiles the whole step, as `fit` does;
+- `whole_batches`: on one machine of CPU replicas, Keras's epoch loop reads whole batches on
+  the host and each replica's step cuts its share (no distributed iterator per epoch);
 - `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here);
 - `outside_the_scope`: `compile` outside a model's strategy, and `fit` of a model without one
   beside a cluster strategy never entered, refused by name;

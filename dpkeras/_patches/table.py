@@ -25,6 +25,7 @@ from dpkeras._patches import (
     resume,
     symbolic_build,
     task_failures,
+    whole_batches,
 )
 from dpkeras._patches.entries import Attribute, Dispatcher, OptionalAttribute
 from dpkeras._variables import lookups
@@ -171,6 +172,19 @@ ENTRIES = (
         "(self, iterator=None, data_batch=None)",
         symbolic_build.maybe_symbolic_build,
         retire="Keras's TF trainer building from the dataset's element_spec, as it can",
+    ),
+    # On one machine of CPU replicas, the epoch loop reads whole batches and each replica's
+    # step cuts its share (dpkeras._patches.whole_batches).
+    Attribute(
+        _keras_internals.tf_epoch_iterator,
+        "__init__",
+        "TFEpochIterator.__init__",
+        "(self, distribute_strategy=None, *args, **kwargs)",
+        whole_batches.reading_whole_batches,
+        retire=(
+            "a strategy hook for how Keras's epoch loop reads a dataset (Keras makes "
+            "TensorFlow's distributed iterator each epoch, for training and validation)"
+        ),
     ),
     # A model of a dpkeras strategy compiles in its scope (dpkeras._patches.outside_the_scope).
     Attribute(
