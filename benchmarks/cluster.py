@@ -183,32 +183,48 @@ measure = Measure()
 history = model.fit(**main, steps_per_epoch=steps + 2 * k, epochs=1, verbose=0,
                     callbacks=[measure])
 if epoch_steps and strategy is not None:
-    # The client's CPU per step, per epoch and per fit, from fits of long and short epochs:
-    # a short epoch's cost less its steps' is the fixed cost of an epoch (iterators for each
-    # input host, callbacks, logs); a fit of one short epoch less one such epoch is the fixed
-    # cost of a fit after the first (distributing the data, making the iterators' datasets).
+    # The client's CPU per step, per epoch and per fit. A callback reads the client's CPU at
+    # each epoch's start and at the end of training: an epoch's cost is the CPU from its start
+    # to the next, a fit's fixed cost what the fit spent outside its epochs (distributing the
+    # data, per input host; making the datasets). Per step and per epoch come from long and
+    # short epochs: a short epoch's cost less its steps' is the fixed cost of an epoch (each
+    # input host's iterators, callbacks, logs).
     short = epoch_steps // 10
     validation = fit_data(short)
     validation = (validation["x"] if input_kind == "dataset"
                   else (validation["x"], validation["y"]))
 
+    class Epochs(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.marks = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.marks.append(client_cpu())
+
+        def on_train_end(self, logs=None):
+            self.marks.append(client_cpu())
+
     def spent(epochs, n, **kwargs):
+        # (the mean CPU of an epoch, the CPU of the fit outside its epochs)
+        epochs_seen = Epochs()
         start = client_cpu()
-        model.fit(**fit_data(n), epochs=epochs, verbose=0, **kwargs)
-        return client_cpu() - start
+        model.fit(**fit_data(n), epochs=epochs, verbose=0, callbacks=[epochs_seen], **kwargs)
+        total = client_cpu() - start
+        marks = epochs_seen.marks
+        inside = marks[-1] - marks[0]
+        return inside / epochs, total - inside
 
     spent(1, short, validation_data=validation)  # traces evaluation, and for NumPy input
     runs = []
     for _ in range(epoch_repeats):
-        long_epoch = spent(2, epoch_steps) / 2
-        short_epoch = spent(10, short) / 10
-        one_fit = spent(1, short)
-        with_validation = spent(10, short, validation_data=validation) / 10
+        long_epoch, _ = spent(2, epoch_steps)
+        short_epoch, one_fit = spent(10, short)
+        with_validation, _ = spent(10, short, validation_data=validation)
         step = (long_epoch - short_epoch) / (epoch_steps - short)
         runs.append(dict(
             step_ms=1000 * step,
             epoch_ms=1000 * (short_epoch - short * step),
-            fit_ms=1000 * (one_fit - short_epoch),
+            fit_ms=1000 * one_fit,
             validation_ms=1000 * (with_validation - short_epoch),
         ))
     for key in runs[0]:
