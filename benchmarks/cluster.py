@@ -16,10 +16,14 @@ overhead included); for dpkeras, the step graph's static count beside it
 With `--input_rounds` > 0, the input's CPU: the CPU of each process (client and tasks) for an
 epoch over a dataset with an expensive per-element map, less the same with a trivial map,
 shown as the workers' total and every process's (the client and ps also spend CPU for as long
-as the slower epoch lasts: polling and health probes, not input work).
+as the slower epoch lasts: polling and health probes, not input work). With `--epoch_steps` >
+0, the client's CPU per step, per epoch, per epoch of validation and per fit, from fits of
+long and short epochs (`--input=numpy` gives fit NumPy arrays, as most scripts do; `dataset`
+a finite tf.data dataset), and their projection to 64 workers.
 
     python -m benchmarks.cluster                              # --workers=1,2,4,8
     python -m benchmarks.cluster --workers=2 --k=1,10 --strategies=dpkeras
+    python -m benchmarks.cluster --strategies=dpkeras --input=numpy --input_rounds=0
 
 Writes `<out>/cluster.{jsonl,md,png}`. On one machine the "network" is loopback and every
 process shares the cores: the numbers show costs and how they grow, not a speed-up.
@@ -60,6 +64,21 @@ flags.DEFINE_integer("batch", 96, "Global batch size.", lower_bound=1)
 flags.DEFINE_integer(
     "input_rounds", 20, "Work per element of the input-CPU dataset (0: do not measure).", 0
 )
+flags.DEFINE_enum(
+    "input",
+    "dataset",
+    ["dataset", "numpy"],
+    "What fit is given: a tf.data dataset of global batches, or NumPy arrays (fit(x, y), as "
+    "most scripts call it).",
+)
+flags.DEFINE_integer(
+    "epoch_steps",
+    200,
+    "Steps of the long epochs of the per-epoch measurement (the short ones have a tenth; both "
+    "multiples of every K); 0: do not measure per epoch and per fit.",
+    lower_bound=0,
+)
+flags.DEFINE_integer("epoch_repeats", 3, "Repeats of the per-epoch measurement.", lower_bound=1)
 flags.DEFINE_integer("client_timeout", 900, "Seconds before a client is killed.", lower_bound=1)
 flags.DEFINE_string("out", "results", "Directory for cluster.{jsonl,md,png}.")
 
@@ -77,6 +96,7 @@ from dpkeras.testing import TrafficMeter
 spec, pids = json.loads({spec!r}), json.loads({pids!r})
 name, model_name, k = {strategy!r}, {model!r}, {k!r}
 size, steps, batch, rounds, cpus = {size!r}, {steps!r}, {batch!r}, {rounds!r}, {cpus!r}
+input_kind, epoch_steps, epoch_repeats = {input_kind!r}, {epoch_steps!r}, {epoch_repeats!r}
 model_spec = models.MODELS[model_name]
 workers = [f"/job:worker/replica:0/task:{{t}}/device:CPU:{{i}}"
            for t in range(len(spec["worker"])) for i in range(cpus)]
@@ -112,10 +132,28 @@ def under(strategy, fn):
 
 
 model = under(strategy, build)
-x, y = models.synthetic_data(model_name, batch * (steps + 2 * k), size)
+x, y = models.synthetic_data(model_name, batch * max(steps + 2 * k, epoch_steps), size)
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+
+
+def rows(n):
+    return tf.nest.map_structure(lambda a: a[: batch * n], x), y[: batch * n]
+
+
+def fit_data(n):
+    # n steps: NumPy arrays given to fit, or a finite dataset (a new iterator each epoch)
+    xs, ys = rows(n)
+    if input_kind == "numpy":
+        return dict(x=xs, y=ys, batch_size=batch)
+    return dict(x=tf.data.Dataset.from_tensor_slices((xs, ys)).batch(batch))
+
+
+def client_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 record = {{"strategy": name, "model": model_name, "k": k, "workers": len(spec["worker"]),
-          "replicas": 1 if strategy is None else strategy.num_replicas_in_sync}}
+          "replicas": 1 if strategy is None else strategy.num_replicas_in_sync,
+          "input": input_kind}}
 
 
 class Measure(keras.callbacks.Callback):
@@ -137,10 +175,62 @@ class Measure(keras.callbacks.Callback):
         self.meter.stop()
 
 
-model.fit(dataset, steps_per_epoch=2 * k, epochs=1, verbose=0)  # traces
+main = dict(x=dataset) if input_kind == "dataset" else dict(x=x, y=y, batch_size=batch)
+first = client_cpu()
+model.fit(**main, steps_per_epoch=2 * k, epochs=1, verbose=0)  # traces
+record["first_fit_cpu_s"] = client_cpu() - first
 measure = Measure()
-history = model.fit(dataset, steps_per_epoch=steps + 2 * k, epochs=1, verbose=0,
+history = model.fit(**main, steps_per_epoch=steps + 2 * k, epochs=1, verbose=0,
                     callbacks=[measure])
+if epoch_steps and strategy is not None:
+    # The client's CPU per step, per epoch and per fit. A callback reads the client's CPU at
+    # each epoch's start and at the end of training: an epoch's cost is the CPU from its start
+    # to the next, a fit's fixed cost what the fit spent outside its epochs (distributing the
+    # data, per input host; making the datasets). Per step and per epoch come from long and
+    # short epochs: a short epoch's cost less its steps' is the fixed cost of an epoch (each
+    # input host's iterators, callbacks, logs).
+    short = epoch_steps // 10
+    validation = fit_data(short)
+    validation = (validation["x"] if input_kind == "dataset"
+                  else (validation["x"], validation["y"]))
+
+    class Epochs(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.marks = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.marks.append(client_cpu())
+
+        def on_train_end(self, logs=None):
+            self.marks.append(client_cpu())
+
+    def spent(epochs, n, **kwargs):
+        # (the mean CPU of an epoch, the CPU of the fit outside its epochs)
+        epochs_seen = Epochs()
+        start = client_cpu()
+        model.fit(**fit_data(n), epochs=epochs, verbose=0, callbacks=[epochs_seen], **kwargs)
+        total = client_cpu() - start
+        marks = epochs_seen.marks
+        inside = marks[-1] - marks[0]
+        return inside / epochs, total - inside
+
+    spent(1, short, validation_data=validation)  # traces evaluation, and for NumPy input
+    runs = []
+    for _ in range(epoch_repeats):
+        long_epoch, _ = spent(2, epoch_steps)
+        short_epoch, one_fit = spent(10, short)
+        with_validation, _ = spent(10, short, validation_data=validation)
+        step = (long_epoch - short_epoch) / (epoch_steps - short)
+        runs.append(dict(
+            step_ms=1000 * step,
+            epoch_ms=1000 * (short_epoch - short * step),
+            fit_ms=1000 * one_fit,
+            validation_ms=1000 * (with_validation - short_epoch),
+        ))
+    for key in runs[0]:
+        values = sorted(r[key] for r in runs)
+        record[f"client_{{key}}"] = values[len(values) // 2]
+        record[f"client_{{key}}_runs"] = [round(r[key], 3) for r in runs]
 record.update(
     loss=float(history.history["loss"][-1]),
     steps_per_s=steps / measure.seconds,
@@ -204,6 +294,9 @@ def run_client(local, strategy, model, k, root):
         batch=FLAGS.batch,
         rounds=FLAGS.input_rounds,
         cpus=FLAGS.cpus,
+        input_kind=FLAGS.input,
+        epoch_steps=FLAGS.epoch_steps,
+        epoch_repeats=FLAGS.epoch_repeats,
     )
     base = {"strategy": strategy, "model": model, "k": k, "workers": len(local.spec["worker"])}
     try:
@@ -275,7 +368,86 @@ def markdown(records):
                 f"processes' sends) {wire / 1e3:,.1f} KB; tensors of run-time size the static "
                 f"count cannot size: {unknown}"
             )
+    lines += epoch_table(records)
     return "\n".join(lines) + "\n"
+
+
+def _line(points):
+    """Least-squares `(intercept, slope)` of `(x, y)` points (slope 0 for a single x)."""
+    xs, ys = zip(*points)
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    slope = 0.0 if spread == 0 else sum((x - mx) * (y - my) for x, y in points) / spread
+    return my - slope * mx, slope
+
+
+def projection(records, workers=64, epoch_steps=None):
+    """The client's CPU at `workers` workers, per (model, strategy, K, input), from straight
+    lines through the measured W: per step, per epoch, and an epoch of `epoch_steps` steps
+    (default: the run's `--epoch_steps`) with its fixed cost, as ms and as the steps/s that
+    the client alone allows. Rows need `client_step_ms` and `client_epoch_ms`."""
+    epoch_steps = epoch_steps or FLAGS.epoch_steps
+    groups = {}
+    for r in records:
+        if "client_epoch_ms" in r:
+            key = (r["model"], r["strategy"], r["k"], r.get("input", "dataset"))
+            groups.setdefault(key, []).append(r)
+    out = []
+    for key, rows in sorted(groups.items()):
+        step = _line([(r["workers"], r["client_step_ms"]) for r in rows])
+        epoch = _line([(r["workers"], r["client_epoch_ms"]) for r in rows])
+        step_ms = max(step[0] + step[1] * workers, 0.0)
+        epoch_ms = max(epoch[0] + epoch[1] * workers, 0.0)
+        total = epoch_ms + epoch_steps * step_ms
+        out.append(
+            dict(
+                zip(("model", "strategy", "k", "input"), key),
+                workers=workers,
+                step_ms=step_ms,
+                epoch_ms=epoch_ms,
+                epoch_steps=epoch_steps,
+                epoch_total_ms=total,
+                steps_per_s=epoch_steps * 1000 / total if total else float("inf"),
+            )
+        )
+    return out
+
+
+def epoch_table(records):
+    """The per-step, per-epoch and per-fit columns (the client's CPU), and their projection."""
+    rows = [r for r in records if "client_epoch_ms" in r]
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"The client's CPU per step, per epoch and per fit (medians of "
+        f"{FLAGS.epoch_repeats} repeats; epochs of {FLAGS.epoch_steps} and "
+        f"{FLAGS.epoch_steps // 10} steps; the first fit traces):",
+        "",
+        "| model | strategy | input | W | K | ms/step | ms/epoch (fixed) | ms/epoch of "
+        "validation | ms/fit (fixed, after the first) | first fit (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['strategy']} | {r.get('input', 'dataset')} | {r['workers']} "
+            f"| {r['k']} | {r['client_step_ms']:.2f} | {r['client_epoch_ms']:.1f} | "
+            f"{r['client_validation_ms']:.1f} | {r['client_fit_ms']:.1f} | "
+            f"{r['first_fit_cpu_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "Projected to 64 workers (straight lines through the measured W), the client's CPU "
+        f"for an epoch of {FLAGS.epoch_steps} steps and the steps/s the client allows:",
+        "",
+    ]
+    for p in projection(records):
+        lines.append(
+            f"- {p['model']}, {p['strategy']}, {p['input']}, K={p['k']}: {p['step_ms']:.2f} "
+            f"ms/step + {p['epoch_ms']:.0f} ms/epoch = {p['epoch_total_ms']:.0f} ms per epoch, "
+            f"{p['steps_per_s']:,.0f} steps/s"
+        )
+    return lines
 
 
 def chart(records, path):
@@ -321,6 +493,11 @@ def main(argv):
     ks = [int(k) for k in FLAGS.k]
     if any(FLAGS.steps % k for k in ks):
         raise app.UsageError(f"--steps={FLAGS.steps} must be a multiple of every --k {ks}.")
+    if any(FLAGS.epoch_steps % (10 * k) for k in ks):
+        raise app.UsageError(
+            f"--epoch_steps={FLAGS.epoch_steps} must be a multiple of 10 x every --k {ks} (its "
+            f"tenth, the short epochs, a multiple of every K)."
+        )
     unknown = sorted(set(FLAGS.strategies) - set(STRATEGIES))
     if unknown or sorted(set(FLAGS.models) - set(MODELS)):
         raise app.UsageError(

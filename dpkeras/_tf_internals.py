@@ -16,6 +16,10 @@ import tensorflow as tf
 # distributed datasets do (`input_lib`); there is no public call.
 from tensorflow.python.data.experimental.ops.distribute import replicate
 
+# Which iterator TensorFlow made for an input host (see `host_iterator_kinds`): the class of a
+# MultiDeviceIterator is not exported.
+from tensorflow.python.data.ops.multi_device_iterator_ops import OwnedMultiDeviceIterator
+
 # A strategy's extended class must derive from StrategyExtendedV1: `Strategy.run` and
 # `merge_call` reach `call_for_each_replica` and `_use_merge_call`, which only V1 defines.
 # UpdateContext marks "inside `extended.update`" as TF's own strategies do, so code that checks
@@ -257,3 +261,36 @@ class MapStage:
         return dataset.map(
             self._function, num_parallel_calls=self._parallel, deterministic=self._deterministic
         )
+
+
+# ---- Iterators on input hosts that feed only their own CPU (dpkeras/_extended/input.py) ----
+# TensorFlow's distributed datasets make a `MultiDeviceIterator` per input host for every
+# iterator (every epoch) unless the replication mode is PER_REPLICA without
+# `experimental_fetch_to_device`: then `input_lib._SingleWorkerOwnedDatasetIterator` holds a
+# plain iterator of the host's dataset and wraps its element in a list, one element per host
+# (`_should_use_multi_device_iterator`, `_format_data_list_with_options`). Nothing public
+# chooses the iterator. (Making every host's iterator in one function call, to make an epoch's
+# iterator one dispatch, crashed the worker task in TF 2.21: a function returning iterator
+# handles of several tasks.) tests/test_cluster_costs.py fails if these options no longer give
+# plain iterators.
+
+
+def plain_iterator_options(options):
+    """`options` (a `tf.distribute.InputOptions`, or None) with which TensorFlow's distributed
+    datasets give each input host a plain iterator of its dataset: valid only where each host
+    feeds exactly one replica, the host's own device."""
+    options = options if options is not None else tf.distribute.InputOptions()
+    return options._replace(
+        experimental_replication_mode=InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False,
+        experimental_place_dataset_on_device=False,
+    )
+
+
+def host_iterator_kinds(distributed_iterator):
+    """For each input host of a distributed iterator, `"plain"` or `"multi_device"`: which
+    iterator it reads (its `_iterators`, each holding `_iterator`)."""
+    return [
+        "multi_device" if isinstance(host._iterator, OwnedMultiDeviceIterator) else "plain"
+        for host in distributed_iterator._iterators
+    ]

@@ -525,6 +525,17 @@ MUTANTS = (
             "test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed",
         ),
     ),
+    Mutant(
+        "cluster-epoch-iterators",
+        "on a cluster of one-CPU workers, each epoch's iterator is a MultiDeviceIterator per "
+        "worker again (six functions traced per worker per iterator, on the client)",
+        "dpkeras/_extended/input.py",
+        "        if not self.feeds_only_its_own_cpu():\n            return options\n",
+        "        if True:\n            return options\n",
+        (
+            "tests/test_cluster_costs.py::test_functions_made_per_epoch_do_not_grow_with_the_workers",
+        ),
+    ),
 )
 
 

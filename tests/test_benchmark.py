@@ -199,6 +199,47 @@ def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
     )
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "--out" in proc.stdout  # absl printed the flags (and exits 1 after --help)
+    if "cluster" in " ".join(argv):
+        assert "--input" in proc.stdout and "--epoch_steps" in proc.stdout
+
+
+_CLUSTER_REPORT = """
+import json
+from benchmarks import cluster
+
+cluster.FLAGS(["cluster", "--epoch_steps=200"])
+records = [
+    {"model": "recommender", "strategy": "dpkeras", "k": 10, "workers": w, "input": "numpy",
+     "loss": 0.5, "steps_per_s": 10.0, "client_cpu_ms_per_step": 1.0,
+     "task_cpu_ms_per_step": {"worker:0": 5.0}, "wire_bytes_per_step": {},
+     "first_fit_cpu_s": 0.5, "client_step_ms": 0.5 + 0.01 * w,
+     "client_epoch_ms": 10.0 + 2.0 * w, "client_validation_ms": 20.0, "client_fit_ms": 40.0}
+    for w in (1, 2, 4, 8)
+]
+print(json.dumps({"projection": cluster.projection(records), "table": cluster.markdown(records)}))
+"""
+
+
+def test_the_cluster_benchmark_reports_per_epoch_costs_and_projects_them():
+    """The per-epoch and per-fit columns, and the projection to 64 workers of the client's CPU
+    with its per-epoch cost (in a process of its own: benchmarks.cluster and benchmarks.compare
+    define the same absl flags)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLUSTER_REPORT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    (p,) = out["projection"]
+    assert p["step_ms"] == pytest.approx(0.5 + 0.64)
+    assert p["epoch_ms"] == pytest.approx(10.0 + 128.0)
+    assert p["epoch_total_ms"] == pytest.approx(138.0 + 200 * 1.14)
+    table = out["table"]
+    assert "| recommender | dpkeras | numpy | 8 | 10 | 0.58 | 26.0 | 20.0 | 40.0 | 0.50 |" in table
+    assert "Projected to 64 workers" in table and "138 ms/epoch" in table
 
 
 def test_timing_fields_median_and_spread():

@@ -103,6 +103,31 @@ class InputPlan:
             [(host, devices if fetch else (host,) * len(devices)) for host, devices in self.hosts]
         )
 
+    def feeds_only_its_own_cpu(self):
+        """Whether every input host is a task of a cluster that feeds exactly one replica, its
+        own CPU (a worker of one CPU device)."""
+        return all(
+            not device_names.is_local(host) and devices == (host,) for host, devices in self.hosts
+        )
+
+    def iterator_options(self, options):
+        """The input options TensorFlow's distributed datasets get: the user's, or, when every
+        input host feeds only its own CPU, options that make each host's iterator a plain
+        iterator of its pipeline instead of a `MultiDeviceIterator`.
+
+        An epoch's iterator is one iterator per input host (Keras makes two per epoch for the
+        training data, and two for the validation data). A `MultiDeviceIterator` traces and
+        registers six functions per device each time, on the client: about 50 ms of client
+        CPU per worker per epoch. Where a host's one device is the host itself there is
+        nothing to prefetch to: a plain iterator (`_tf_internals.plain_iterator_options`) is
+        two ops on the host and yields the host's replica's batches as before. Hosts that feed
+        other devices (GPUs, several CPUs) keep the `MultiDeviceIterator`, which prefetches to
+        each.
+        """
+        if not self.feeds_only_its_own_cpu():
+            return options
+        return _tf_internals.plain_iterator_options(options)
+
     @staticmethod
     def check_options(options, api):
         """Raises NotImplementedError for per-replica input pipelines."""
@@ -157,7 +182,7 @@ class InputPlan:
                 hosts.input_workers(options),
                 strategy,
                 num_replicas_in_sync=self.num_replicas,
-                options=options,
+                options=hosts.iterator_options(options),
             )
         hosts = [host for host, _ in self.hosts]
         firsts = [0]
@@ -168,11 +193,17 @@ class InputPlan:
         if pipelines is None:  # each host runs the whole pipeline, keeps its slices
             copies = _tf_internals.replicate(dataset, hosts)
 
+        # A plain iterator (see `iterator_options`) does not buffer as a MultiDeviceIterator
+        # does: each host's pipeline prefetches one element itself.
+        buffered = self.feeds_only_its_own_cpu()
+
         def dataset_fn(context):  # runs under the input host's device
             i = context.input_pipeline_id
             if pipelines is None:
-                return _input.host_slices(copies[hosts[i]], *ranges[i], self.num_replicas)
-            return _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
+                mine = _input.host_slices(copies[hosts[i]], *ranges[i], self.num_replicas)
+            else:
+                mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
+            return mine.prefetch(1) if buffered else mine
 
         return self.distribute_datasets_from_function(dataset_fn, strategy, options)
 
@@ -189,7 +220,11 @@ class InputPlan:
             for i in range(len(self.hosts))
         ]
         return _tf_internals.get_distributed_datasets_from_function(
-            dataset_fn, self.input_workers(options), contexts, strategy, options=options
+            dataset_fn,
+            self.input_workers(options),
+            contexts,
+            strategy,
+            options=self.iterator_options(options),
         )
 
     def distribute_values_from_function(self, value_fn):
