@@ -236,17 +236,23 @@ def transfer_fields(report, replica_devices):
     runs) are counted in `runtime_size_tensors_to_replicas_per_step`, not in the bytes.
     `tensors_to_each_replica` splits the
     tensors each replica receives by shape, `{device: [all, arrays, scalars, unknown]}`:
-    arrays are variable values (or rows gathered from them) and batches; scalars are metric
+    arrays are variable values (or rows gathered from them); scalars are metric
     state, counters and flags (a Keras `Mean` or `Accuracy` is two scalar variables); unknown
     are sends whose shape TensorFlow did not record (control-only edges carry no data).
+
+    The batch is not counted: other strategies deliver each replica's share in their input
+    iterators, outside the step, while dpkeras on CPU replicas cuts it inside the step
+    (`Transfer.of_the_batch`); counting it for dpkeras alone would compare unlike things.
     """
     n = len(replica_devices)
-    to = [report.to_device(d) for d in replica_devices]
+    to = [report.to_device(d, batch=False) for d in replica_devices]
     back = [report.from_device(d) for d in replica_devices]
     coll = [report.collectives_on(d) for d in replica_devices]
     split = {}
     for d in replica_devices:
-        incoming = [t for t in report.transfers if t.destination == _short(d)]
+        incoming = [
+            t for t in report.transfers if t.destination == _short(d) and not t.of_the_batch
+        ]
         unknown = sum(1 for t in incoming if t.shape is None)
         scalars = sum(1 for t in incoming if t.shape == ())
         split[d] = [len(incoming), len(incoming) - unknown - scalars, scalars, unknown]
@@ -264,7 +270,10 @@ def transfer_fields(report, replica_devices):
             1
             for d in replica_devices
             for t in report.transfers
-            if t.destination == _short(d) and t.shape is not None and None in t.shape
+            if t.destination == _short(d)
+            and not t.of_the_batch
+            and t.shape is not None
+            and None in t.shape
         )
         / n,
         "tensors_to_each_replica": split,
