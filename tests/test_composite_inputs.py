@@ -43,20 +43,29 @@ def _optional(rng):
     return keras.Model({"a": a, "b": b}, outputs), features
 
 
-def _train(make, strategy=None):
+def _train(make, strategy=None, distributed=False):
     keras.utils.set_random_seed(1)
     rng = np.random.RandomState(0)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model, x = make(rng)
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     ds = tf.data.Dataset.from_tensor_slices((x, Y)).batch(5)  # 5 rows: 3 and 2 per replica
+    if distributed:
+        ds = strategy.experimental_distribute_dataset(ds)
     history = model.fit(ds, epochs=3, verbose=0).history["loss"]
     return model, history
 
 
 @pytest.mark.parametrize("make", [_ragged, _sparse, _optional], ids=["ragged", "sparse", "none"])
-def test_uneven_batches_of_composite_inputs_equal_one_device(make):
+@pytest.mark.parametrize(
+    # Keras's epoch loop reads whole batches on CPU replicas (each step cuts its shares); a
+    # dataset the user distributed, as on GPUs and clusters, is TensorFlow's distributed one.
+    "distributed",
+    [False, True],
+    ids=["whole-batches", "distributed-dataset"],
+)
+def test_uneven_batches_of_composite_inputs_equal_one_device(make, distributed):
     expected, expected_history = _train(make)
-    model, history = _train(make, cpu_strategy(2))
+    model, history = _train(make, cpu_strategy(2), distributed)
     assert history == pytest.approx(expected_history, rel=1e-5)
     assert_weights_close(expected.get_weights(), model.get_weights())
