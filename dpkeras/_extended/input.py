@@ -73,10 +73,9 @@ class InputPlan:
         the host's memory. GPUs keep it, and so do clusters, whose workers' pipelines run on
         the workers (`distribute_dataset`).
         """
-        return (
-            len(self.hosts) == 1
-            and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in self.compute_devices)
-            and all(device_names.is_local(d) for d in self.compute_devices)
+        return all(  # all local: one input host, this process (`by_task`)
+            device_names.is_local(d) and tf.DeviceSpec.from_string(d).device_type == "CPU"
+            for d in self.compute_devices
         )
 
     @contextlib.contextmanager
