@@ -29,8 +29,8 @@ The package, from the top down (each imports only what stands below it):
 - `layers` and `_dynamic/`: `DynamicEmbedding`, its hash index, admission and eviction,
   new rows' initial values and optimizer slots (above `_keras_internals`, and `_variables`'s
   per-task merge of ids only);
-- `_variables/`: `ParameterVariable` and `ShardedParameterVariable`, how replicas read and
-  write them, lookups (each distinct id once), partitioning;
+- `_variables/`: `ParameterVariable`, `ShardedParameterVariable` and `ReplicatedVariable`,
+  how replicas read and write them, lookups (each distinct id once), partitioning;
 - `placement`: placement policies; `_transfers`: counting what a step sends;
 - at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
   `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop, input),
@@ -66,6 +66,7 @@ _EXPORTS = {
     "record_transfers": "dpkeras._transfers",
     "train_step_transfers": "dpkeras._transfers",
     "ParameterVariable": "dpkeras._variables.variables",
+    "ReplicatedVariable": "dpkeras._variables.replicated",
     "TaskFailedError": "dpkeras.cluster",
     **dict.fromkeys(
         (
@@ -99,6 +100,7 @@ if typing.TYPE_CHECKING:  # what the names are, for readers and tools
     from dpkeras._strategy.scope import get_strategy, scope
     from dpkeras._strategy.strategy import ParameterDeviceStrategy
     from dpkeras._transfers import TransferReport, record_transfers, train_step_transfers
+    from dpkeras._variables.replicated import ReplicatedVariable
     from dpkeras._variables.variables import ParameterVariable
     from dpkeras.cluster import TaskFailedError
     from dpkeras.tf1 import (
@@ -123,6 +125,7 @@ __all__ = [
     # The strategy and its scope.
     "ParameterDeviceStrategy",
     "ParameterVariable",
+    "ReplicatedVariable",
     "get_strategy",
     "scope",
     "Deduplicate",

@@ -166,6 +166,14 @@ def handle_sharing_arguments(variable):
     )
 
 
+def restore_variable(variable, restored_tensors):
+    """What `BaseResourceVariable` does with a checkpoint's value: assigns it to the current
+    handle (checking the shape). A replicated variable restores each copy this way
+    (`dpkeras._variables.replicated`); the method is the private half of TensorFlow's
+    `Trackable` saving protocol, with no public equivalent."""
+    return BaseResourceVariable._restore_from_tensors(variable, restored_tensors)
+
+
 # -- tf.data pipelines: which transformations a dataset is made of --------------------------
 # dpkeras cuts a dataset's elements to the input hosts of a cluster before its per-element maps
 # (dpkeras/cluster/_input.py); tf.data offers no public way to see a dataset's transformations

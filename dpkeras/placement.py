@@ -14,11 +14,18 @@ dpkeras.scope(parameter_device=["/gpu:0", "/gpu:1"])             # greedy_by_siz
 dpkeras.scope(parameter_device=placement.round_robin(["/gpu:0", "/gpu:1"]))
 dpkeras.scope(parameter_device=placement.by_path({r"embedding": "/cpu:0"}, default="/gpu:0"))
 dpkeras.scope(parameter_device=lambda spec: "/cpu:0" if spec.kind == "optimizer" else "/gpu:0")
+dpkeras.scope(parameter_device=placement.hybrid())  # tables on /cpu:0 (or the ps), the rest
+                                                    # replicated on the compute devices
 ```
 
 A policy is any callable `(VariableSpec) -> device string`: the successor of the TF1 device
-function. It is asked once per variable, when the variable is created, in creation order, so
-the same model and policy give the same placement in every run and process. Optimizer slots are
+function. It may also answer `placement.REPLICATED`: the variable then has a copy on every
+compute device, as MirroredStrategy's variables do, its gradient is all-reduced among the
+compute devices (worker to worker on a cluster, never through a parameter device or the
+client) and the optimizer updates every copy (`dpkeras._variables.replicated`).
+
+A policy is asked once per variable, when the variable is created, in creation order, so the
+same model and policy give the same placement in every run and process. Optimizer slots are
 not asked: they live with the variable they belong to.
 """
 
@@ -40,12 +47,14 @@ __all__ = [
     "VariableKind",
     "VariableSpec",
     "PlacementPolicy",
+    "REPLICATED",
     "Partitioner",
     "Policy",
     "single",
     "round_robin",
     "greedy_by_size",
     "by_path",
+    "hybrid",
     "as_policy",
     "describe_variable",
     "KINDS",
@@ -74,6 +83,29 @@ class VariableKind(str, enum.Enum):
 KINDS = tuple(VariableKind)
 
 
+class _Replicated:
+    """The answer a placement policy gives for a variable that lives on every compute device."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self):
+        return "dpkeras.placement.REPLICATED"
+
+    def __reduce__(self):
+        return (_Replicated, ())
+
+
+REPLICATED = _Replicated()
+"""What a policy returns for a variable with a copy on every compute device (see the module
+docstring). Metric state (`synchronization=ON_READ`) and the shards of a partitioned variable
+cannot be replicated: the creator refuses them with a ValueError naming the variable."""
+
+
 @dataclasses.dataclass(frozen=True)
 class VariableSpec:
     """What a placement policy knows about a variable about to be created.
@@ -88,6 +120,12 @@ class VariableSpec:
             `"other"`.
         shard: `(i, n)` when this is shard i of a variable cut into n shards (its path is
             then `<variable path>/part_<i>` and its shape the shard's), else None.
+        layer: str, the class name of the innermost Keras layer creating it (for a slot, the
+            layer of its variable is not known: None), or None.
+        table: bool, whether it is an embedding table: created by a layer whose class, or a
+            base class, is named `...Embedding` (Keras's `Embedding`, dpkeras's
+            `DynamicEmbedding`, keras-rs's embedding layers), or a shard of a partitioned
+            variable.
     """
 
     path: str
@@ -96,6 +134,8 @@ class VariableSpec:
     trainable: bool
     kind: VariableKind
     shard: tuple = None
+    layer: str = None
+    table: bool = False
 
     @property
     def nbytes(self):
@@ -265,6 +305,108 @@ def by_path(rules, default=None):
     return _ByPath(rules, default)
 
 
+class _Hybrid(Policy):
+    def __init__(self, device_list, tables):
+        if tables is not None and not isinstance(tables, str):
+            raise ValueError(
+                f"hybrid(tables=...) takes a regular expression (a str) searched in each "
+                f"variable's path. Received: {tables!r}"
+            )
+        try:
+            self._tables = None if tables is None else re.compile(tables)
+        except re.error as e:
+            raise ValueError(
+                f"hybrid(): {tables!r} is not a valid regular expression: {e}"
+            ) from None
+        if device_list is None:  # bound to the strategy's parameter devices (`bind`)
+            self.devices, self._name, self._lock = (), "hybrid", threading.Lock()
+            self._balance = None
+        else:
+            device_list = [device_list] if isinstance(device_list, str) else device_list
+            super().__init__(device_list, "hybrid")
+            self._balance = _GreedyBySize(list(self.devices))
+
+    @property
+    def bound(self):
+        """Whether it knows its parameter devices (`hybrid()` without devices learns them from
+        the strategy: `/cpu:0` on one machine, every ps task's CPU on a cluster)."""
+        return bool(self.devices)
+
+    def bind(self, device_list):
+        """This policy with `device_list` as its parameter devices."""
+        return _Hybrid(list(device_list), None if self._tables is None else self._tables.pattern)
+
+    def is_table(self, spec):
+        """Whether `spec` is a table (kept on the parameter devices)."""
+        return bool(
+            spec.table
+            or spec.shard is not None
+            or (self._tables is not None and self._tables.search(spec.path))
+        )
+
+    def place(self, spec):
+        if not self.devices:
+            raise ValueError(
+                "hybrid() without devices must be given to a strategy (dpkeras.scope("
+                "parameter_device=placement.hybrid())), which binds it to its parameter devices."
+            )
+        if self.is_table(spec) or spec.kind is VariableKind.METRIC:
+            return self._balance.place(spec)
+        return REPLICATED
+
+    def _key(self):
+        return (self.devices, None if self._tables is None else self._tables.pattern)
+
+    def __eq__(self, other):
+        # Two hybrid() policies with the same settings are one: dpkeras.get_strategy (and
+        # scope()) then finds the strategy made for the first.
+        return isinstance(other, _Hybrid) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(("hybrid",) + self._key())
+
+    def __repr__(self):
+        devices = ", ".join(short_device(d) for d in self.devices)
+        tables = "" if self._tables is None else f", tables={self._tables.pattern!r}"
+        return f"hybrid([{devices}]{tables})" if self.devices else f"hybrid({tables[2:]})"
+
+
+def hybrid(device_list=None, tables=None):
+    """Tables on the parameter devices, everything else replicated on the compute devices.
+
+    As the systems that train large recommenders do (TorchRec, HugeCTR/SOK, PERSIA, Monolith):
+    an embedding table is large and each step touches a few of its rows, so it lives on the
+    parameter devices (spread by `greedy_by_size`, sharded by the strategy's partitioner, each
+    distinct id sent once); a dense layer is small and each step needs all of it, so every
+    compute device holds a copy and the copies' gradients are all-reduced among the compute
+    devices, worker to worker on a cluster. A parameter device (a ps) then carries only rows.
+
+    Tables: variables of layers whose class (or a base class) is named `...Embedding`
+    (`spec.table`), shards of partitioned variables, and paths `tables` matches. Metric state
+    also stays on the parameter devices (it is read and written by every replica: replicating
+    it would need an all-reduce per update). Everything else (weights, optimizer state, random
+    seeds) is `REPLICATED`; optimizer slots follow their variable.
+
+    Args:
+        device_list: the parameter devices (a device or a list), or None: the strategy's
+            (`/cpu:0` on one machine, every ps task's CPU on a cluster).
+        tables: optional regex, searched in each variable's path, naming more tables.
+    """
+    return _Hybrid(device_list, tables)
+
+
+def is_hybrid(policy):
+    """Whether `policy` is a `hybrid()` policy."""
+    return isinstance(policy, _Hybrid)
+
+
+def bind_to(policy, device_list):
+    """`policy`, bound to `device_list` if it is a `hybrid()` that does not know its devices."""
+    if isinstance(policy, _Hybrid) and not policy.bound:
+        return policy.bind(device_list)
+    return policy
+
+
 def as_policy(parameter_device):
     """Turns what `parameter_device` accepts into a callable policy.
 
@@ -329,10 +471,19 @@ def describe_variable(kwargs):
     trainable = kwargs.get("trainable")
     trainable = True if trainable is None else bool(trainable)
     callers = [entry.caller for entry in stack if entry.caller is not None]
+    kind = _kind(leaf, kwargs.get("synchronization"), callers)
+    layer = next((c for c in reversed(callers) if isinstance(c, keras.layers.Layer)), None)
     return VariableSpec(
         path=path,
         shape=shape,
         dtype=tf.as_dtype(dtype).name,
         trainable=trainable,
-        kind=_kind(leaf, kwargs.get("synchronization"), callers),
+        kind=kind,
+        layer=None if layer is None else type(layer).__name__,
+        table=kind is VariableKind.WEIGHT and _is_table_layer(layer),
     )
+
+
+def _is_table_layer(layer):
+    """Whether `layer`'s class, or a base class, is an embedding layer (named `...Embedding`)."""
+    return layer is not None and any(c.__name__.endswith("Embedding") for c in type(layer).__mro__)

@@ -134,9 +134,10 @@ def _data(kind):
     return X, Y
 
 
-def run(feature, strategy=None):
+def run(feature, strategy=None, keep=None):
     """Trains `feature`'s model; returns `{"weights", "history", "evaluate"}` as lists (the
-    history has every key `fit` logs: loss, metrics, validation loss and metrics)."""
+    history has every key `fit` logs: loss, metrics, validation loss and metrics). The model
+    is appended to the list `keep`, if given."""
     build, fit_kwargs, kind = FEATURES[feature]
     fit_kwargs = dict(fit_kwargs)
     if fit_kwargs.get("callbacks") == "lr_schedule":
@@ -164,6 +165,8 @@ def run(feature, strategy=None):
             evaluation = model.evaluate(x, y, batch_size=batch_size, verbose=0)
     finally:
         keras.config.set_dtype_policy("float32")
+    if keep is not None:
+        keep.append(model)
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         # A metric made again in one process is renamed (`auc`, `auc_1`): keys without it.

@@ -17,6 +17,7 @@ def test_public_names():
         [
             "ParameterDeviceStrategy",
             "ParameterVariable",
+            "ReplicatedVariable",
             "TransferReport",
             "__version__",
             "get_strategy",

@@ -257,6 +257,11 @@ PRIVATE_HOOKS_OVERRIDDEN = {
         "read cache hooks in there); slice assignment writes through `_strided_slice_assign`, "
         "which must drop that cache",
     ),
+    "ReplicatedVariable": (
+        {"_read_variable_op", "_strided_slice_assign", "_restore_from_tensors"},
+        "a ParameterVariable (its reads and slice assignment as there); a checkpoint restores "
+        "through `_restore_from_tensors`, which must write every copy, not only the current one",
+    ),
     "ShardedParameterVariable": (
         {"_variable_call", "_shared_name"},
         "tf.Variable's metaclass calls `_variable_call` to construct (a subclass returns None "

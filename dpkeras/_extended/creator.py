@@ -17,6 +17,7 @@ from dpkeras import _keras_internals, _tf_internals, placement
 from dpkeras._compat_scopes import refuse_tf_variable_scope
 from dpkeras._device_names import canonical_device, short_device
 from dpkeras._variables import partitioning
+from dpkeras._variables.replicated import ReplicatedVariable
 from dpkeras._variables.shard_updates import ROW_WISE_OPTIMIZERS
 from dpkeras._variables.sharded import ShardedParameterVariable
 from dpkeras._variables.variables import ParameterVariable
@@ -57,8 +58,19 @@ class VariableCreator:
         wrap_sharded: callable `(shards, spec, kwargs) -> ShardedParameterVariable`.
     """
 
-    def __init__(self, policy, available, wrap, partitioner=None, wrap_sharded=None):
+    def __init__(
+        self,
+        policy,
+        available,
+        wrap,
+        partitioner=None,
+        wrap_sharded=None,
+        compute_devices=(),
+        wrap_replicated=None,
+    ):
         self.policy = policy
+        self._compute_devices = tuple(compute_devices)
+        self._wrap_replicated = wrap_replicated
         self.partitioner = partitioner
         self._available = frozenset(available)
         self._wrap = wrap
@@ -74,7 +86,8 @@ class VariableCreator:
         return [v for _, v in items]
 
     def place(self, spec):
-        """The device the placement policy chooses for `spec`, validated."""
+        """The device the placement policy chooses for `spec`, validated, or
+        `placement.REPLICATED`."""
         try:
             device = self.policy(spec)
         except Exception as e:  # a user policy may raise anything; say which variable
@@ -82,6 +95,22 @@ class VariableCreator:
                 f"The placement policy {self.policy!r} failed for variable {spec.path!r} "
                 f"({spec.kind}, shape {spec.shape}): {type(e).__name__}: {e}"
             ) from e
+        if device is placement.REPLICATED:
+            if spec.shard is not None:
+                raise ValueError(
+                    f"The placement policy {self.policy!r} answered REPLICATED for shard "
+                    f"{spec.path!r} ({spec.shard[0] + 1} of {spec.shard[1]}); a partitioned "
+                    f"variable's shards live on parameter devices. Answer a device for "
+                    f"shards (spec.shard is not None), or do not partition the variable."
+                )
+            if spec.kind is VariableKind.METRIC:
+                raise ValueError(
+                    f"The placement policy {self.policy!r} answered REPLICATED for metric "
+                    f"state {spec.path!r} (synchronization=ON_READ); metric state lives on a "
+                    f"parameter device, where every replica's update is summed once. Answer "
+                    f"a device for spec.kind == 'metric'."
+                )
+            return device
         try:
             device = canonical_device(device)
         except ValueError as e:
@@ -123,7 +152,18 @@ class VariableCreator:
         if rows is not None:
             return self._create_sharded(next_creator, kwargs, spec, rows, colocate_with)
         # Optimizer slots are created under colocate_vars_with(variable): they follow it.
-        device = self.place(spec) if colocate_with is None else colocate_with.device
+        if isinstance(colocate_with, ReplicatedVariable):
+            device = placement.REPLICATED
+        else:
+            device = self.place(spec) if colocate_with is None else colocate_with.device
+        if device is placement.REPLICATED:
+            if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
+                raise ValueError(
+                    f"Variable {spec.path!r} has synchronization=ON_READ and would be "
+                    f"replicated (placement.REPLICATED, or created beside a replicated "
+                    f"variable); ON_READ state lives on a parameter device."
+                )
+            return self._create_replicated(next_creator, kwargs, spec, name, dtype)
         with _tf_internals.no_colocation(), tf.device(device):
             variable = next_creator(**kwargs)
         if isinstance(variable, ParameterVariable):
@@ -227,3 +267,35 @@ class VariableCreator:
             for shard in shards:
                 self._variables[next(self._order)] = shard
         return sharded
+
+    def _create_replicated(self, next_creator, kwargs, spec, name, dtype):
+        """One copy per compute device, all from one initial value computed once."""
+        if not self._compute_devices or self._wrap_replicated is None:
+            raise ValueError(f"Variable {spec.path!r}: this creator cannot replicate variables.")
+        initial_value = kwargs.get("initial_value")
+        with _tf_internals.no_colocation(), tf.init_scope(), tf.device(self._compute_devices[0]):
+            value = initial_value() if callable(initial_value) else initial_value
+            value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+        copies = []
+        for i, device in enumerate(self._compute_devices):
+            copy_kwargs = dict(kwargs, initial_value=value, shape=None, dtype=value.dtype)
+            if i:
+                copy_kwargs["name"] = f"{name.split(':')[0]}/replica_{i}"
+            with _tf_internals.no_colocation(), tf.device(device):
+                variable = next_creator(**copy_kwargs)
+            if not _tf_internals.is_resource_variable(variable) or isinstance(
+                variable, ParameterVariable
+            ):
+                raise TypeError(
+                    f"dpkeras places resource variables only; the variable creators below "
+                    f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
+                )
+            copies.append(variable)
+        if dtype is None:
+            _check_aggregation_dtype(name, kwargs.get("aggregation"), copies[0].dtype)
+        if spec.shape is None:
+            spec = dataclasses.replace(spec, shape=tuple(copies[0].shape.as_list()))
+        wrapped = self._wrap_replicated(copies, spec)
+        with self._lock:
+            self._variables[next(self._order)] = wrapped
+        return wrapped

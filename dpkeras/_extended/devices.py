@@ -114,6 +114,8 @@ def resolve_devices(config, cluster=None):
             parameter_device = (
                 default_parameters[0] if len(default_parameters) == 1 else default_parameters
             )
+        else:  # placement.hybrid() without devices: the cluster's parameter devices
+            parameter_device = placement.bind_to(parameter_device, default_parameters)
         if compute_devices is None:
             compute_devices = default_compute
         else:
@@ -156,7 +158,7 @@ def _resolve_devices(compute_devices=None, parameter_device=None, source="argume
     """
     if parameter_device is None:
         parameter_device = default_parameter_device()
-    policy = placement.as_policy(parameter_device)
+    policy = placement.bind_to(placement.as_policy(parameter_device), [default_parameter_device()])
     policy_devices = tuple(getattr(policy, "devices", ()))
     home = policy_devices[0] if policy_devices else default_parameter_device()
 

@@ -21,6 +21,7 @@ from dpkeras._extended.cross_replica import CrossReplicaHooks
 from dpkeras._extended.input import InputPlan
 from dpkeras._extended.reductions import ReductionLedger
 from dpkeras._variables import replica_step
+from dpkeras._variables.replicated import ReplicatedVariable
 from dpkeras._variables.sharded import PLACED_TYPES, ShardedParameterVariable
 from dpkeras._variables.variables import ParameterVariable
 from dpkeras.cluster import _health
@@ -85,6 +86,8 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
             lambda variable, spec: ParameterVariable(self, variable, spec),
             partitioner,
             lambda shards, spec, kwargs: ShardedParameterVariable.of(self, shards, spec, kwargs),
+            compute_devices=compute,
+            wrap_replicated=lambda copies, spec: ReplicatedVariable(self, copies, spec),
         )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time

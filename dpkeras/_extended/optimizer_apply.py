@@ -6,7 +6,9 @@ import weakref
 import keras
 import tensorflow as tf
 
+from dpkeras._extended import all_reduce
 from dpkeras._variables import dedup, replica_step
+from dpkeras._variables.replicated import ReplicatedVariable
 from dpkeras._variables.shard_updates import sum_by_shard
 from dpkeras._variables.sharded import ShardedParameterVariable
 
@@ -82,7 +84,15 @@ def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_v
     variables = (
         trainable_variables if trainable_variables is not None else optimizer.trainable_variables
     )
-    summed = [_sum(extended, optimizer, g, v) for g, v in zip(grads, variables)]
+    replicated = [isinstance(_tf_variable(v), ReplicatedVariable) for v in variables]
+    summed = [
+        None if r else _sum(extended, optimizer, g, v)
+        for g, v, r in zip(grads, variables, replicated)
+    ]
+    if any(replicated):
+        return _apply_in_passes(
+            extended, optimizer, keras_apply, grads, summed, variables, trainable_variables
+        )
     # Ops Keras does not place (the iteration count's `+ 1`, the clipping norm) run on the
     # home parameter device, not wherever the placer would put them.
     with (
@@ -90,6 +100,50 @@ def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_v
         replica_step.state_of(extended).after_inputs(0),
     ):
         return keras_apply(optimizer, summed, trainable_variables)
+
+
+def _apply_in_passes(
+    extended, optimizer, keras_apply, grads, summed, variables, trainable_variables
+):
+    """Keras's `apply` once per copy of the replicated variables: pass j on compute device j.
+
+    The replicated variables' gradients are all-reduced among the compute devices
+    (`all_reduce.sum_per_copy`); pass j gives Keras device j's sums (and the parameter
+    devices' sums of the other variables, the same tensors in every pass) and runs in
+    `replica_step.optimizer_pass(j)`: the replicated variables read and write their copy j, so
+    clipping, weight decay, accumulation, EMA and the iteration count run on device j with
+    device j's numbers, and every copy receives the same update. A variable on a parameter
+    device is updated only in pass 0, which runs last, so every pass reads what pass 0 reads.
+    """
+    devices = extended.worker_devices
+    indices = [i for i, v in enumerate(variables) if summed[i] is None and grads[i] is not None]
+    tokens = None
+    for i in indices:
+        tokens = [c.handle for c in _tf_variable(variables[i]).copies]
+        break
+    sums = (
+        all_reduce.sum_per_copy(
+            [extended.reductions.components(grads[i], from_every_replica=False) for i in indices],
+            devices,
+            tokens,
+        )
+        if indices
+        else []
+    )
+    by_variable = dict(zip(indices, sums))
+    state = replica_step.state_of(extended)
+    result = None
+    for j in reversed(range(len(devices))):
+        pass_grads = [
+            by_variable[i][j] if i in by_variable else summed[i] for i in range(len(variables))
+        ]
+        with (
+            replica_step.optimizer_pass(extended, j),
+            tf.device(devices[j]),
+            state.after_inputs(j),
+        ):
+            result = keras_apply(optimizer, pass_grads, trainable_variables)
+    return result
 
 
 def _sum(extended, optimizer, grad, variable):

@@ -7,16 +7,53 @@ device): "Trying to access resource ... located in CPU:0 from device CPU:2". Mir
 escapes this because each replica has its own copy of every variable. For a dpkeras model,
 `predict` is compiled as `fit` is: the per-replica step without XLA, the distributed step (or
 the K steps of `steps_per_execution`) with it. The numbers are the same.
+
+A model with replicated variables (`placement.REPLICATED`, `placement.hybrid()`) runs its
+steps without XLA: XLA compiles a function for one device, and a replicated variable lives on
+every compute device ("Trying to access resource ... located in CPU:1 from device CPU:0").
+`fit`, `evaluate` and `predict` warn once and give the same numbers.
 """
 
+import logging
+
+import keras
 import tensorflow as tf
 
 from dpkeras._extended.extended import extended_of
+from dpkeras._variables.replicated import ReplicatedVariable
+
+_log = logging.getLogger("dpkeras")
+
+
+def _has_replicated(model):
+    return any(
+        isinstance(v.value if isinstance(v, keras.Variable) else v, ReplicatedVariable)
+        for v in model.variables
+    )
+
+
+def without_xla_if_replicated(original, model, force=False):
+    """Wraps Keras's `make_{train,test,predict}_function`: a model with `jit_compile=True`
+    and replicated variables gets its step built without XLA (see the module)."""
+    if not model.jit_compile or model.run_eagerly or not _has_replicated(model):
+        return original(model, force)
+    _log.warning(
+        "dpkeras: model %r has replicated variables (placement.REPLICATED); XLA compiles a "
+        "step for one device, so its steps run without XLA (jit_compile=True is ignored).",
+        model.name,
+    )
+    model.jit_compile = False
+    try:
+        return original(model, force)
+    finally:
+        model.jit_compile = True
 
 
 def whole_step_compiled(original, model, force=False):
     """Wraps Keras's `make_predict_function` (see the module): for a dpkeras model with
     `jit_compile=True`, XLA compiles the distributed step instead of each replica's."""
+    if _has_replicated(model):
+        return without_xla_if_replicated(original, model, force)
     if (
         extended_of(model) is None
         or not model.jit_compile

@@ -81,7 +81,8 @@ _LOOP = (
 
 _JIT = (
     "Keras's TF trainer compiling predict's distributed step whole, as it does fit's and "
-    "evaluate's, not each replica's step"
+    "evaluate's, not each replica's step; and a strategy hook by which a strategy says its "
+    "steps cannot be compiled for one device (replicated variables live on every device)"
 )
 
 
@@ -105,7 +106,12 @@ def _fit(original, model, *args, **kwargs):
 def _step_function(step):
     on_the_cluster = cluster_loop.running_on_the_cluster(f"{step}_function")
     if step != "predict":
-        return on_the_cluster
+
+        def make_function(original, model, *args, **kwargs):
+            compiled = functools.partial(jit_predict.without_xla_if_replicated, original)
+            return on_the_cluster(compiled, model, *args, **kwargs)
+
+        return make_function
 
     def make_predict_function(original, model, *args, **kwargs):
         compiled = functools.partial(jit_predict.whole_step_compiled, original)
@@ -223,8 +229,8 @@ ENTRIES = (
     ),
     # On a cluster, the step functions run on a task, so the client is out of the per-step
     # path (dpkeras._patches.cluster_loop).
-    # predict_function: also, with jit_compile=True, XLA compiles the whole step
-    # (dpkeras._patches.jit_predict).
+    # predict_function: also, with jit_compile=True, XLA compiles the whole step; and a model
+    # with replicated variables runs its steps without XLA (dpkeras._patches.jit_predict).
     *(
         Attribute(
             _keras_internals.tensorflow_trainer,
@@ -232,7 +238,7 @@ ENTRIES = (
             f"TensorFlowTrainer.make_{step}_function",
             "(self, force=False)",
             _step_function(step),
-            retire=_LOOP if step != "predict" else f"{_LOOP}; and for jit_compile, {_JIT}",
+            retire=f"{_LOOP}; and for jit_compile, {_JIT}",
         )
         for step in ("train", "test", "predict")
     ),

@@ -15,12 +15,18 @@ import tensorflow as tf
 from dpkeras import _sizes as sizes
 from dpkeras._device_names import short_device
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
+from dpkeras._variables.replicated import ReplicatedVariable
 from dpkeras._variables.sharded import PLACED_TYPES, ShardedParameterVariable
 
 
 @dataclasses.dataclass(frozen=True)
 class PlacementRow:
-    """One variable: its Keras path, kind, shape, dtype, size in bytes and device (short)."""
+    """One variable: its Keras path, kind, shape, dtype, size in bytes and device (short).
+
+    A replicated variable (`placement.REPLICATED`) has device `"replicated"` and the devices
+    of its copies in `copies` (short names, in replica order); it counts in the totals of
+    every one of them.
+    """
 
     path: str
     kind: str
@@ -28,6 +34,7 @@ class PlacementRow:
     dtype: str
     bytes: int
     device: str
+    copies: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +48,9 @@ class PlacementReport:
     def totals(self):
         totals = {}
         for row in self.rows:
-            n, b = totals.get(row.device, (0, 0))
-            totals[row.device] = (n + 1, b + row.bytes)
+            for device in row.copies or (row.device,):
+                n, b = totals.get(device, (0, 0))
+                totals[device] = (n + 1, b + row.bytes)
         return dict(sorted(totals.items()))
 
     def __str__(self):
@@ -81,6 +89,17 @@ def _row(variable, path=None):
     shape = tuple(value.shape.as_list())
     dtype = tf.as_dtype(value.dtype)
     size = sizes.nbytes(value.shape, dtype)
+    if isinstance(value, ReplicatedVariable):
+        copies = tuple(short_device(c.device) for c in value.copies)
+        return PlacementRow(
+            path or getattr(variable, "path", None) or value.name.split(":")[0],
+            kind,
+            shape,
+            dtype.name,
+            size,
+            "replicated",
+            copies,
+        )
     return PlacementRow(
         path or getattr(variable, "path", None) or value.name.split(":")[0],
         kind,

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from dpkeras import _config
+from dpkeras import _config, placement
 from dpkeras._config import Deduplicate
 from dpkeras._device_names import short_device
 from dpkeras._extended.extended import ParameterDeviceExtended
@@ -150,7 +150,13 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         dedup_mode = (
             "" if self.deduplicate is Deduplicate.ON else f", deduplicate={self.deduplicate!r}"
         )
+        policy = self.extended.placement_policy
+        parameter = (
+            repr(policy)
+            if placement.is_hybrid(policy)
+            else repr(short_device(self.parameter_device))
+        )
         return (
             f"ParameterDeviceStrategy(compute_devices=[{compute}], "
-            f"parameter_device={short_device(self.parameter_device)!r}{partitioner}{dedup_mode})"
+            f"parameter_device={parameter}{partitioner}{dedup_mode})"
         )

@@ -145,6 +145,10 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
             value = pull() if cache is None else cache.get_or_create(host, pull)
             if not pulled:
                 _tf_internals.variable_accessed(self)  # as the read it does not make would
+        return self._for_replica(value, step)
+
+    def _for_replica(self, value, step):
+        """A random seed's state read by replica k > 0 is offset by k (distinct masks)."""
         if self._kind == VariableKind.SEED and step.replica_id:
             with tf.device(step.device):
                 value = value + tf.constant(

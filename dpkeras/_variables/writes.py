@@ -70,6 +70,8 @@ class ReplicaWrites:
             method, value = self._as_assign_add(value, step)
         write = getattr(super(), method)
         if step is None:
+            if replica_step.pass_index(self._extended):
+                return self._skipped_write(kwargs)
             self._invalidate_reads()
             return write(value, **kwargs)
         if step.num_replicas == 1:
@@ -91,6 +93,14 @@ class ReplicaWrites:
         return tf.distribute.get_replica_context().merge_call(
             self._merge_aggregated_write, args=(method, value), kwargs=kwargs
         )
+
+    def _skipped_write(self, kwargs):
+        """A write in the optimizer's pass for copy j > 0 of the replicated variables
+        (`replica_step.optimizer_pass`): a variable on a parameter device is written once, in
+        pass 0. Returns what the write would (the variable, or no op)."""
+        if kwargs.get("read_value", True):
+            return self
+        return None if tf.executing_eagerly() else tf.no_op()
 
     def _as_assign_add(self, value, step):
         """`("assign_add", x)` for an `assign(read + x)` whose result that gives, else as is.
@@ -187,6 +197,8 @@ class ReplicaWrites:
     def _write_nd(self, method, indices, updates, name):
         step = replica_step.current(self._extended)
         if step is None:
+            if replica_step.pass_index(self._extended):
+                return self._skipped_write({})
             self._invalidate_reads()
             return getattr(super(), method)(indices, updates, name=name)
         if step.num_replicas == 1 or (self.aggregation == _NONE and step.replica_id == 0):

@@ -1,0 +1,117 @@
+"""The all-reduce of replicated variables' gradients among the compute devices.
+
+Each replica's gradient of a replicated variable (`dpkeras._variables.replicated`) stays on
+its compute device; every device ends with the sum, computed among the devices themselves:
+on one machine between the local devices, on a cluster worker to worker. Nothing goes through a
+parameter device or the client.
+
+In a traced step (`tf.function`, what Keras's `fit` runs) the sum is TensorFlow's collective
+all-reduce (`CollectiveReduceV2`, a ring; NCCL between GPUs), one per dtype over the gradients
+packed into one flat buffer, so a step makes one collective however many layers the model has.
+Every device receives the same bits (a ring reduces each chunk once and forwards it), so the
+copies stay identical. Each device's collective is ordered by a resource of its own (one
+copy's handle): with one shared or no ordering token, TensorFlow chains the devices'
+collectives one after the other in the graph and they wait for each other forever (see FACTS:
+"All-reduce among remote workers").
+
+Run eagerly (`run_eagerly=True`) the ops run one at a time, so a collective would wait for
+peers never launched: each device then sums the components itself (`tf.add_n`, in replica
+order, identical on every device).
+"""
+
+import itertools
+import threading
+
+import tensorflow as tf
+
+from dpkeras._device_names import short_device
+
+# A peer that never joins a collective (a task that died, a bug) turns into an error after
+# this long instead of a hang; dpkeras's cluster health watch names a dead task sooner.
+TIMEOUT_SECONDS = 600.0
+
+_lock = threading.Lock()
+_group_keys = {}  # tuple of devices -> group key: one group per set of devices in a process
+_instance_keys = itertools.count(1)
+
+
+def _group_key(devices):
+    with _lock:
+        return _group_keys.setdefault(tuple(devices), len(_group_keys) + 1)
+
+
+def _instance_key():
+    with _lock:
+        return next(_instance_keys)
+
+
+def _dense_on(component, device):
+    with tf.device(device):
+        if isinstance(component, tf.IndexedSlices):
+            return tf.convert_to_tensor(component)  # sums to the dense gradient
+        return tf.identity(component)
+
+
+def sum_per_copy(per_replica, devices, tokens):
+    """Every device's sum of each variable's per-replica gradients.
+
+    Args:
+        per_replica: one list per variable of its N per-replica gradients (tensors or
+            `tf.IndexedSlices`, which are made dense: a replicated variable's copies are
+            dense), component i on (or sent to) device i.
+        devices: the N compute devices, in replica order.
+        tokens: N resource handles, token i on device i (the collectives' ordering tokens).
+
+    Returns:
+        One list per variable of N tensors: the sum on each device, identical on all.
+    """
+    n = len(devices)
+    dense = [[_dense_on(parts[i], devices[i]) for i in range(n)] for parts in per_replica]
+    if n == 1:
+        return dense
+    if tf.executing_eagerly():
+        out = []
+        for parts in dense:
+            sums = []
+            for device in devices:
+                with tf.device(device):
+                    sums.append(tf.add_n(parts))
+            out.append(sums)
+        return out
+    groups = {}  # dtype -> indices of the variables packed together
+    for index, parts in enumerate(dense):
+        if not parts[0].shape.is_fully_defined():
+            raise ValueError(
+                f"The gradient of a replicated variable has an unknown shape {parts[0].shape}; "
+                f"replicated variables need fully known shapes."
+            )
+        groups.setdefault(parts[0].dtype, []).append(index)
+    out = [None] * len(dense)
+    gpus = all("GPU" in short_device(d).upper() for d in devices)
+    group_key = _group_key(devices)
+    for dtype, indices in groups.items():
+        sizes = [int(dense[i][0].shape.num_elements()) for i in indices]
+        instance_key = _instance_key()
+        per_device = []
+        for r, device in enumerate(devices):
+            with tf.device(device):
+                flat = tf.concat([tf.reshape(dense[i][r], [-1]) for i in indices], 0)
+                total = tf.raw_ops.CollectiveReduceV2(
+                    input=flat,
+                    group_size=n,
+                    group_key=group_key,
+                    instance_key=instance_key,
+                    ordering_token=[tokens[r]],
+                    merge_op="Add",
+                    final_op="Id",
+                    communication_hint="nccl" if gpus else "auto",
+                    timeout_seconds=TIMEOUT_SECONDS,
+                )
+                pieces = tf.split(total, sizes)
+                per_device.append(
+                    [tf.reshape(p, dense[i][r].shape) for p, i in zip(pieces, indices)]
+                )
+        del dtype
+        for k, i in enumerate(indices):
+            out[i] = [per_device[r][k] for r in range(n)]
+    return out

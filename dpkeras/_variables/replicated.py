@@ -1,0 +1,211 @@
+"""`ReplicatedVariable`: a variable with a copy on every compute device.
+
+A placement policy answers `placement.REPLICATED` for it (`placement.hybrid()` does for every
+variable but the tables and metric state). Copy i lives on compute device i; replica i reads
+its own copy, with no transfer; the optimizer all-reduces the copies' gradients among the
+compute devices and updates every copy with the same sum (`dpkeras._extended.optimizer_apply`,
+`dpkeras._extended.all_reduce`), so the copies stay identical, bit for bit.
+
+Which copy an operation touches:
+- inside replica i of the strategy: copy i;
+- inside the optimizer's pass for copy j (`replica_step.optimizer_pass`): copy j;
+- elsewhere (cross-replica: `model.get_weights`, a checkpoint, `numpy()`): reads see copy 0
+  and writes go to every copy (`assign`, `set_weights`, loading a `.keras` file, restoring a
+  checkpoint), so the copies stay identical.
+
+Writes inside a replica, by aggregation:
+- `NONE` (BatchNormalization's moving statistics, random seeds): replica 0 writes its copy and
+  every other replica writes its copy with replica 0's value, so every copy ends with what
+  the single variable of an all-on-parameter-device strategy ends with (replica 0's write).
+  A write replica 0 makes inside a control-flow branch of its own (LossScaleOptimizer's
+  counters, written in a `tf.cond` every replica traces for itself) cannot be repeated: there
+  each replica writes its own value, as MirroredStrategy's copies do (the loss scale's
+  counters are the same on every replica: dpkeras makes "finite" global);
+- `SUM`, `MEAN`, `ONLY_FIRST_REPLICA`: the replicas' values are reduced, then every copy is
+  written with the result.
+`synchronization=ON_READ` (metric state) cannot be replicated (the creator refuses it).
+
+A checkpoint holds one value per replicated variable, under the same key as a variable on a
+parameter device: checkpoints restore into either placement.
+"""
+
+import tensorflow as tf
+
+from dpkeras import _tf_internals
+from dpkeras._variables import replica_step
+from dpkeras._variables.variables import ParameterVariable, record_lookup
+
+_BASE = _tf_internals.BaseResourceVariable
+_NONE = tf.VariableAggregation.NONE
+
+
+def _same_graph(tensor):
+    return (
+        tf.executing_eagerly()
+        or not hasattr(tensor, "graph")
+        or (tensor.graph is tf.compat.v1.get_default_graph())
+    )
+
+
+class ReplicatedVariable(ParameterVariable):
+    """A variable with one copy per compute device of its strategy; see the module docstring.
+
+    Users do not construct it: `placement.REPLICATED` makes one. It is a `ParameterVariable`
+    (a full `tf.Variable` to Keras, checkpoints and SavedModel) whose handle is the copy the
+    current context touches.
+
+    Args:
+        extended: the `ParameterDeviceExtended` that created it.
+        copies: the resource variables, one per compute device, in replica order, all with the
+            same initial value.
+        spec: the `dpkeras.placement.VariableSpec` it was placed by.
+    """
+
+    def __init__(self, extended, copies, spec):
+        super().__init__(extended, copies[0], spec)
+        self._copies = tuple(copies)
+
+    @property
+    def copies(self):
+        """The resource variables, one per compute device, in replica order."""
+        return self._copies
+
+    def _copy_index(self):
+        index = replica_step.pass_index(self._extended)
+        if index is not None:
+            return index
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.strategy.extended is self._extended:
+            return int(tf.get_static_value(ctx.replica_id_in_sync_group))
+        return 0
+
+    @property
+    def handle(self):
+        copies = self.__dict__.get("_copies")
+        if not copies:  # during construction
+            return self._handle
+        return copies[self._copy_index()].handle
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _new_replica_read(self, step, cache):
+        """Replica k > 0 reads what replica 0 wrote in this step until it repeats that write
+        (see `_repeat_replica_0`): so it sees replica 0's writes, as every replica does of a
+        variable on a parameter device (replica 0 traces its part of the step first)."""
+        if step.replica_id:
+            record = step.state.replicated_writes
+            written = record.get(("after", id(self)), [])
+            repeated = record.get((id(self), step.replica_id), 0)
+            if repeated < len(written) and _same_graph(written[-1]):
+                return self._for_replica(written[-1], step)
+        return super()._new_replica_read(step, cache)
+
+    def sparse_read(self, indices, name=None):
+        """Gathers rows of the replica's own copy (in a replica), else of copy 0."""
+        step = replica_step.current(self._extended)
+        if step is None:
+            return super().sparse_read(indices, name=name)
+        indices = tf.convert_to_tensor(indices)
+        value = self.gather_rows(indices, name=name)
+        if self.trainable:
+            record_lookup(value, indices, self.handle, self.shape, step.gradient_weight)
+        return value
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def _write(self, method, value, **kwargs):
+        return self._route(method, (value,), kwargs)
+
+    def _write_nd(self, method, indices, updates, name):
+        return self._route(method, (indices, updates), {"name": name})
+
+    def _strided_slice_assign(self, *args, **kwargs):
+        return self._route("_strided_slice_assign", args, kwargs)
+
+    def _route(self, method, args, kwargs):
+        base = getattr(_BASE, method)
+        extended = self._extended
+        index = replica_step.pass_index(extended)
+        if index is not None:
+            return self._write_copy(index, base, args, kwargs)
+        step = replica_step.current(extended)
+        if step is None:
+            return self._write_every_copy(base, args, kwargs)
+        if step.num_replicas == 1:
+            with step.after_inputs(0):
+                return self._write_copy(0, base, args, kwargs)
+        if self.aggregation == _NONE:
+            return self._repeat_replica_0(method, base, args, kwargs, step)
+        return tf.distribute.get_replica_context().merge_call(
+            self._merge_reduced_write, args=(base,) + tuple(args), kwargs=kwargs
+        )
+
+    def _write_copy(self, index, base, args, kwargs):
+        self._invalidate_reads()
+        with tf.device(self._copies[index].device):
+            return base(self, *args, **kwargs)
+
+    def _write_every_copy(self, base, args, kwargs):
+        """The same write on every copy (copy 0's result is returned)."""
+        self._invalidate_reads()
+        result = None
+        for index in reversed(range(len(self._copies))):
+            with replica_step.optimizer_pass(self._extended, index):
+                result = self._write_copy(index, base, args, kwargs)
+        return result
+
+    def _repeat_replica_0(self, method, base, args, kwargs, step):
+        """aggregation=NONE in a replica: replica 0's write, on every replica's own copy."""
+        record = step.state.replicated_writes
+        if step.replica_id == 0:
+            record.setdefault(id(self), []).append((method, args, kwargs))
+            with step.after_inputs(0):
+                result = self._write_copy(0, base, args, kwargs)
+                with tf.device(self._copies[0].device):  # the value it wrote, for reads
+                    after = tf.stop_gradient(self._copies[0].read_value())
+            record.setdefault(("after", id(self)), []).append(after)
+            return result
+        key = (id(self), step.replica_id)
+        count = record.get(key, 0)
+        writes = record.get(id(self), [])
+        if count >= len(writes) or writes[count][0] != method:
+            raise RuntimeError(
+                f"Replica {step.replica_id} wrote replicated variable {self.name!r} "
+                f"({method}, write {count + 1} of this step) where replica 0 did not; the "
+                f"copies of a replicated variable with aggregation=NONE are written with "
+                f"replica 0's values, so every replica must make the same writes. Give the "
+                f"variable an aggregation (SUM, MEAN or ONLY_FIRST_REPLICA), or place it on "
+                f"a parameter device."
+            )
+        record[key] = count + 1
+        _, args0, kwargs0 = writes[count]
+        tensors = [a for a in tf.nest.flatten(args0) if isinstance(a, tf.Tensor)]
+        if not all(_same_graph(t) for t in tensors):
+            # Replica 0 wrote inside a control-flow branch of its own (LossScaleOptimizer's
+            # counters, in a `tf.cond` each replica traces): its value cannot leave that
+            # branch, so this replica writes its own value, as MirroredStrategy's copies do.
+            args0, kwargs0 = args, kwargs
+        with step.after_inputs(step.replica_id):
+            return self._write_copy(step.replica_id, base, args0, kwargs0)
+
+    def _merge_reduced_write(self, strategy, base, *args, **kwargs):
+        value, rest = args[0], args[1:]
+        value = strategy.extended.aggregate(self.aggregation, value, self._copies[0].device)
+        return self._write_every_copy(base, (value,) + tuple(rest), kwargs)
+
+    def _restore_from_tensors(self, restored_tensors):
+        """A checkpoint's value goes to every copy."""
+        ops = []
+        for index in range(len(self._copies)):
+            with replica_step.optimizer_pass(self._extended, index):
+                self._invalidate_reads()
+                ops.append(_tf_internals.restore_variable(self, restored_tensors))
+        return ops[0] if tf.executing_eagerly() else tf.group(*ops)
+
+    def __repr__(self):
+        if tf.executing_eagerly():
+            return (
+                f"<dpkeras.ReplicatedVariable '{self.name}' shape={self.shape} "
+                f"dtype={self.dtype.name} copies={len(self._copies)} kind={self._kind}>"
+            )
+        return super().__repr__()

@@ -1,0 +1,321 @@
+"""`placement.REPLICATED` and `placement.hybrid()` on one machine: dense variables with a copy
+on every compute device, all-reduced among them; tables on the parameter device.
+
+3 replicas on /cpu:1-3, tables on /cpu:0. Exact as everything else: the "What is exact" table
+under hybrid placement gives one device's weights, history and metrics; BatchNormalization,
+Dropout and seeds give what all-on-the-parameter-device gives; the copies stay bit-identical
+(after training, resuming, loading); checkpoints and `.keras` files move between placements.
+"""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dpkeras
+from dpkeras import placement
+from dpkeras.testing import assert_weights_close, cpu_strategy
+from tests import exact_features
+from tests.models import build_model, make_data, train
+
+
+def _hybrid(replicas=3):
+    return dpkeras.get_strategy([f"/cpu:{i}" for i in range(1, replicas + 1)], placement.hybrid())
+
+
+def _replicated(model):
+    values = [v.value for v in model.variables + model.optimizer.variables]
+    return [v for v in values if isinstance(v, dpkeras.ReplicatedVariable)]
+
+
+def assert_copies_identical(model):
+    replicated = _replicated(model)
+    assert replicated, "no replicated variable"
+    for v in replicated:
+        arrays = [c.numpy() for c in v.copies]
+        for i, a in enumerate(arrays[1:], 1):
+            assert np.array_equal(a, arrays[0]), f"{v.name}: copy {i} differs from copy 0"
+
+
+@pytest.mark.parametrize("feature", sorted(exact_features.FEATURES))
+def test_hybrid_is_exact(feature):
+    """Every row of the README's "What is exact" table, with dense layers replicated: clipping,
+    accumulation, EMA, weight decay, mixed precision, steps_per_execution, uneven batches, jit,
+    masking (its Embedding on /cpu:0), callbacks, validation."""
+    expected = exact_features.run(feature)
+    kept = []
+    actual = exact_features.run(feature, _hybrid(), keep=kept)
+    verdict, worst = exact_features.compare(feature, expected, actual)
+    assert verdict == "exact", (feature, worst)
+    assert_copies_identical(kept[0])
+
+
+def test_hybrid_places_tables_on_the_parameter_device_and_replicates_the_rest():
+    with _hybrid().scope():
+        model = build_model("embedding")
+        model.optimizer.build(model.trainable_variables)
+    report = dpkeras.placement_report(model)
+
+    def row(pattern):  # paths carry numbers when a model is made again in a process
+        (found,) = [r for r in report.rows if re.fullmatch(pattern, r.path)]
+        return found
+
+    assert row(r"sequential(_\d+)?/embedding(_\d+)?/embeddings").device == "/cpu:0"
+    assert row(r"adam(_\d+)?/.*embeddings_momentum").device == "/cpu:0"
+    kernel = row(r"sequential(_\d+)?/dense(_\d+)?/kernel")
+    assert kernel.device == "replicated"
+    assert kernel.copies == ("/cpu:1", "/cpu:2", "/cpu:3")
+    assert row(r"adam(_\d+)?/.*dense(_\d+)?_kernel_velocity").device == "replicated"
+    assert row(r"adam(_\d+)?/iteration").device == "replicated"
+    assert report.totals["/cpu:1"][1] >= 3 * kernel.bytes  # the kernel and its two slots
+    assert repr(_hybrid().extended.placement_policy) == "hybrid([/cpu:0])"
+    assert _hybrid() is _hybrid()  # hybrid() == hybrid(): one strategy
+
+
+@pytest.mark.parametrize("kind", ["batchnorm", "dropout"])
+def test_batchnorm_and_dropout_train_as_on_the_parameter_device(kind):
+    """BatchNormalization's moving statistics (aggregation NONE: replica 0's write) and Dropout's
+    seeds (replica 0's state, each replica its own masks) as with every variable on /cpu:0."""
+    # SGD: Adam would magnify the float noise of the Dense bias before BatchNormalization
+    # (its gradient is zero but for rounding, which differs between a ring and one sum).
+    on_ps, history_ps, eval_ps = train(kind, cpu_strategy(3), optimizer="sgd")
+    hybrid, history, evaluation = train(kind, _hybrid(), optimizer="sgd")
+    assert_weights_close(on_ps.get_weights(), hybrid.get_weights(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history["loss"], history_ps["loss"], rtol=1e-5)
+    np.testing.assert_allclose(evaluation, eval_ps, rtol=1e-5)
+    assert_copies_identical(hybrid)
+
+
+def test_gradients_are_all_reduced_among_the_compute_devices_not_through_the_parameter_device():
+    """One collective per device per step for the whole dense model (packed), and nothing of a
+    dense layer reaches /cpu:0: it receives only the metrics' scalars."""
+    with _hybrid().scope():
+        model = build_model("dense")
+    x, y = make_data("dense", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    dense_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    for device in _hybrid().extended.worker_devices:
+        assert report.collectives_on(device) == (1, dense_bytes), report.summary()
+    tensors, received = report.to_device("/cpu:0", batch=False)
+    metric_scalars = sum(len(m.variables) for m in model.metrics)
+    assert tensors <= 3 * metric_scalars and received <= 4 * 3 * metric_scalars, report.summary()
+    sent = [t for t in report.transfers if t.source == "/cpu:0" and not t.of_the_batch]
+    assert sum(t.bytes for t in sent) <= 4 * 3 * metric_scalars, sent
+
+
+def test_tables_send_rows_and_dense_layers_all_reduce():
+    with _hybrid().scope():
+        model = build_model("embedding")
+    x, y = make_data("embedding", 96)
+    report = dpkeras.train_step_transfers(model, x, y, batch_size=96)
+    dense = model.layers[-1]
+    # To and from /cpu:0: the table's rows and their gradients, the metrics; no dense tensor.
+    dense_shapes = {tuple(v.shape) for v in dense.variables}
+    at_the_table = [t for t in report.transfers if "/cpu:0" in (t.source, t.destination)]
+    assert not [t for t in at_the_table if t.shape in dense_shapes], at_the_table
+    dense_bytes = sum(int(np.prod(v.shape)) * 4 for v in dense.trainable_variables)
+    for device in _hybrid().extended.worker_devices:
+        assert report.collectives_on(device) == (1, dense_bytes), report.summary()
+
+
+def test_copies_stay_identical_under_writes_from_outside_a_step():
+    with _hybrid().scope():
+        model = build_model("dense")
+    kernel = model.layers[0].kernel
+    kernel.assign(np.ones(kernel.shape, "float32"))
+    kernel.assign_add(np.full(kernel.shape, 2.0, "float32"))
+    model.set_weights([w + 1 for w in model.get_weights()])
+    assert_copies_identical(model)
+    np.testing.assert_array_equal(kernel.numpy(), np.full(kernel.shape, 4.0, "float32"))
+
+
+def test_keras_files_move_between_placements(tmp_path):
+    model, _, evaluation = train("batchnorm", _hybrid())
+    path = str(tmp_path / "hybrid.keras")
+    model.save(path)
+    plain = keras.models.load_model(path)
+    assert_weights_close(model.get_weights(), plain.get_weights(), rtol=0, atol=0)
+    with cpu_strategy(3).scope():
+        on_ps = keras.models.load_model(path)
+    assert_weights_close(model.get_weights(), on_ps.get_weights(), rtol=0, atol=0)
+    on_ps.save(str(tmp_path / "on_ps.keras"))
+    with _hybrid().scope():
+        back = keras.models.load_model(str(tmp_path / "on_ps.keras"))
+    assert_weights_close(model.get_weights(), back.get_weights(), rtol=0, atol=0)
+    assert_copies_identical(back)
+    x, y = make_data("batchnorm", 288)
+    np.testing.assert_allclose(back.evaluate(x, y, batch_size=96, verbose=0), evaluation, 1e-6)
+
+
+@pytest.mark.parametrize("direction", ["ps_to_hybrid", "hybrid_to_ps"])
+def test_checkpoints_restore_into_either_placement(tmp_path, direction):
+    source, target = (cpu_strategy(3), _hybrid())
+    if direction == "hybrid_to_ps":
+        source, target = target, source
+    model = train("embedding", source, epochs=1)[0]
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    with target.scope():
+        restored = build_model("embedding", seed=99)
+        restored.optimizer.build(restored.trainable_variables)
+    tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(
+        path
+    ).assert_existing_objects_matched()
+    assert_weights_close(model.get_weights(), restored.get_weights(), rtol=0, atol=0)
+    for a, b in zip(model.optimizer.variables, restored.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    if direction == "ps_to_hybrid":
+        assert_copies_identical(restored)
+    # And both go on training alike.
+    x, y = make_data("embedding", 96)
+    a = model.fit(x, y, batch_size=96, epochs=1, verbose=0, shuffle=False).history["loss"]
+    b = restored.fit(x, y, batch_size=96, epochs=1, verbose=0, shuffle=False).history["loss"]
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+
+def test_backup_and_restore_resumes_exactly(tmp_path):
+    x, y = make_data("batchnorm", 192)
+    with _hybrid().scope():
+        straight = build_model("batchnorm")
+    straight.fit(x, y, batch_size=48, epochs=4, verbose=0, shuffle=False)
+    backup = str(tmp_path / "backup")
+    with _hybrid().scope():
+        first = build_model("batchnorm")
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(
+            x,
+            y,
+            batch_size=48,
+            epochs=4,
+            verbose=0,
+            shuffle=False,
+            callbacks=[keras.callbacks.BackupAndRestore(backup), _Interrupt()],
+        )
+    with _hybrid().scope():
+        resumed = build_model("batchnorm", seed=99)
+    resumed.fit(
+        x,
+        y,
+        batch_size=48,
+        epochs=4,
+        verbose=0,
+        shuffle=False,
+        callbacks=[keras.callbacks.BackupAndRestore(backup)],
+    )
+    assert int(resumed.optimizer.iterations.numpy()) == 16
+    assert_weights_close(straight.get_weights(), resumed.get_weights(), rtol=1e-6, atol=1e-7)
+    assert_copies_identical(resumed)
+
+
+def test_a_custom_loop_with_replicated_variables():
+    """`strategy.run` with `optimizer.apply_gradients`: the same sums as one device."""
+    x, y = make_data("dense", 96)
+    reference = build_model("dense", optimizer="sgd")
+    with _hybrid().scope():
+        model = build_model("dense", optimizer="sgd")
+    model.set_weights(reference.get_weights())
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="sum_over_batch_size"
+    )
+
+    def one_device_step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, reference(x, training=True))
+        grads = tape.gradient(loss, reference.trainable_variables)
+        reference.optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+
+    strategy = _hybrid()
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(96)
+    )
+
+    @tf.function
+    def step(batch):
+        def replica(features, labels):
+            with tf.GradientTape() as tape:
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    labels, model(features, training=True), from_logits=True
+                )
+                loss = tf.reduce_sum(per_example) / 96.0
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        strategy.run(replica, args=batch)
+
+    for batch in dataset:
+        step(batch)
+    one_device_step()
+    assert_weights_close(reference.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
+    assert_copies_identical(model)
+
+
+def test_replicated_refuses_metric_state_and_shards():
+    def everything_replicated(spec):
+        return placement.REPLICATED
+
+    strategy = dpkeras.ParameterDeviceStrategy(
+        ["/cpu:1", "/cpu:2"], parameter_device=everything_replicated
+    )
+    with strategy.scope():
+        with pytest.raises(ValueError, match=r"REPLICATED for metric state 'mean/total'"):
+            keras.metrics.Mean()
+    sharded = dpkeras.ParameterDeviceStrategy(
+        ["/cpu:1", "/cpu:2"],
+        parameter_device=everything_replicated,
+        partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2),
+    )
+    with sharded.scope():
+        with pytest.raises(ValueError, match=r"REPLICATED for shard .*part_0"):
+            keras.layers.Embedding(10, 4).build((None, 3))
+    assert not [v for v in sharded.extended.variables() if "embedding" in v.name]
+
+
+def test_hybrid_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"not a valid regular expression"):
+        placement.hybrid(tables="(")
+    with pytest.raises(ValueError, match=r"tables=\.\.\.\) takes a regular expression"):
+        placement.hybrid(tables=3)
+    with pytest.raises(ValueError, match=r"must be given to a strategy"):
+        placement.hybrid()(placement.VariableSpec("x", (1,), "float32", True, "weight"))
+    policy = placement.hybrid("/cpu:0", tables=r"dense_1/")
+    spec = placement.VariableSpec("seq/dense_1/kernel", (4, 4), "float32", True, "weight")
+    assert policy(spec) == "/job:localhost/replica:0/task:0/device:CPU:0"
+    other = placement.VariableSpec("seq/dense/kernel", (4, 4), "float32", True, "weight")
+    assert policy(other) is placement.REPLICATED
+
+
+def test_eager_steps_all_reduce_too():
+    """`run_eagerly=True`: no collective can run op by op; each device sums, identically."""
+    x, y = make_data("dense", 96)
+    expected = build_model("dense")
+    expected.fit(x, y, batch_size=48, epochs=1, verbose=0, shuffle=False)
+    with _hybrid().scope():
+        model = build_model("dense")
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            run_eagerly=True,
+        )
+    model.fit(x, y, batch_size=48, epochs=1, verbose=0, shuffle=False)
+    assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
+    assert_copies_identical(model)
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs 2 GPUs")
+def test_on_gpus_dense_layers_all_reduce_with_nccl():
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if len(gpus) < 2:
+        pytest.skip("needs 2 GPUs")
+    strategy = dpkeras.get_strategy(gpus[:2], placement.hybrid())
+    expected = train("embedding")[0]
+    model = train("embedding", strategy)[0]
+    assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-4, atol=1e-5)
+    assert_copies_identical(model)
