@@ -139,11 +139,52 @@ def _apply_in_passes(
         ]
         with (
             replica_step.optimizer_pass(extended, j),
-            tf.device(devices[j]),
+            _pass_device(devices[j]),
             state.after_inputs(j),
         ):
             result = keras_apply(optimizer, pass_grads, trainable_variables)
     return result
+
+
+_UNKNOWN_SIZE = 1 << 40  # a dimension known only at run time: a table's rows, say
+
+
+def _size(tensor):
+    if tensor.dtype == tf.resource:
+        return 0
+    shape = tensor.shape
+    return shape.num_elements() if shape.is_fully_defined() else _UNKNOWN_SIZE
+
+
+def _pass_device(device):
+    """The device scope of an optimizer pass on `device` (see `_beside_the_largest`); eager
+    ops take a device name only."""
+    if tf.executing_eagerly():
+        return tf.device(device)
+    return tf.compat.v1.get_default_graph().device(_beside_the_largest(device))
+
+
+def _beside_the_largest(device):
+    """A device function for an optimizer pass on compute device `device`: an op Keras does
+    not place runs where its largest input is, else on `device`.
+
+    Clipping scales a table's summed gradient (on its parameter device) and a dense layer's
+    (on `device`) by one scalar: each product then runs beside its gradient, and only the
+    scalar travels; with `device` alone, a table's gradient would cross to the compute device
+    (made dense by the multiplication) and back.
+    """
+
+    def place(op):
+        if op.device:
+            return op.device
+        best, size = device, 0
+        for tensor in op.inputs:
+            n = _size(tensor)
+            if tensor.device and n > size:
+                best, size = tensor.device, n
+        return best
+
+    return place
 
 
 def _sum(extended, optimizer, grad, variable):
