@@ -83,7 +83,8 @@ def test_hybrid_on_a_cluster_trains_to_one_process_weights_history_and_evaluate(
                 arrays = [c.numpy() for c in v.value.copies]
                 copies_equal &= all(np.array_equal(a, arrays[0]) for a in arrays)
                 copy_devices |= {{c.device for c in v.value.copies}}
-        table = [l for l in model.layers if isinstance(l, keras.layers.Embedding)][0].embeddings.value
+        (table,) = [l.embeddings.value for l in model.layers
+                    if isinstance(l, keras.layers.Embedding)]
         print(json.dumps({{
             "replicas": list(strategy.extended.worker_devices),
             "policy": repr(strategy.extended.placement_policy),
