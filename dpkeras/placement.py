@@ -124,8 +124,8 @@ class VariableSpec:
             layer of its variable is not known: None), or None.
         table: bool, whether it is an embedding table: created by a layer whose class, or a
             base class, is named `...Embedding` (Keras's `Embedding`, dpkeras's
-            `DynamicEmbedding`, keras-rs's embedding layers), or a shard of a partitioned
-            variable.
+            `DynamicEmbedding`), or a weight named `embeddings` (Keras's name for a table,
+            which keras-rs's tables also carry, created outside any layer's call).
     """
 
     path: str
@@ -480,7 +480,8 @@ def describe_variable(kwargs):
         trainable=trainable,
         kind=kind,
         layer=None if layer is None else type(layer).__name__,
-        table=kind is VariableKind.WEIGHT and _is_table_layer(layer),
+        table=(kind is VariableKind.WEIGHT and _is_table_layer(layer))
+        or (kind in (VariableKind.WEIGHT, VariableKind.OTHER) and path.endswith("/embeddings")),
     )
 
 

@@ -112,6 +112,24 @@ def test_training_equals_a_plain_embedding_with_rows_in_first_seen_order(
     assert all(counts[int(i)] == 2 * int(c) for i, c in zip(ids, seen))  # two epochs
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_under_hybrid_placement_the_table_stays_on_the_parameter_device(optimizer):
+    """placement.hybrid(): the rows, the index and the bookkeeping on /cpu:0, the head
+    replicated on the two replicas' devices; the same numbers as a plain Embedding."""
+    strategy = dpkeras.get_strategy(["/cpu:1", "/cpu:2"], dpkeras.placement.hybrid())
+    x, model, layer, reference, embedding = _train_both(strategy, optimizer, False)
+    assert all(v.value.device.endswith("CPU:0") for v in layer.variables)
+    head = model.get_layer("head")
+    assert all(isinstance(v.value, dpkeras.ReplicatedVariable) for v in head.variables)
+    trained = _by_id(layer)
+    expected = embedding.get_weights()[0]
+    for j, i in enumerate(_first_seen(x)):
+        np.testing.assert_allclose(trained[i], expected[j], atol=1e-5)
+    np.testing.assert_allclose(
+        head.get_weights()[0], reference.layers[-1].get_weights()[0], atol=1e-5
+    )
+
+
 def test_sharded_rows_under_two_replicas_train_as_one_device():
     partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
     strategy = dpkeras.ParameterDeviceStrategy(

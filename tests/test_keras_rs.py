@@ -51,6 +51,15 @@ STRATEGIES = {
     "2 replicas, 3 shards on 2 devices": lambda: dpkeras.get_strategy(
         ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=P.FixedShardsPartitioner(3)
     ),
+    # Tables on the parameter devices, the dense layers replicated (placement.hybrid).
+    "2 replicas, hybrid": lambda: dpkeras.get_strategy(
+        ["/cpu:1", "/cpu:2"], dpkeras.placement.hybrid()
+    ),
+    "2 replicas, hybrid, 3 shards on 2 devices": lambda: dpkeras.get_strategy(
+        ["/cpu:1", "/cpu:2"],
+        dpkeras.placement.hybrid(["/cpu:0", "/cpu:3"]),
+        partitioner=P.FixedShardsPartitioner(3),
+    ),
 }
 
 
@@ -68,6 +77,10 @@ def test_keras_rs_models_train_to_one_device_weights_under_sgd(name, layout):
     model = _assert_like_one_device(name, STRATEGIES[layout]())
     tables = [v for v in model.trainable_variables if "embedding" in v.path]
     assert len(tables) == 3  # the shared table is one variable
+    replicated = [
+        v for v in model.trainable_variables if isinstance(v.value, dpkeras.ReplicatedVariable)
+    ]
+    assert len(replicated) == (len(model.trainable_variables) - 3 if "hybrid" in layout else 0)
     for table in tables:
         shards = getattr(table.value, "shards", None)
         if "shards" in layout:

@@ -221,6 +221,8 @@ class VariableCreator:
             or kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ
         ):
             return None
+        if not explicit and placement.is_hybrid(self.policy) and not self.policy.is_table(spec):
+            return None  # hybrid(): the strategy's partitioner cuts tables, the rest replicates
         return partitioning.row_split(partitioner, spec.shape, spec.dtype, spec.path, explicit)
 
     def _create_sharded(self, next_creator, kwargs, spec, rows, colocate_with):
