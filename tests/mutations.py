@@ -536,6 +536,81 @@ MUTANTS = (
             "tests/test_cluster_costs.py::test_functions_made_per_epoch_do_not_grow_with_the_workers",
         ),
     ),
+    Mutant(
+        "all-reduce-mean",
+        "replicated variables' gradients averaged over the compute devices instead of summed",
+        "dpkeras/_extended/all_reduce.py",
+        'final_op="Id"',
+        'final_op="Div"',
+        ("tests/test_hybrid.py::test_hybrid_is_exact[sample_weight]",),
+    ),
+    Mutant(
+        "all-reduce-eager-own",
+        "run eagerly, each device keeps its first replica's gradient instead of the sum",
+        "dpkeras/_extended/all_reduce.py",
+        "sums.append(tf.add_n(parts))",
+        "sums.append(tf.add_n(parts[:1]))",
+        ("tests/test_hybrid.py::test_eager_steps_all_reduce_too",),
+    ),
+    Mutant(
+        "pass-order",
+        "the optimizer's pass 0, which writes the parameter devices, runs first: later passes "
+        "read what it wrote",
+        "dpkeras/_extended/optimizer_apply.py",
+        "for j in reversed(range(len(devices))):",
+        "for j in range(len(devices)):",
+        (
+            "tests/test_hybrid.py::"
+            "test_optimizer_state_on_the_parameter_device_beside_replicated_weights",
+        ),
+    ),
+    Mutant(
+        "ps-writes-every-pass",
+        "a variable on a parameter device is written in every optimizer pass, not once",
+        "dpkeras/_variables/writes.py",
+        "            if replica_step.pass_index(self._extended):\n"
+        "                return self._skipped_write(kwargs)\n",
+        "            if False:\n                return self._skipped_write(kwargs)\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_optimizer_state_on_the_parameter_device_beside_replicated_weights",
+        ),
+    ),
+    Mutant(
+        "none-writes-own",
+        "each replica writes its copy of an aggregation=NONE variable with its own value "
+        "(BatchNormalization's moving statistics): the copies drift apart",
+        "dpkeras/_variables/replicated.py",
+        "        _, args0, kwargs0 = writes[count]\n",
+        "        _, args0, kwargs0 = writes[count]\n        args0, kwargs0 = args, kwargs\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_batchnorm_and_dropout_train_as_on_the_parameter_device[batchnorm]",
+        ),
+    ),
+    Mutant(
+        "tables-by-name",
+        "hybrid() no longer recognises a table by its name: keras-rs's tables are replicated",
+        "dpkeras/placement.py",
+        'or (kind in (VariableKind.WEIGHT, VariableKind.OTHER) and path.endswith("/embeddings"))',
+        "or False",
+        (
+            "tests/test_keras_rs.py::"
+            "test_keras_rs_models_train_to_one_device_weights_under_sgd[2 replicas, hybrid-dlrm]",
+        ),
+    ),
+    Mutant(
+        "pass-device",
+        "an op of the optimizer's pass runs on the pass's compute device whatever its inputs: "
+        "a table's clipped gradient crosses to a worker and back",
+        "dpkeras/_extended/optimizer_apply.py",
+        "        return best\n",
+        "        return device\n",
+        (
+            "tests/test_hybrid_cluster.py::"
+            "test_a_ps_carries_rows_only_and_the_client_nothing_per_step",
+        ),
+    ),
 )
 
 

@@ -257,6 +257,25 @@ def test_a_custom_loop_with_replicated_variables():
     assert_copies_identical(model)
 
 
+def test_optimizer_state_on_the_parameter_device_beside_replicated_weights():
+    """A policy of one's own: weights (and so their slots) replicated, the optimizer's own
+    state (the iteration count Adam's bias correction reads) on /cpu:0. The optimizer's pass
+    for each copy reads the count before pass 0 increments it, once."""
+
+    def policy(spec):
+        return "/cpu:0" if spec.kind in ("optimizer", "metric") else placement.REPLICATED
+
+    strategy = dpkeras.get_strategy(["/cpu:1", "/cpu:2", "/cpu:3"], policy)
+    expected, history, evaluation = train("dense")
+    model, got, got_evaluation = train("dense", strategy)
+    assert model.optimizer.iterations.value.device.endswith("CPU:0")
+    assert int(model.optimizer.iterations.numpy()) == int(expected.optimizer.iterations.numpy())
+    assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["loss"], history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got_evaluation, evaluation, rtol=1e-5)
+    assert_copies_identical(model)
+
+
 def test_replicated_refuses_metric_state_and_shards():
     def everything_replicated(spec):
         return placement.REPLICATED
