@@ -120,7 +120,8 @@ def test_a_ps_carries_rows_only_and_the_client_nothing_per_step():
     """1 ps + 2 one-CPU workers, a model whose dense layers (2 x 256 units, ~330 KB) outweigh
     the rows a step looks up (~8 KB): per step the ps's bytes under hybrid placement are a
     tenth of all-on-ps or less, each worker's link carries about a ring all-reduce's
-    2(W-1)/W x the dense bytes, and the client's bytes do not grow with the steps."""
+    2(W-1)/W x the dense bytes, and the client's bytes do not grow with the steps. The two
+    placements train to the same weights (1 ps, 2 workers of one replica each)."""
     with LocalCluster(ps=1, workers=2, cpus=1) as cluster:
         pids = cluster.pids()
         out = _client(
@@ -130,7 +131,7 @@ def test_a_ps_carries_rows_only_and_the_client_nothing_per_step():
             ds = tf.data.Dataset.from_tensor_slices((tuple(x), y)).batch(128).repeat()
             dpkeras.cluster.connect(SPEC)
             pids = dict({pids!r}, client=os.getpid())
-            per_step, dense_bytes = {{}}, 0
+            per_step, dense_bytes, weights = {{}}, 0, {{}}
             for mode in ("all_on_ps", "hybrid"):
                 device = placement.hybrid() if mode == "hybrid" else None
                 with dpkeras.scope(cluster=SPEC, parameter_device=device):
@@ -143,15 +144,20 @@ def test_a_ps_carries_rows_only_and_the_client_nothing_per_step():
                     with TrafficMeter(pids) as meter:
                         model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
                     traffic.append(meter.traffic)
+                weights[mode] = model.get_weights()
                 per_step[mode] = {{
                     name: (traffic[1][name].sent - traffic[0][name].sent
                            + traffic[1][name].received - traffic[0][name].received) / 20
                     for name in pids
                 }}
-            print(json.dumps({{"per_step": per_step, "dense_bytes": dense_bytes}}))
+            max_diff = max(float(np.abs(a - b).max())
+                           for a, b in zip(weights["hybrid"], weights["all_on_ps"]))
+            print(json.dumps({{"per_step": per_step, "dense_bytes": dense_bytes,
+                               "max_diff": max_diff}}))
             """,
             cluster.spec,
         )
+    assert out["max_diff"] < 1e-4, out  # the same 35 steps of Adam in both placements
     per_step, dense = out["per_step"], out["dense_bytes"]
     ps_hybrid, ps_all = per_step["hybrid"]["ps:0"], per_step["all_on_ps"]["ps:0"]
     assert ps_all > 2 * dense, out  # all-on-ps: every worker pulls and pushes the dense layers
