@@ -7,13 +7,11 @@ ps carries the rows and nothing of the dense layers, and the client nothing per 
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from dpkeras.testing import LocalCluster, server_env
+from dpkeras.testing import LocalCluster, run_python
 
 CLIENT_TIMEOUT = 300
 
@@ -40,26 +38,17 @@ def data(n, rows=200):
 
 
 def _client(code, spec):
-    """Runs `code` (with SPEC, json, np, keras, tf, dpkeras) in a fresh process; its last line."""
-    prefix = textwrap.dedent(f"""
+    """Runs `code` (with SPEC, json, np, keras, tf, dpkeras, placement and the recommender's
+    `build` and `data`) in a fresh process; its last line, as JSON."""
+    prelude = textwrap.dedent(f"""
         import json, os
         import numpy as np
         import dpkeras, keras, tensorflow as tf
         from dpkeras import placement
         SPEC = json.loads({json.dumps(json.dumps(spec))})
         """)
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", prefix + _RECOMMENDER + textwrap.dedent(code)],
-            capture_output=True,
-            text=True,
-            env=server_env(),
-            timeout=CLIENT_TIMEOUT,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the client hung: no exit within {CLIENT_TIMEOUT} s")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_python(prelude + _RECOMMENDER + textwrap.dedent(code), timeout=CLIENT_TIMEOUT)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_hybrid_on_a_cluster_trains_to_one_process_weights_history_and_evaluate(local, tmp_path):

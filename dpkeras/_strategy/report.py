@@ -89,24 +89,19 @@ def _row(variable, path=None):
     shape = tuple(value.shape.as_list())
     dtype = tf.as_dtype(value.dtype)
     size = sizes.nbytes(value.shape, dtype)
+    copies = ()
     if isinstance(value, ReplicatedVariable):
-        copies = tuple(short_device(c.device) for c in value.copies)
-        return PlacementRow(
-            path or getattr(variable, "path", None) or value.name.split(":")[0],
-            kind,
-            shape,
-            dtype.name,
-            size,
-            "replicated",
-            copies,
-        )
+        device, copies = "replicated", tuple(short_device(c.device) for c in value.copies)
+    else:
+        device = short_device(value.device) if value.device else "-"
     return PlacementRow(
         path or getattr(variable, "path", None) or value.name.split(":")[0],
         kind,
         shape,
         dtype.name,
         size,
-        short_device(value.device) if value.device else "-",
+        device,
+        copies,
     )
 
 
