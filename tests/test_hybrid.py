@@ -149,6 +149,15 @@ def test_keras_files_move_between_placements(tmp_path):
     np.testing.assert_allclose(back.evaluate(x, y, batch_size=96, verbose=0), evaluation, 1e-6)
 
 
+def test_export_serves_the_same_predictions(tmp_path):
+    model = train("batchnorm", _hybrid())[0]
+    x, _ = make_data("batchnorm", 32)
+    expected = model.predict(x, batch_size=32, verbose=0)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_allclose(served.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("direction", ["ps_to_hybrid", "hybrid_to_ps"])
 def test_checkpoints_restore_into_either_placement(tmp_path, direction):
     source, target = (cpu_strategy(3), _hybrid())

@@ -20,7 +20,10 @@ order, identical on every device).
 """
 
 import itertools
+import os
 import threading
+import time
+import zlib
 
 import tensorflow as tf
 
@@ -35,9 +38,18 @@ _group_keys = {}  # tuple of devices -> group key: one group per set of devices 
 _instance_keys = itertools.count(1)
 
 
+# A cluster's tasks outlive their clients and remember every collective group they have seen,
+# by key: a later client reusing a key for another set of devices would be refused. Keys are
+# therefore drawn per process (the devices, this process and when it started).
+_PROCESS = f"{os.getpid()}-{time.time_ns()}"
+
+
 def _group_key(devices):
     with _lock:
-        return _group_keys.setdefault(tuple(devices), len(_group_keys) + 1)
+        if tuple(devices) not in _group_keys:
+            seed = f"{_PROCESS}-{len(_group_keys)}-{devices}".encode()
+            _group_keys[tuple(devices)] = zlib.crc32(seed) % (2**31 - 1) + 1
+        return _group_keys[tuple(devices)]
 
 
 def _instance_key():
