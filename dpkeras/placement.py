@@ -354,16 +354,18 @@ class _Hybrid(Policy):
             return self._balance.place(spec)
         return REPLICATED
 
-    def _key(self):
+    @property
+    def settings(self):
+        """`(devices, tables pattern)`: two hybrid() policies with equal settings are equal."""
         return (self.devices, None if self._tables is None else self._tables.pattern)
 
     def __eq__(self, other):
         # Two hybrid() policies with the same settings are one: dpkeras.get_strategy (and
         # scope()) then finds the strategy made for the first.
-        return isinstance(other, _Hybrid) and self._key() == other._key()
+        return isinstance(other, _Hybrid) and self.settings == other.settings
 
     def __hash__(self):
-        return hash(("hybrid",) + self._key())
+        return hash(("hybrid",) + self.settings)
 
     def __repr__(self):
         devices = ", ".join(short_device(d) for d in self.devices)
