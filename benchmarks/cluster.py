@@ -27,6 +27,9 @@ a finite tf.data dataset), and their projection to 64 workers.
     python -m benchmarks.cluster                              # --workers=1,2,4,8
     python -m benchmarks.cluster --workers=2 --k=1,10 --strategies=dpkeras
     python -m benchmarks.cluster --strategies=dpkeras --input=numpy --input_rounds=0
+    python -m benchmarks.cluster --strategies=dpkeras,dpkeras_hybrid --models=mlp,dlrm \
+        --k=10 --input_rounds=0 --epoch_steps=0
+    python -m benchmarks.cluster --merge=a/cluster.jsonl,b/cluster.jsonl --out=both
 
 Writes `<out>/cluster.{jsonl,md,png}`. On one machine the "network" is loopback and every
 process shares the cores: the numbers show costs and how they grow, not a speed-up.
@@ -84,6 +87,12 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("epoch_repeats", 3, "Repeats of the per-epoch measurement.", lower_bound=1)
 flags.DEFINE_integer("client_timeout", 900, "Seconds before a client is killed.", lower_bound=1)
 flags.DEFINE_string("out", "results", "Directory for cluster.{jsonl,md,png}.")
+flags.DEFINE_list(
+    "merge",
+    [],
+    "cluster.jsonl files of earlier runs (e.g. one per W) to report together in <out>, "
+    "instead of running.",
+)
 
 STRATEGIES = ("dpkeras", "dpkeras_hybrid", "central_storage", "one_process")
 DPKERAS = ("dpkeras", "dpkeras_hybrid")  # the strategies whose bytes and ring are reported
@@ -677,8 +686,28 @@ def chart(records, path):
     plt.close(fig)
 
 
+def write(records):
+    """Writes `<out>/cluster.{jsonl,md,png}` and prints the tables."""
+    os.makedirs(FLAGS.out, exist_ok=True)
+    with open(os.path.join(FLAGS.out, "cluster.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    table = markdown(records)
+    with open(os.path.join(FLAGS.out, "cluster.md"), "w") as f:
+        f.write(table)
+    chart(records, os.path.join(FLAGS.out, "cluster.png"))
+    print(table)
+
+
 def main(argv):
     del argv
+    if FLAGS.merge:
+        records = []
+        for path in FLAGS.merge:
+            with open(path) as f:
+                records += [json.loads(line) for line in f if line.strip()]
+        records.sort(key=lambda r: (r["workers"], r["model"], r["strategy"], r["k"]))
+        write(records)
+        return
     counts = sorted({int(n) for n in FLAGS.workers if n.isdigit()})
     if not counts or len(counts) != len(FLAGS.workers) or counts[0] < 1:
         raise app.UsageError(
@@ -724,13 +753,7 @@ def main(argv):
                 for k in ks:
                     with LocalCluster(ps=FLAGS.ps, workers=workers, cpus=FLAGS.cpus) as local:
                         run(local, "dpkeras_hybrid", model, k)
-    with open(os.path.join(FLAGS.out, "cluster.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    table = markdown(records)
-    with open(os.path.join(FLAGS.out, "cluster.md"), "w") as f:
-        f.write(table)
-    chart(records, os.path.join(FLAGS.out, "cluster.png"))
-    print(table)
+    write(records)
 
 
 if __name__ == "__main__":
