@@ -537,10 +537,10 @@ def modes_projection(records, workers=64, link=LINK_BYTES_PER_S):
     measured W: the client (1 / its CPU per step, a straight line through the measured W); the
     busiest ps task's link (`link` bytes/s each way over its larger direction per step, a
     straight line through the measured W: all-on-ps grows with W, hybrid carries rows only);
-    a worker's link (all-on-ps: its ps traffic at the largest measured W, which a worker's 8
-    GPUs do not multiply, since a worker presums its replicas; hybrid: a ring's 2(W-1)/W x the
-    dense bytes each way at `workers`, plus its rows, the ps's larger direction at the largest
-    measured W over that W). `first` names the lowest."""
+    a worker's link (its share of the ps's larger direction at the largest measured W: all its
+    ps traffic all-on-ps, its rows with hybrid placement, plus, for hybrid, a ring's 2(W-1)/W x
+    the dense bytes each way at `workers`; a worker's 8 GPUs do not multiply the dense bytes,
+    since a worker presums its replicas). `first` names the lowest."""
     groups = {}
     for r in records:
         if r["strategy"] in DPKERAS and "error" not in r and "dense_bytes" in r:
@@ -555,11 +555,10 @@ def modes_projection(records, workers=64, link=LINK_BYTES_PER_S):
         ps_bytes = max(ps[0] + ps[1] * workers, 1.0)
         dense = last["dense_bytes"]
         ring = 2 * (workers - 1) / workers * dense
-        if strategy == "dpkeras_hybrid":
-            rows_bytes = link_bytes(last)["ps_each_way"] / last["workers"]
-            worker_bytes = ring + rows_bytes
-        else:
-            worker_bytes = link_bytes(last)["worker_each_way"]
+        # A worker's share of the ps's traffic: all of its ps traffic all-on-ps, its rows with
+        # hybrid placement (worker:0 also carries per-step traffic of its own, in both modes).
+        to_ps = link_bytes(last)["ps_each_way"] / last["workers"]
+        worker_bytes = ring + to_ps if strategy == "dpkeras_hybrid" else to_ps
         ceilings = {
             "client": 1000 / client_ms,
             "ps link": link / ps_bytes,
