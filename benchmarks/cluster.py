@@ -5,6 +5,9 @@ servers and W workers, `--cpus` logical CPU devices each) and runs each strategy
 `steps_per_execution` K in its own client process:
 
 - `dpkeras`: `dpkeras.scope(cluster=...)`: every worker CPU computes, variables on the ps;
+- `dpkeras_hybrid`: `dpkeras.scope(cluster=..., parameter_device=placement.hybrid())`: the
+  tables on the ps, every other variable replicated on the workers' CPUs, its gradients
+  all-reduced worker to worker;
 - `central_storage`: TensorFlow's CentralStorageStrategy given the same devices and ps:0;
 - `one_process`: no cluster, one device (the loss check).
 
@@ -24,6 +27,9 @@ a finite tf.data dataset), and their projection to 64 workers.
     python -m benchmarks.cluster                              # --workers=1,2,4,8
     python -m benchmarks.cluster --workers=2 --k=1,10 --strategies=dpkeras
     python -m benchmarks.cluster --strategies=dpkeras --input=numpy --input_rounds=0
+    python -m benchmarks.cluster --strategies=dpkeras,dpkeras_hybrid --models=mlp,dlrm \
+        --k=10 --input_rounds=0 --epoch_steps=0
+    python -m benchmarks.cluster --merge=a/cluster.jsonl,b/cluster.jsonl --out=both
 
 Writes `<out>/cluster.{jsonl,md,png}`. On one machine the "network" is loopback and every
 process shares the cores: the numbers show costs and how they grow, not a speed-up.
@@ -55,7 +61,7 @@ flags.DEFINE_list("models", ["recommender"], f"Models, of: {', '.join(MODELS)}."
 flags.DEFINE_list(
     "strategies",
     ["dpkeras", "central_storage"],
-    "Strategies, of: dpkeras, central_storage, one_process.",
+    "Strategies, of: dpkeras, dpkeras_hybrid, central_storage, one_process.",
 )
 flags.DEFINE_list("k", ["1", "10"], "steps_per_execution values.")
 flags.DEFINE_integer("steps", 60, "Measured steps (a multiple of every K).", lower_bound=1)
@@ -81,8 +87,16 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("epoch_repeats", 3, "Repeats of the per-epoch measurement.", lower_bound=1)
 flags.DEFINE_integer("client_timeout", 900, "Seconds before a client is killed.", lower_bound=1)
 flags.DEFINE_string("out", "results", "Directory for cluster.{jsonl,md,png}.")
+flags.DEFINE_list(
+    "merge",
+    [],
+    "cluster.jsonl files of earlier runs (e.g. one per W) to report together in <out>, "
+    "instead of running.",
+)
 
-STRATEGIES = ("dpkeras", "central_storage", "one_process")
+STRATEGIES = ("dpkeras", "dpkeras_hybrid", "central_storage", "one_process")
+DPKERAS = ("dpkeras", "dpkeras_hybrid")  # the strategies whose bytes and ring are reported
+LINK_BYTES_PER_S = 3.1e9  # 25 Gb/s, each way
 
 # The client: one strategy, one K. Prints one JSON line.
 _CLIENT = r"""
@@ -104,6 +118,8 @@ if name == "one_process":
     strategy = None
 elif name == "dpkeras":
     strategy = dpkeras.get_strategy(cluster=spec)
+elif name == "dpkeras_hybrid":
+    strategy = dpkeras.get_strategy(cluster=spec, parameter_device=dpkeras.placement.hybrid())
 else:
     dpkeras.cluster.connect(spec)
     strategy = tf.distribute.experimental.CentralStorageStrategy(
@@ -239,9 +255,28 @@ record.update(
     wire_bytes_per_step={{t: [round(v.sent / steps), round(v.received / steps)]
                           for t, v in measure.meter.traffic.items()}},
 )
-if name == "dpkeras":
+if name in ("dpkeras", "dpkeras_hybrid"):
+    # Dense bytes: the trainable variables that are not tables. Under hybrid placement, the
+    # replicated ones; all-on-ps, all of them less the model's tables (the same figure).
+    def nbytes(v):
+        return int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+    record["dense_bytes"] = sum(
+        nbytes(v) for v in model.trainable_variables
+        if isinstance(v.value, dpkeras.ReplicatedVariable))
+    record["dense_bytes_by_tables"] = (
+        sum(nbytes(v) for v in model.trainable_variables) - models.table_bytes(model_name, size))
+    if name == "dpkeras":
+        record["dense_bytes"] = record["dense_bytes_by_tables"]
+    w = len(spec["worker"])
+    record["ring_bytes_each_way"] = 2 * (w - 1) / w * record["dense_bytes"]
+if name in ("dpkeras", "dpkeras_hybrid"):
     first = tf.nest.map_structure(lambda a: a[:batch], x), y[:batch]
-    report = dpkeras.train_step_transfers(model, first[0], first[1], batch_size=batch)
+    try:
+        report = dpkeras.train_step_transfers(model, first[0], first[1], batch_size=batch)
+    except Exception as e:  # noqa: BLE001 - a record, not a failed run
+        report = None
+        record["static_error"] = f"{{type(e).__name__}}: {{e}}"[:300]
+if name in ("dpkeras", "dpkeras_hybrid") and report is not None:
     static = {{}}
     for t in report.transfers:
         a, b = (d.rsplit("/", 1)[0] if d.startswith("/job:") else "client"
@@ -364,11 +399,12 @@ def markdown(records):
             wire = sum(v[0] for t, v in r["wire_bytes_per_step"].items())
             unknown = len(r["static_unknown_size"])
             lines.append(
-                f"- W={r['workers']}, K={r['k']}: static {total / 1e3:,.1f} KB, wire (all "
-                f"processes' sends) {wire / 1e3:,.1f} KB; tensors of run-time size the static "
-                f"count cannot size: {unknown}"
+                f"- {r['model']}, {r['strategy']}, W={r['workers']}, K={r['k']}: static "
+                f"{total / 1e3:,.1f} KB, wire (all processes' sends) {wire / 1e3:,.1f} KB; "
+                f"tensors of run-time size the static count cannot size: {unknown}"
             )
     lines += epoch_table(records)
+    lines += modes_table(records)
     return "\n".join(lines) + "\n"
 
 
@@ -450,6 +486,172 @@ def epoch_table(records):
     return lines
 
 
+def _kb(n):
+    return f"{n / 1e3:,.1f}"
+
+
+def _both(record, task):
+    """`(sent, received)` bytes per step of `task` (0, 0 when not measured)."""
+    return tuple(record["wire_bytes_per_step"].get(task, [0, 0]))
+
+
+def _tasks(record, job):
+    return sorted(t for t in record["wire_bytes_per_step"] if t.startswith(f"{job}:"))
+
+
+def link_bytes(record):
+    """What one record's links carry per step (bytes): for each ps task `(sent, received)`;
+    the busiest ps task's larger direction; the workers' mean and max of sent + received and
+    of the larger direction; the client's sent + received."""
+    ps = {t: _both(record, t) for t in _tasks(record, "ps")}
+    workers = [_both(record, t) for t in _tasks(record, "worker")]
+    return dict(
+        ps=ps,
+        ps_each_way=max((max(v) for v in ps.values()), default=0),
+        worker_mean=statistics.mean(sum(v) for v in workers) if workers else 0,
+        worker_max=max((sum(v) for v in workers), default=0),
+        worker_each_way=max((max(v) for v in workers), default=0),
+        client=sum(_both(record, "client")),
+    )
+
+
+def ps_ratio(records):
+    """`{(model, W, K): hybrid ps bytes / all-on-ps ps bytes}` (sent + received over every ps
+    task), where both modes were measured."""
+    total = {
+        (r["model"], r["workers"], r["k"], r["strategy"]): sum(
+            sum(v) for v in link_bytes(r)["ps"].values()
+        )
+        for r in records
+        if r["strategy"] in DPKERAS and "error" not in r
+    }
+    return {
+        key[:3]: total[key] / total[key[:3] + ("dpkeras",)]
+        for key in total
+        if key[3] == "dpkeras_hybrid" and total.get(key[:3] + ("dpkeras",))
+    }
+
+
+def modes_projection(records, workers=64, link=LINK_BYTES_PER_S):
+    """Each resource's ceiling in steps/s at `workers` workers, per (model, mode, K), from the
+    measured W: the client (1 / its CPU per step, a straight line through the measured W); the
+    busiest ps task's link (`link` bytes/s each way over its larger direction per step, a
+    straight line through the measured W: all-on-ps grows with W, hybrid carries rows only);
+    a worker's link (its share of the ps's larger direction at the largest measured W: all its
+    ps traffic all-on-ps, its rows with hybrid placement, plus, for hybrid, a ring's 2(W-1)/W x
+    the dense bytes each way at `workers`; a worker's 8 GPUs do not multiply the dense bytes,
+    since a worker presums its replicas). `first` names the lowest."""
+    groups = {}
+    for r in records:
+        if r["strategy"] in DPKERAS and "error" not in r and "dense_bytes" in r:
+            groups.setdefault((r["model"], r["strategy"], r["k"]), []).append(r)
+    out = []
+    for (model, strategy, k), rows in sorted(groups.items()):
+        rows.sort(key=lambda r: r["workers"])
+        last = rows[-1]
+        client = _line([(r["workers"], r["client_cpu_ms_per_step"]) for r in rows])
+        client_ms = max(client[0] + client[1] * workers, 1e-9)
+        ps = _line([(r["workers"], link_bytes(r)["ps_each_way"]) for r in rows])
+        ps_bytes = max(ps[0] + ps[1] * workers, 1.0)
+        dense = last["dense_bytes"]
+        ring = 2 * (workers - 1) / workers * dense
+        # A worker's share of the ps's traffic: all of its ps traffic all-on-ps, its rows with
+        # hybrid placement (worker:0 also carries per-step traffic of its own, in both modes).
+        to_ps = link_bytes(last)["ps_each_way"] / last["workers"]
+        worker_bytes = ring + to_ps if strategy == "dpkeras_hybrid" else to_ps
+        ceilings = {
+            "client": 1000 / client_ms,
+            "ps link": link / ps_bytes,
+            "worker link": link / max(worker_bytes, 1.0),
+        }
+        out.append(
+            dict(
+                model=model,
+                strategy=strategy,
+                k=k,
+                workers=workers,
+                measured_workers=[r["workers"] for r in rows],
+                client_ms=client_ms,
+                ps_bytes=ps_bytes,
+                worker_bytes=worker_bytes,
+                dense_bytes=dense,
+                ring_bytes=ring,
+                ceilings=ceilings,
+                first=min(ceilings, key=ceilings.get),
+            )
+        )
+    return out
+
+
+def modes_table(records):
+    """The dpkeras modes side by side: all-on-ps and hybrid, per model, W and K; their ps-bytes
+    ratio; the ring reference; and their projection to 64 workers."""
+    rows = [r for r in records if r["strategy"] in DPKERAS]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "All-on-ps (`dpkeras`) and hybrid (`dpkeras_hybrid`: tables on the ps, the rest "
+        "all-reduced among the workers), per step. CPU: ms per step of the client, each ps "
+        "task, the workers' mean / max. Bytes (KB per step, the kernel's TCP counters): each ps "
+        "task sent + received (sent / received); a worker's link sent + received (mean / max "
+        "over the workers); the client's sent + received. Dense: the bytes of the trainable "
+        "variables that are not tables; ring: 2(W-1)/W x dense, what a ring all-reduce sends "
+        "and receives per worker each way.",
+        "",
+        "| model | mode | W | K | steps/s | CPU client | CPU ps | CPU workers mean / max | "
+        "ps KB (sent / recv) | worker KB mean / max | client KB | dense KB | ring KB each way | "
+        "ps hybrid / all-on-ps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = ps_ratio(records)
+    for r in rows:
+        mode = "hybrid" if r["strategy"] == "dpkeras_hybrid" else "all-on-ps"
+        head = f"| {r['model']} | {mode} | {r['workers']} | {r['k']} |"
+        if "error" in r:
+            lines.append(f"{head} failed: {r['error'][:200]} |" + " |" * 9)
+            continue
+        cpu = r["task_cpu_ms_per_step"]
+        ps_cpu = ", ".join(f"{cpu[t]:.1f}" for t in sorted(cpu) if t.startswith("ps"))
+        worker_cpu = [v for t, v in cpu.items() if t.startswith("worker")]
+        b = link_bytes(r)
+        ps_bytes = ", ".join(f"{_kb(sum(v))} ({_kb(v[0])} / {_kb(v[1])})" for v in b["ps"].values())
+        ratio = ratios.get((r["model"], r["workers"], r["k"]))
+        dense, ring = r.get("dense_bytes"), r.get("ring_bytes_each_way")
+        lines.append(
+            f"{head} {r['steps_per_s']:.1f} | {r['client_cpu_ms_per_step']:.2f} | {ps_cpu} | "
+            f"{statistics.mean(worker_cpu):.1f} / {max(worker_cpu):.1f} | {ps_bytes} | "
+            f"{_kb(b['worker_mean'])} / {_kb(b['worker_max'])} | {_kb(b['client'])} | "
+            f"{'' if dense is None else _kb(dense)} | {'' if ring is None else _kb(ring)} | "
+            f"{'' if ratio is None or mode != 'hybrid' else f'{ratio:.3f}x'} |"
+        )
+    projected = modes_projection(records)
+    if projected:
+        lines += [
+            "",
+            "Projected to 64 workers x 8 GPUs on a 25 Gb/s network (3.1 GB/s each way), each "
+            "resource's ceiling in steps/s (client: 1 / its CPU per step, a line through the "
+            "measured W; ps link: 3.1 GB/s over the busiest ps task's larger direction per "
+            "step, a line through the measured W; worker link: all-on-ps its ps traffic, "
+            "hybrid 2(W-1)/W x dense + its rows, per worker, not per GPU, since a worker "
+            "presums its 8 replicas):",
+            "",
+            "| model | mode | K | measured W | client ms/step | ps KB/step | worker KB/step "
+            "each way | client | ps link | worker link | first limit |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in projected:
+            mode = "hybrid" if p["strategy"] == "dpkeras_hybrid" else "all-on-ps"
+            c = p["ceilings"]
+            lines.append(
+                f"| {p['model']} | {mode} | {p['k']} | "
+                f"{','.join(map(str, p['measured_workers']))} | {p['client_ms']:.2f} | "
+                f"{_kb(p['ps_bytes'])} | {_kb(p['worker_bytes'])} | {c['client']:,.0f} | "
+                f"{c['ps link']:,.0f} | {c['worker link']:,.0f} | {p['first']} |"
+            )
+    return lines
+
+
 def chart(records, path):
     """Steps/s and client CPU per step against workers, a line per strategy and K."""
     import matplotlib
@@ -483,8 +685,28 @@ def chart(records, path):
     plt.close(fig)
 
 
+def write(records):
+    """Writes `<out>/cluster.{jsonl,md,png}` and prints the tables."""
+    os.makedirs(FLAGS.out, exist_ok=True)
+    with open(os.path.join(FLAGS.out, "cluster.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    table = markdown(records)
+    with open(os.path.join(FLAGS.out, "cluster.md"), "w") as f:
+        f.write(table)
+    chart(records, os.path.join(FLAGS.out, "cluster.png"))
+    print(table)
+
+
 def main(argv):
     del argv
+    if FLAGS.merge:
+        records = []
+        for path in FLAGS.merge:
+            with open(path) as f:
+                records += [json.loads(line) for line in f if line.strip()]
+        records.sort(key=lambda r: (r["workers"], r["model"], r["strategy"], r["k"]))
+        write(records)
+        return
     counts = sorted({int(n) for n in FLAGS.workers if n.isdigit()})
     if not counts or len(counts) != len(FLAGS.workers) or counts[0] < 1:
         raise app.UsageError(
@@ -507,21 +729,30 @@ def main(argv):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.makedirs(FLAGS.out, exist_ok=True)
     records = []
+
+    def run(local, strategy, model, k):
+        record = run_client(local, strategy, model, k, root)
+        print(json.dumps(record), flush=True)
+        records.append(record)
+
     for workers in counts:
         with LocalCluster(ps=FLAGS.ps, workers=workers, cpus=FLAGS.cpus) as local:
             for model in FLAGS.models:
                 for strategy in FLAGS.strategies:
+                    if strategy == "dpkeras_hybrid":
+                        continue
                     for k in ks if strategy != "one_process" else ks[:1]:
-                        record = run_client(local, strategy, model, k, root)
-                        print(json.dumps(record), flush=True)
-                        records.append(record)
-    with open(os.path.join(FLAGS.out, "cluster.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    table = markdown(records)
-    with open(os.path.join(FLAGS.out, "cluster.md"), "w") as f:
-        f.write(table)
-    chart(records, os.path.join(FLAGS.out, "cluster.png"))
-    print(table)
+                        run(local, strategy, model, k)
+        if "dpkeras_hybrid" in FLAGS.strategies:
+            # A cluster of its own for each hybrid client: the collective group and instance
+            # keys count from 1 in each client process, and the workers keep the first client's
+            # collective instances (a second client's all-reduce of another shape then fails
+            # with "Shape mismatch in the collective instance 1").
+            for model in FLAGS.models:
+                for k in ks:
+                    with LocalCluster(ps=FLAGS.ps, workers=workers, cpus=FLAGS.cpus) as local:
+                        run(local, "dpkeras_hybrid", model, k)
+    write(records)
 
 
 if __name__ == "__main__":

@@ -242,6 +242,78 @@ def test_the_cluster_benchmark_reports_per_epoch_costs_and_projects_them():
     assert "Projected to 64 workers" in table and "138 ms/epoch" in table
 
 
+_MODES_REPORT = """
+import json
+from benchmarks import cluster
+
+cluster.FLAGS(["cluster", "--epoch_steps=0"])
+dense = 90_000
+def record(strategy, w):
+    hybrid = strategy == "dpkeras_hybrid"
+    ring = 2 * (w - 1) / w * dense
+    ps = 4_000 * w if hybrid else 100_000 * w
+    worker = ring + 4_000 if hybrid else 100_000
+    return {
+        "model": "recommender", "strategy": strategy, "k": 10, "workers": w, "loss": 0.5,
+        "steps_per_s": 20.0 if hybrid else 10.0, "client_cpu_ms_per_step": 0.5 + 0.01 * w,
+        "task_cpu_ms_per_step": dict({"ps:0": 2.0}, **{f"worker:{i}": 5.0 + i for i in range(w)}),
+        "wire_bytes_per_step": dict(
+            {"ps:0": [ps, ps], "client": [500, 100]},
+            **{f"worker:{i}": [worker, worker] for i in range(w)}),
+        "dense_bytes": dense, "ring_bytes_each_way": ring,
+    }
+records = [record(s, w) for w in (1, 2) for s in ("dpkeras", "dpkeras_hybrid")]
+records.append({"model": "dlrm", "strategy": "dpkeras_hybrid", "k": 10, "workers": 2,
+                "error": "Shape mismatch"})
+print(json.dumps({"projection": cluster.modes_projection(records),
+                  "ratios": {str(k): v for k, v in cluster.ps_ratio(records).items()},
+                  "table": cluster.markdown(records)}))
+"""
+
+
+def test_the_cluster_benchmark_compares_all_on_ps_with_hybrid_and_projects_both():
+    """All-on-ps and hybrid side by side: CPU per process, bytes per ps task, worker link and
+    client, the dense bytes and the ring's 2(W-1)/W x dense, the ps-bytes ratio; and each
+    mode's ceilings at 64 workers with its first limit (in a process of its own: absl flags)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _MODES_REPORT], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ratios"] == {"('recommender', 1, 10)": 0.04, "('recommender', 2, 10)": 0.04}
+    table = out["table"]
+    assert (
+        "| recommender | all-on-ps | 2 | 10 | 10.0 | 0.52 | 2.0 | 5.5 / 6.0 | 400.0 (200.0 / 200.0)"
+        " | 200.0 / 200.0 | 0.6 | 90.0 | 90.0 |  |" in table
+    )
+    assert (
+        "| recommender | hybrid | 2 | 10 | 20.0 | 0.52 | 2.0 | 5.5 / 6.0 | 16.0 (8.0 / 8.0) | "
+        "188.0 / 188.0 | 0.6 | 90.0 | 90.0 | 0.040x |" in table
+    )
+    assert "| dlrm | hybrid | 2 | 10 | failed: Shape mismatch |" in table
+    all_on_ps, hybrid = out["projection"]
+    assert (all_on_ps["strategy"], hybrid["strategy"]) == ("dpkeras", "dpkeras_hybrid")
+    # all-on-ps: the ps's bytes grow with W (100 KB x 64 each way), a worker's do not
+    assert all_on_ps["ps_bytes"] == pytest.approx(6_400_000)
+    assert all_on_ps["ceilings"]["ps link"] == pytest.approx(3.1e9 / 6_400_000)
+    assert all_on_ps["ceilings"]["worker link"] == pytest.approx(3.1e9 / 100_000)
+    assert all_on_ps["ceilings"]["client"] == pytest.approx(1000 / 1.14)
+    assert all_on_ps["first"] == "ps link"
+    # hybrid: rows on the ps (4 KB x 64), a worker's link the ring at 64 plus its rows
+    assert hybrid["ps_bytes"] == pytest.approx(256_000)
+    assert hybrid["ring_bytes"] == pytest.approx(2 * 63 / 64 * 90_000)
+    assert hybrid["worker_bytes"] == pytest.approx(2 * 63 / 64 * 90_000 + 4_000)
+    assert hybrid["first"] == "client"
+    assert (
+        "| recommender | all-on-ps | 10 | 1,2 | 1.14 | 6,400.0 | 100.0 | 877 | 484 | 31,000 | "
+        "ps link |" in table
+    )
+    assert (
+        "| recommender | hybrid | 10 | 1,2 | 1.14 | 256.0 | 181.2 | 877 | 12,109 | 17,109 | "
+        "client |" in table
+    )
+
+
 def test_timing_fields_median_and_spread():
     fields = worker.timing_fields([1.0, 2.0, 0.5], steps=10, batch_size=240)
     assert fields["steps_per_sec_runs"] == [10.0, 5.0, 20.0]
