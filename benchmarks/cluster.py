@@ -739,19 +739,8 @@ def main(argv):
         with LocalCluster(ps=FLAGS.ps, workers=workers, cpus=FLAGS.cpus) as local:
             for model in FLAGS.models:
                 for strategy in FLAGS.strategies:
-                    if strategy == "dpkeras_hybrid":
-                        continue
                     for k in ks if strategy != "one_process" else ks[:1]:
                         run(local, strategy, model, k)
-        if "dpkeras_hybrid" in FLAGS.strategies:
-            # A cluster of its own for each hybrid client: the collective group and instance
-            # keys count from 1 in each client process, and the workers keep the first client's
-            # collective instances (a second client's all-reduce of another shape then fails
-            # with "Shape mismatch in the collective instance 1").
-            for model in FLAGS.models:
-                for k in ks:
-                    with LocalCluster(ps=FLAGS.ps, workers=workers, cpus=FLAGS.cpus) as local:
-                        run(local, "dpkeras_hybrid", model, k)
     write(records)
 
 

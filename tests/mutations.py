@@ -600,6 +600,19 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "collective-keys-restart",
+        "collective group keys count from 1 in every client process, as the first client's",
+        "dpkeras/_extended/all_reduce.py",
+        "zlib.crc32(seed) % (2**31 - 1) + 1",
+        "len(_group_keys) + 1",
+        (
+            "tests/test_hybrid_cluster.py::"
+            "test_hybrid_on_a_cluster_trains_to_one_process_weights_history_and_evaluate",
+            "tests/test_hybrid_cluster.py::"
+            "test_a_second_hybrid_client_of_another_model_trains_on_the_same_servers",
+        ),
+    ),
+    Mutant(
         "pass-device",
         "an op of the optimizer's pass runs on the pass's compute device whatever its inputs: "
         "a table's clipped gradient crosses to a worker and back",

@@ -9,6 +9,7 @@ ps carries the rows and nothing of the dense layers, and the client nothing per 
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
 from dpkeras.testing import LocalCluster, run_python
@@ -103,6 +104,23 @@ def test_hybrid_on_a_cluster_trains_to_one_process_weights_history_and_evaluate(
 
     loaded = keras.models.load_model(path)
     assert len(loaded.get_weights()) == 7
+
+
+def test_a_second_hybrid_client_of_another_model_trains_on_the_same_servers(local):
+    """The servers outlive their clients and remember every collective group and instance
+    they ran: a client whose all-reduce has another shape must not reuse the first client's
+    keys (it failed with "Shape mismatch in the collective instance 1")."""
+    out = _client(
+        """
+        x, y = data(64)
+        with dpkeras.scope(cluster=SPEC, parameter_device=placement.hybrid()):
+            model = build(dense=48)
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        print(json.dumps({"loss": history.history["loss"]}))
+        """,
+        local.spec,
+    )
+    assert np.isfinite(out["loss"]).all(), out
 
 
 def test_a_ps_carries_rows_only_and_the_client_nothing_per_step():
