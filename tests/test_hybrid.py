@@ -320,6 +320,25 @@ def test_hybrid_arguments_are_checked():
     assert policy(other) is placement.REPLICATED
 
 
+def test_jit_compile_runs_without_xla_and_says_so_once(caplog):
+    x, y = make_data("dense", 96)
+    with _hybrid().scope():
+        model = build_model("dense")
+        model.compile(
+            optimizer="sgd",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True,
+        )
+    with caplog.at_level("WARNING", logger="dpkeras"):
+        model.fit(x, y, batch_size=48, epochs=1, verbose=0)
+        model.fit(x, y, batch_size=48, epochs=1, verbose=0)
+        model.evaluate(x, y, batch_size=48, verbose=0)
+        model.predict(x, batch_size=48, verbose=0)
+    said = [r.getMessage() for r in caplog.records if "without XLA" in r.getMessage()]
+    assert len(said) == 1 and model.name in said[0], said
+    assert model.jit_compile is True  # the user's setting is kept
+
+
 def test_eager_steps_all_reduce_too():
     """`run_eagerly=True`: no collective can run op by op; each device sums, identically."""
     x, y = make_data("dense", 96)

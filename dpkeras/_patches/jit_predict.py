@@ -15,6 +15,7 @@ every compute device ("Trying to access resource ... located in CPU:1 from devic
 """
 
 import logging
+import weakref
 
 import keras
 import tensorflow as tf
@@ -23,6 +24,7 @@ from dpkeras._extended.extended import extended_of
 from dpkeras._variables.replicated import ReplicatedVariable
 
 _log = logging.getLogger("dpkeras")
+_warned = weakref.WeakSet()  # models told that their steps run without XLA
 
 
 def _has_replicated(model):
@@ -37,11 +39,13 @@ def without_xla_if_replicated(original, model, force=False):
     and replicated variables gets its step built without XLA (see the module)."""
     if not model.jit_compile or model.run_eagerly or not _has_replicated(model):
         return original(model, force)
-    _log.warning(
-        "dpkeras: model %r has replicated variables (placement.REPLICATED); XLA compiles a "
-        "step for one device, so its steps run without XLA (jit_compile=True is ignored).",
-        model.name,
-    )
+    if model not in _warned:
+        _warned.add(model)
+        _log.warning(
+            "dpkeras: model %r has replicated variables (placement.REPLICATED); XLA compiles "
+            "a step for one device, so its steps run without XLA (jit_compile=True is ignored).",
+            model.name,
+        )
     model.jit_compile = False
     try:
         return original(model, force)
