@@ -3,6 +3,7 @@
 - `replica_step`: the step a replica is running (its id, device, gradient weight, inputs);
 - `variables`: `ParameterVariable`, one copy on a parameter device, read once per replica;
   `writes`: its writes inside a replica, by the variable's kind;
+- `replicated`: `ReplicatedVariable`, a copy on every compute device (`placement.REPLICATED`);
 - `partitioning`: TensorFlow's partitioners, validated, and the row split of a variable
   (rows per shard, and a tensor's or ids' part in each shard);
 - `sharded`: `ShardedParameterVariable`, one full-shape variable over shards, and how it is
