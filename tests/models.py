@@ -63,3 +63,16 @@ def train(kind, strategy=None, n=288, batch_size=96, epochs=2, optimizer="adam")
     history = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
     evaluation = model.evaluate(x, y, batch_size=batch_size, verbose=0)
     return model, history.history, evaluation
+
+
+def assert_copies_identical(model):
+    """Every replicated variable of `model` (and of its optimizer) has bit-identical copies."""
+    import dpkeras
+
+    values = [v.value for v in model.variables + model.optimizer.variables]
+    replicated = [v for v in values if isinstance(v, dpkeras.ReplicatedVariable)]
+    assert replicated, "no replicated variable"
+    for v in replicated:
+        arrays = [c.numpy() for c in v.copies]
+        for i, a in enumerate(arrays[1:], 1):
+            assert np.array_equal(a, arrays[0]), f"{v.name}: copy {i} differs from copy 0"

@@ -542,7 +542,7 @@ MUTANTS = (
         "dpkeras/_extended/all_reduce.py",
         'final_op="Id"',
         'final_op="Div"',
-        ("tests/test_hybrid.py::test_hybrid_is_exact[sample_weight]",),
+        ("tests/test_exact_matrix.py::test_dpkeras_is_exact[sample_weight]",),
     ),
     Mutant(
         "all-reduce-eager-own",
@@ -596,7 +596,8 @@ MUTANTS = (
         "or False",
         (
             "tests/test_keras_rs.py::"
-            "test_keras_rs_models_train_to_one_device_weights_under_sgd[2 replicas, hybrid-dlrm]",
+            "test_keras_rs_models_train_to_one_device_weights_under_sgd"
+            "[2 replicas, hybrid, 3 shards on 2 devices-dlrm]",
         ),
     ),
     Mutant(

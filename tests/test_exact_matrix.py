@@ -10,8 +10,10 @@ import json
 
 import pytest
 
+from dpkeras import placement
 from dpkeras.testing import cpu_strategy, run_python
 from tests import exact_features
+from tests.models import assert_copies_identical
 
 # Measured on TF 2.21 / Keras 3.15, 3 replicas on logical CPU devices. A failure is pinned
 # with the exception's type and a part of its message: the reason the README states.
@@ -47,10 +49,18 @@ def test_the_table_covers_every_feature():
 
 @pytest.mark.parametrize("feature", sorted(exact_features.FEATURES))
 def test_dpkeras_is_exact(feature):
+    """Every variable on the parameter device; then with `placement.hybrid()`, the dense layers
+    replicated on the replicas' devices and all-reduced (clipping, accumulation, EMA, jit, ...
+    on the all-reduced sum), their copies bit-identical after training."""
     expected = exact_features.run(feature)
     actual = exact_features.run(feature, cpu_strategy(3))
     verdict, worst = exact_features.compare(feature, expected, actual)
     assert verdict == "exact", (feature, worst)
+    kept = []
+    hybrid = exact_features.run(feature, cpu_strategy(3, placement.hybrid()), keep=kept)
+    verdict, worst = exact_features.compare(feature, expected, hybrid)
+    assert verdict == "exact", ("hybrid", feature, worst)
+    assert_copies_identical(kept[0])
 
 
 def test_mirrored_strategy_verdicts():

@@ -1,8 +1,8 @@
 """`placement.REPLICATED` and `placement.hybrid()` on one machine: dense variables with a copy
 on every compute device, all-reduced among them; tables on the parameter device.
 
-3 replicas on /cpu:1-3, tables on /cpu:0. Exact as everything else: the "What is exact" table
-under hybrid placement gives one device's weights, history and metrics; BatchNormalization,
+3 replicas on /cpu:1-3, tables on /cpu:0. Exact as everything else (the "What is exact" table
+under hybrid placement: tests/test_exact_matrix.py); BatchNormalization,
 Dropout and seeds give what all-on-the-parameter-device gives; the copies stay bit-identical
 (after training, resuming, loading); checkpoints and `.keras` files move between placements.
 """
@@ -17,39 +17,11 @@ import tensorflow as tf
 import dpkeras
 from dpkeras import placement
 from dpkeras.testing import assert_weights_close, cpu_strategy
-from tests import exact_features
-from tests.models import build_model, make_data, train
+from tests.models import assert_copies_identical, build_model, make_data, train
 
 
 def _hybrid(replicas=3):
     return dpkeras.get_strategy([f"/cpu:{i}" for i in range(1, replicas + 1)], placement.hybrid())
-
-
-def _replicated(model):
-    values = [v.value for v in model.variables + model.optimizer.variables]
-    return [v for v in values if isinstance(v, dpkeras.ReplicatedVariable)]
-
-
-def assert_copies_identical(model):
-    replicated = _replicated(model)
-    assert replicated, "no replicated variable"
-    for v in replicated:
-        arrays = [c.numpy() for c in v.copies]
-        for i, a in enumerate(arrays[1:], 1):
-            assert np.array_equal(a, arrays[0]), f"{v.name}: copy {i} differs from copy 0"
-
-
-@pytest.mark.parametrize("feature", sorted(exact_features.FEATURES))
-def test_hybrid_is_exact(feature):
-    """Every row of the README's "What is exact" table, with dense layers replicated: clipping,
-    accumulation, EMA, weight decay, mixed precision, steps_per_execution, uneven batches, jit,
-    masking (its Embedding on /cpu:0), callbacks, validation."""
-    expected = exact_features.run(feature)
-    kept = []
-    actual = exact_features.run(feature, _hybrid(), keep=kept)
-    verdict, worst = exact_features.compare(feature, expected, actual)
-    assert verdict == "exact", (feature, worst)
-    assert_copies_identical(kept[0])
 
 
 def test_hybrid_places_tables_on_the_parameter_device_and_replicates_the_rest():

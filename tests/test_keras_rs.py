@@ -51,10 +51,7 @@ STRATEGIES = {
     "2 replicas, 3 shards on 2 devices": lambda: dpkeras.get_strategy(
         ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=P.FixedShardsPartitioner(3)
     ),
-    # Tables on the parameter devices, the dense layers replicated (placement.hybrid).
-    "2 replicas, hybrid": lambda: dpkeras.get_strategy(
-        ["/cpu:1", "/cpu:2"], dpkeras.placement.hybrid()
-    ),
+    # Tables (sharded) on the parameter devices, the dense layers replicated (placement.hybrid).
     "2 replicas, hybrid, 3 shards on 2 devices": lambda: dpkeras.get_strategy(
         ["/cpu:1", "/cpu:2"],
         dpkeras.placement.hybrid(["/cpu:0", "/cpu:3"]),
