@@ -58,10 +58,10 @@ def _instance_key():
 
 
 def _dense_on(component, device):
+    if not isinstance(component, tf.IndexedSlices):
+        return component
     with tf.device(device):
-        if isinstance(component, tf.IndexedSlices):
-            return tf.convert_to_tensor(component)  # sums to the dense gradient
-        return tf.identity(component)
+        return tf.convert_to_tensor(component)  # sums to the dense gradient
 
 
 def sum_per_copy(per_replica, devices, tokens):
@@ -101,7 +101,7 @@ def sum_per_copy(per_replica, devices, tokens):
     out = [None] * len(dense)
     gpus = all("GPU" in short_device(d).upper() for d in devices)
     group_key = _group_key(devices)
-    for dtype, indices in groups.items():
+    for indices in groups.values():
         sizes = [int(dense[i][0].shape.num_elements()) for i in indices]
         instance_key = _instance_key()
         per_device = []
@@ -123,7 +123,6 @@ def sum_per_copy(per_replica, devices, tokens):
                 per_device.append(
                     [tf.reshape(p, dense[i][r].shape) for p, i in zip(pieces, indices)]
                 )
-        del dtype
         for k, i in enumerate(indices):
             out[i] = [per_device[r][k] for r in range(n)]
     return out

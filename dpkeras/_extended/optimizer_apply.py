@@ -117,20 +117,15 @@ def _apply_in_passes(
     """
     devices = extended.worker_devices
     indices = [i for i, v in enumerate(variables) if summed[i] is None and grads[i] is not None]
-    tokens = None
-    for i in indices:
-        tokens = [c.handle for c in _tf_variable(variables[i]).copies]
-        break
-    sums = (
-        all_reduce.sum_per_copy(
+    by_variable = {}
+    if indices:
+        tokens = [c.handle for c in _tf_variable(variables[indices[0]]).copies]
+        sums = all_reduce.sum_per_copy(
             [extended.reductions.components(grads[i], from_every_replica=False) for i in indices],
             devices,
             tokens,
         )
-        if indices
-        else []
-    )
-    by_variable = dict(zip(indices, sums))
+        by_variable = dict(zip(indices, sums))
     state = replica_step.state_of(extended)
     result = None
     for j in reversed(range(len(devices))):

@@ -147,7 +147,6 @@ class ReplicatedVariable(ParameterVariable):
 
     def _write_every_copy(self, base, args, kwargs):
         """The same write on every copy (copy 0's result is returned)."""
-        self._invalidate_reads()
         result = None
         for index in reversed(range(len(self._copies))):
             with replica_step.optimizer_pass(self._extended, index):
@@ -195,17 +194,12 @@ class ReplicatedVariable(ParameterVariable):
 
     def _restore_from_tensors(self, restored_tensors):
         """A checkpoint's value goes to every copy."""
+        self._invalidate_reads()
         ops = []
         for index in range(len(self._copies)):
             with replica_step.optimizer_pass(self._extended, index):
-                self._invalidate_reads()
                 ops.append(_tf_internals.restore_variable(self, restored_tensors))
         return ops[0] if tf.executing_eagerly() else tf.group(*ops)
 
-    def __repr__(self):
-        if tf.executing_eagerly():
-            return (
-                f"<dpkeras.ReplicatedVariable '{self.name}' shape={self.shape} "
-                f"dtype={self.dtype.name} copies={len(self._copies)} kind={self._kind}>"
-            )
-        return super().__repr__()
+    def _where(self):
+        return f"copies={len(self._copies)}"

@@ -193,10 +193,14 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
         self._invalidate_reads()
         return super()._strided_slice_assign(*args, **kwargs)
 
+    def _where(self):
+        """Where it lives, for `repr`."""
+        return f"device={self.device}"
+
     def __repr__(self):
         if tf.executing_eagerly():
             return (
-                f"<dpkeras.ParameterVariable '{self.name}' shape={self.shape} "
-                f"dtype={self.dtype.name} device={self.device} kind={self._kind}>"
+                f"<dpkeras.{type(self).__name__} '{self.name}' shape={self.shape} "
+                f"dtype={self.dtype.name} {self._where()} kind={self._kind}>"
             )
         return super().__repr__()
