@@ -9,6 +9,8 @@ imports TensorFlow's private modules or reads private attributes of its objects.
 """
 
 # ruff: noqa: F401
+import collections
+
 import tensorflow as tf
 
 # On a cluster each input host (a worker task's CPU) runs its own copy of the input pipeline:
@@ -19,6 +21,12 @@ from tensorflow.python.data.experimental.ops.distribute import replicate
 # Which iterator TensorFlow made for an input host (see `host_iterator_kinds`): the class of a
 # MultiDeviceIterator is not exported.
 from tensorflow.python.data.ops.multi_device_iterator_ops import OwnedMultiDeviceIterator
+
+# An epoch's iterator that makes its input hosts' iterators at first use (see
+# `distributed_dataset`) derives from TensorFlow's own distributed dataset and iterator
+# classes, so `tf.function` and Keras take it as theirs, and makes the hosts' iterators as they
+# do (`_create_iterators_per_worker`).
+from tensorflow.python.distribute import input_lib as _input_lib
 
 # A strategy's extended class must derive from StrategyExtendedV1: `Strategy.run` and
 # `merge_call` reach `call_for_each_replica` and `_use_merge_call`, which only V1 defines.
@@ -43,10 +51,6 @@ from tensorflow.python.distribute.distribute_utils import regroup
 # Distributed datasets (rebatching a global batch into per-replica batches, prefetching to the
 # compute devices, DistributedIterator) have no public constructor.
 from tensorflow.python.distribute.input_lib import InputWorkers
-from tensorflow.python.distribute.input_util import (
-    get_distributed_dataset,
-    get_distributed_datasets_from_function,
-)
 
 # `Strategy.run` in TF's strategies is a thread per replica, lock-stepped at `merge_call`; it
 # also turns a `tf.function` replica fn into one function holding all replicas, which Keras's
@@ -302,3 +306,171 @@ def host_iterator_kinds(distributed_iterator):
         "multi_device" if isinstance(host._iterator, OwnedMultiDeviceIterator) else "plain"
         for host in distributed_iterator._iterators
     ]
+
+
+# ---- An epoch's iterator that makes its input hosts' iterators at first use ----
+# Keras makes an epoch's iterator at each epoch's start and another at its end, which the next
+# epoch throws away (`EpochIterator._enumerate_iterator` with `steps_per_epoch=None`), and the
+# same for validation. TensorFlow's distributed datasets make every input host's iterator in
+# `__iter__`: on a cluster two ops on each worker per iterator, the largest part of the client's
+# per-epoch cost that grows with the workers (issue 31). An iterator that makes them when first
+# read makes none for the iterator Keras throws away. This is exact only where making an
+# iterator changes nothing a later one reads: tf.data makes no element before the first
+# `get_next` (maps, prefetch and interleave start at the first read), but a `shuffle` that
+# reshuffles each iteration, and `Dataset.random` that rerandomizes, draw their seeds from a
+# generator shared by the dataset's iterators when an iterator is made
+# (`state_shared_by_iterators`). tests/test_iterators_at_first_use.py fails if TensorFlow's
+# distributed datasets change in a way this relies on.
+
+_NOT_YET = object()
+_made = collections.Counter()  # "hosts": input hosts' iterators made at first use
+
+
+class _IteratorAtFirstUse(_input_lib.DistributedIterator):
+    """TensorFlow's `DistributedIterator`, whose input hosts' iterators (`_iterators`, read by
+    `get_next` and by `tf.function` through its type spec's components) are made when first
+    read."""
+
+    def __init__(self, make, element_spec, **kwargs):
+        self._dpkeras_make = make
+        self._dpkeras_made = None
+        super().__init__(iterators=_NOT_YET, **kwargs)
+        self._element_spec = element_spec
+
+    @property
+    def _iterators(self):
+        if self._dpkeras_made is None:
+            # `async_scope`: each host's two ops (make an iterator, initialise it) are sent
+            # without waiting for the host to run them, and the scope waits once for all, as
+            # TensorFlow's `__iter__` waits before a multi-device function reads them (on a
+            # cluster a third less client CPU per iterator and half the time, measured at 4
+            # workers).
+            with _ops.init_scope(), tf.experimental.async_scope():
+                self._dpkeras_made = self._dpkeras_make()
+            self._dpkeras_make = None
+            _made.update(hosts=len(self._dpkeras_made))
+        return self._dpkeras_made
+
+    @_iterators.setter
+    def _iterators(self, value):
+        if value is not _NOT_YET:
+            self._dpkeras_made = value
+
+
+class _AtFirstUse:
+    """`__iter__` of TensorFlow's distributed datasets (`input_lib`, as
+    `DistributedDataset.__iter__` makes an iterator) with the hosts' iterators made at first
+    use, unless the hosts' pipelines share state between iterators."""
+
+    def _dpkeras_iter(self, per_host):
+        if self._dpkeras_shared is None:
+            pipelines = [self._dpkeras_source] if self._dpkeras_source is not None else per_host
+            self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)
+        if self._dpkeras_shared or not (_context.executing_eagerly() and self._built):
+            return None
+        canonicalize = getattr(self._strategy, "_canonicalize_devices", True)
+        input_workers, options = self._input_workers, self._options
+
+        def make():
+            return _input_lib._create_iterators_per_worker(
+                per_host, input_workers, options=options, canonicalize_devices=canonicalize
+            )
+
+        return _IteratorAtFirstUse(
+            make,
+            self._element_spec,
+            input_workers=input_workers,
+            strategy=self._strategy,
+            cardinality=self._cardinality,
+            enable_get_next_as_optional=self._enable_get_next_as_optional,
+            options=options,
+            replica_order=self._replica_order,
+        )
+
+
+class _DatasetAtFirstUse(_AtFirstUse, _input_lib.DistributedDataset):
+    def __init__(self, *args, source=None, **kwargs):
+        self._dpkeras_source, self._dpkeras_shared = source, None
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self):
+        iterator = self._dpkeras_iter(self._cloned_datasets)
+        return super().__iter__() if iterator is None else iterator
+
+
+class _DatasetsFromFunctionAtFirstUse(_AtFirstUse, _input_lib.DistributedDatasetsFromFunction):
+    def __init__(self, *args, source=None, **kwargs):
+        self._dpkeras_source, self._dpkeras_shared = source, None
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self):
+        iterator = self._dpkeras_iter(self._datasets)
+        return super().__iter__() if iterator is None else iterator
+
+
+def distributed_dataset(dataset, input_workers, strategy, num_replicas_in_sync, options):
+    """TensorFlow's distributed dataset of `dataset` (`input_util.get_distributed_dataset`, as
+    TF's own strategies make it), whose iterators make their input hosts' iterators at first
+    use unless its pipeline's iterators share state (`state_shared_by_iterators`)."""
+    return _DatasetAtFirstUse(
+        input_workers,
+        strategy,
+        dataset,
+        num_replicas_in_sync=num_replicas_in_sync,
+        options=options,
+        source=dataset,
+    )
+
+
+def distributed_datasets_from_function(
+    dataset_fn, input_workers, input_contexts, strategy, options, source=None
+):
+    """TensorFlow's distributed dataset of one pipeline per input host
+    (`input_util.get_distributed_datasets_from_function`), whose iterators make their input
+    hosts' iterators at first use unless the pipelines' iterators share state: checked on
+    `source`, the dataset the hosts' pipelines copy (their copies cannot be walked), or else on
+    each host's pipeline."""
+    return _DatasetsFromFunctionAtFirstUse(
+        input_workers,
+        strategy,
+        input_contexts=input_contexts,
+        dataset_fn=dataset_fn,
+        options=options,
+        source=source,
+    )
+
+
+def host_iterators_made(distributed_iterator):
+    """Whether a distributed iterator's input hosts' iterators exist yet."""
+    if isinstance(distributed_iterator, _IteratorAtFirstUse):
+        return distributed_iterator._dpkeras_made is not None
+    return True
+
+
+def host_iterators_made_at_first_use():
+    """How many input hosts' iterators this process has made at first use (a count over every
+    epoch's iterator, for tests)."""
+    return _made["hosts"]
+
+
+def state_shared_by_iterators(dataset):
+    """The transformations of `dataset`'s pipeline whose iterators draw from state the
+    dataset keeps (their names), so that making an iterator changes what the next one yields:
+    `shuffle` with `reshuffle_each_iteration` (the default) and `Dataset.random` with
+    `rerandomize_each_iteration` (their seeds, `_seed`, come from a generator shared by the
+    dataset's iterators). A pipeline whose inputs cannot be walked (`_inputs`) counts as
+    sharing state."""
+    found = []
+    try:
+        datasets = list(pipeline(dataset))
+    except Exception:  # noqa: BLE001 - an unknown dataset class: assume the worst
+        return ["(a pipeline that cannot be walked)"]
+    for current in datasets:
+        if not hasattr(current, "_seed"):
+            continue
+        if getattr(current, "_reshuffle_each_iteration", None) is False:
+            continue
+        if hasattr(current, "_rerandomize") and not current._rerandomize:
+            continue
+        found.append(type(current).__name__.lstrip("_"))
+    return found

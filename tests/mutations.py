@@ -625,6 +625,33 @@ MUTANTS = (
             "test_a_ps_carries_rows_only_and_the_client_nothing_per_step",
         ),
     ),
+    Mutant(
+        "iterators-at-iter",
+        "an epoch's iterator makes every worker's iterator when Keras makes it, as TensorFlow "
+        "does: the iterator Keras throws away at each epoch's end costs two remote ops a worker",
+        "dpkeras/_tf_internals.py",
+        "        if self._dpkeras_shared or not (_context.executing_eagerly() and self._built):\n",
+        "        if True:\n",
+        (
+            "tests/test_cluster_costs.py::"
+            "test_each_epoch_makes_one_iterator_per_worker_for_training_and_one_for_validation",
+            "tests/test_iterators_at_first_use.py::"
+            "test_nothing_is_made_before_the_first_read_and_the_elements_are_tensorflows",
+        ),
+    ),
+    Mutant(
+        "reshuffle-deferred",
+        "a dataset that reshuffles each iteration also makes its iterators at first use: the "
+        "iterator Keras throws away no longer draws its seeds, and each later epoch's order "
+        "differs from one device's",
+        "dpkeras/_tf_internals.py",
+        "            self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)\n",
+        "            self._dpkeras_shared = False\n",
+        (
+            "tests/test_iterators_at_first_use.py::"
+            "test_a_reshuffling_pipeline_keeps_each_epochs_order",
+        ),
+    ),
 )
 
 

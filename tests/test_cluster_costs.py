@@ -1,10 +1,14 @@
 """What the client does per epoch on a cluster does not grow with the workers (issue 31).
 
-Counted, not timed: the functions the client registers in its TensorFlow context during an
-epoch of `fit(x, y)` on NumPy arrays with validation data (each one is Python tracing and a
-function definition, the client's largest per-epoch cost when it grew with the workers: a
-`MultiDeviceIterator` per worker per iterator, six functions each). Real clusters of 1 ps and 1
-or 2 workers (`dpkeras serve` on loopback), one client process each.
+Counted, not timed, during each epoch of `fit(x, y)` on NumPy arrays with validation data:
+- the functions the client registers in its TensorFlow context (each one is Python tracing and
+  a function definition, the client's largest per-epoch cost when it grew with the workers: a
+  `MultiDeviceIterator` per worker per iterator, six functions each);
+- the workers' iterators the client makes (two remote ops each): one per worker for the
+  epoch's training data and one for its validation data. Keras also makes an iterator at the
+  end of each epoch, which the next epoch throws away; it makes no worker's iterator.
+Real clusters of 1 ps and 1 or 2 workers (`dpkeras serve` on loopback), one client process
+each.
 """
 
 import json
@@ -44,19 +48,22 @@ class Count(keras.callbacks.Callback):
         self.at_begin = []
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.at_begin.append(_tf_internals.function_names())
+        self.at_begin.append(
+            (_tf_internals.function_names(), _tf_internals.host_iterators_made_at_first_use()))
 
     def on_train_end(self, logs=None):
-        self.at_begin.append(_tf_internals.function_names())
+        self.at_begin.append(
+            (_tf_internals.function_names(), _tf_internals.host_iterators_made_at_first_use()))
 
 
 count = Count()
 model.fit(x, y, batch_size=8, epochs=3, verbose=0, validation_data=(x[:16], y[:16]),
           callbacks=[count])
-per_epoch = [len(b - a) for a, b in zip(count.at_begin, count.at_begin[1:])]
+per_epoch = [len(b[0] - a[0]) for a, b in zip(count.at_begin, count.at_begin[1:])]
+iterators = [b[1] - a[1] for a, b in zip(count.at_begin, count.at_begin[1:])]
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
 kinds = _tf_internals.host_iterator_kinds(iter(strategy.experimental_distribute_dataset(dataset)))
-print(json.dumps({{"per_epoch": per_epoch, "kinds": kinds}}))
+print(json.dumps({{"per_epoch": per_epoch, "iterators": iterators, "kinds": kinds}}))
 """
 
 
@@ -89,17 +96,30 @@ def _clients(specs):
     return outputs
 
 
-def test_functions_made_per_epoch_do_not_grow_with_the_workers():
+@pytest.fixture(scope="module")
+def seen():
+    """Each client's counts, by the number of workers (1 and 2)."""
+    with LocalCluster(ps=1, workers=1, cpus=1) as one, LocalCluster(ps=1, workers=2, cpus=1) as two:
+        return dict(zip((1, 2), _clients([one.spec, two.spec])))
+
+
+def test_functions_made_per_epoch_do_not_grow_with_the_workers(seen):
     """After the first epoch (which traces the train and test steps), an epoch registers the
     same number of functions at 1 and at 2 workers: none. Before, each epoch's training and
     validation iterators made a `MultiDeviceIterator` per worker, six functions each (24 an
     epoch at 1 worker, 48 at 2; 18-21 and 36-42 new names)."""
-    with LocalCluster(ps=1, workers=1, cpus=1) as one, LocalCluster(ps=1, workers=2, cpus=1) as two:
-        seen = dict(zip((1, 2), _clients([one.spec, two.spec])))
     assert seen[1]["kinds"] == ["plain"]
     assert seen[2]["kinds"] == ["plain", "plain"]
     later = {w: out["per_epoch"][1:] for w, out in seen.items()}
     assert later[1] == later[2] == [0, 0], seen
+
+
+def test_each_epoch_makes_one_iterator_per_worker_for_training_and_one_for_validation(seen):
+    """Each epoch makes each worker's iterator once for its training data and once for its
+    validation data: 2 at 1 worker, 4 at 2, in every epoch. Keras's extra iterator at each
+    epoch's end (thrown away by the next epoch) makes none: before, 4 and 8."""
+    assert seen[1]["iterators"] == [2, 2, 2], seen
+    assert seen[2]["iterators"] == [4, 4, 4], seen
 
 
 def test_the_plain_iterator_options_give_a_plain_iterator():
@@ -112,7 +132,7 @@ def test_the_plain_iterator_options_give_a_plain_iterator():
     contexts = [_tf_internals.InputContext(1, 0, 1)]
 
     def kinds(options):
-        distributed = _tf_internals.get_distributed_datasets_from_function(
+        distributed = _tf_internals.distributed_datasets_from_function(
             lambda _: tf.data.Dataset.range(6).batch(2), workers, contexts, strategy, options
         )
         iterator = iter(distributed)

@@ -176,7 +176,7 @@ class InputPlan:
                 self.num_replicas,
             )
         if len(hosts.hosts) == 1:
-            return _tf_internals.get_distributed_dataset(
+            return _tf_internals.distributed_dataset(
                 dataset,
                 hosts.input_workers(options),
                 strategy,
@@ -204,11 +204,18 @@ class InputPlan:
                 mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
             return mine.prefetch(1) if buffered else mine
 
-        return self.distribute_datasets_from_function(dataset_fn, strategy, options)
+        return self.distribute_datasets_from_function(dataset_fn, strategy, options, dataset)
 
-    def distribute_datasets_from_function(self, dataset_fn, strategy, options):
+    def distribute_datasets_from_function(self, dataset_fn, strategy, options, source=None):
         """`strategy.distribute_datasets_from_function`: one pipeline per input host, each
-        called with its `InputContext`."""
+        called with its `InputContext`.
+
+        An epoch's iterator makes the hosts' iterators when first read (see
+        `_tf_internals.distributed_datasets_from_function`), so the iterator Keras makes at
+        the end of each epoch and throws away costs nothing; not for a pipeline whose
+        iterators share state (a `shuffle` that reshuffles each iteration), checked on
+        `source` (the dataset the hosts' pipelines copy) or else on each host's pipeline.
+        """
         self.check_options(options, "distribute_datasets_from_function")
         contexts = [
             _tf_internals.InputContext(
@@ -218,12 +225,13 @@ class InputPlan:
             )
             for i in range(len(self.hosts))
         ]
-        return _tf_internals.get_distributed_datasets_from_function(
+        return _tf_internals.distributed_datasets_from_function(
             dataset_fn,
             self.input_workers(options),
             contexts,
             strategy,
             options=self.iterator_options(options),
+            source=source,
         )
 
     def distribute_values_from_function(self, value_fn):

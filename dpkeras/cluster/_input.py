@@ -29,6 +29,7 @@ replicas, TensorFlow's distributed datasets).
 """
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -194,10 +195,22 @@ def host_slices(dataset, first, end, num_replicas):
 
     A global batch of b rows is split into `num_replicas` contiguous slices as TensorFlow's
     rebatching splits it (sizes differ by at most one, larger first: 10 over 4 is 3, 3, 2, 2);
-    this yields, for each global batch, the slices of the given replicas, in order.
+    this yields, for each global batch, the slices of the given replicas, in order. Every
+    host's pipeline calls one traced function (`_slicer`), given its replicas as a tensor: the
+    client traces it once, not once per host and fit.
     """
+    replicas = tf.constant([first, end], tf.int64)
+    slicer = _slicer(num_replicas)
+    return dataset.flat_map(lambda *element: slicer(element, replicas))
 
-    def slices(*element):
+
+@functools.cache
+def _slicer(num_replicas):
+    """The function that cuts one global batch (a tuple of the dataset's components) into a
+    dataset of the slices of replicas `replicas[0]`..`replicas[1] - 1`."""
+
+    @tf.function(autograph=False)
+    def slices(element, replicas):
         batch = element if len(element) > 1 else element[0]
         # The rows of the first component that has them: an optional input given as None, or
         # a scalar, may come first; ragged and sparse components count their rows too.
@@ -210,9 +223,9 @@ def host_slices(dataset, first, end, num_replicas):
             lo, hi = start(replica), start(replica + 1)
             return batch_rows.slice_batch(batch, lo, hi)
 
-        return tf.data.Dataset.range(first, end).map(cut)
+        return tf.data.Dataset.range(replicas[0], replicas[1]).map(cut)
 
-    return dataset.flat_map(slices)
+    return slices
 
 
 def _shard_by_files(dataset, hosts, host):
