@@ -99,6 +99,49 @@ def _empty_batch(element_spec):
     return tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), element_spec)
 
 
+def _batchable(element_spec):
+    """Whether elements of `element_spec` stack into a batch and unstack back unchanged: dense
+    tensors of fully known shape."""
+    return all(
+        isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
+        for s in tf.nest.flatten(element_spec)
+    )
+
+
+def _select(cut, full, rows, last_rows):
+    """The source elements one host maps: positions `[lo, hi)` of each group of `batch_size`
+    source elements (a global batch's), `[last lo, last hi)` of the last, partial, group.
+
+    Dense elements of known shape are picked per group (`batch`, one slice, `unbatch`: one
+    function call per global batch); others by a predicate per element (`filter`: a function
+    call per element, which on a worker costs a hand-off to tf.data's thread pool and back,
+    about 30 us, on every host for every element of the dataset, its own or not).
+    """
+    b = cut.batch_size
+    (lo, hi), (last_lo, last_hi) = rows, last_rows
+    if _batchable(cut.source.element_spec):
+
+        def pick(index, group):
+            if full is None:
+                start, stop = lo, hi
+            else:
+                start = tf.where(index < full, tf.constant(lo, tf.int64), last_lo)
+                stop = tf.where(index < full, tf.constant(hi, tf.int64), last_hi)
+            return tf.nest.map_structure(lambda t: t[start:stop], group)
+
+        groups = cut.source.batch(b, drop_remainder=cut.drop_remainder)
+        return groups.enumerate().map(pick).unbatch()
+
+    def keep(i, _):
+        position, batch = i % b, i // b
+        in_full = tf.constant(True) if full is None else batch < full
+        mine = tf.logical_and(position >= lo, position < hi)
+        mine_last = tf.logical_and(position >= last_lo, position < last_hi)
+        return tf.where(in_full, mine, tf.logical_and(batch == (full or 0), mine_last))
+
+    return cut.source.enumerate().filter(keep).map(lambda _, element: element)
+
+
 def _host_pipeline(cut, first, end, num_replicas):
     """The pipeline of the host of replicas `[first, end)` from `cut`: per-replica elements,
     in replica order."""
@@ -116,14 +159,7 @@ def _host_pipeline(cut, first, end, num_replicas):
     if hi == lo:
         return None  # more replicas than a batch has rows: no per-host batch size
 
-    def keep(i, _):
-        position, batch = i % b, i // b
-        in_full = tf.constant(True) if full is None else batch < full
-        mine = tf.logical_and(position >= lo, position < hi)
-        mine_last = tf.logical_and(position >= last_lo, position < last_hi)
-        return tf.where(in_full, mine, tf.logical_and(batch == (full or 0), mine_last))
-
-    mine = cut.source.enumerate().filter(keep).map(lambda _, element: element)
+    mine = _select(cut, full, (lo, hi), (last_lo, last_hi))
     for stage in cut.maps:
         mine = stage.apply(mine)
     batches = mine.batch(hi - lo)
@@ -133,6 +169,8 @@ def _host_pipeline(cut, first, end, num_replicas):
             return None
         batches = batches.concatenate(tf.data.Dataset.from_tensors(empty))
     replicas = end - first
+    if replicas == 1:  # the host's batch is its one replica's slice
+        return batches
 
     def split(index, batch):
         rows = b if full is None else tf.where(index < full, b, last)
