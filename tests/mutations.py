@@ -652,6 +652,18 @@ MUTANTS = (
             "test_a_reshuffling_pipeline_keeps_each_epochs_order",
         ),
     ),
+    Mutant(
+        "input-filter-per-element",
+        "each worker picks its rows of a dense source with a predicate per element again: a "
+        "function call on every worker for every element of the dataset",
+        "dpkeras/cluster/_input.py",
+        "    if _batchable(cut.source.element_spec):\n",
+        "    if False:\n",
+        (
+            "tests/test_input_sharding.py::"
+            "test_a_dense_source_is_cut_per_global_batch_not_per_element",
+        ),
+    ),
 )
 
 
