@@ -360,7 +360,16 @@ class _IteratorAtFirstUse(_input_lib.DistributedIterator):
 class _AtFirstUse:
     """`__iter__` of TensorFlow's distributed datasets (`input_lib`, as
     `DistributedDataset.__iter__` makes an iterator) with the hosts' iterators made at first
-    use, unless the hosts' pipelines share state between iterators."""
+    use, unless the hosts' pipelines share state between iterators. Mixed into each of
+    TensorFlow's classes, which name their hosts' pipelines differently (`_per_host`)."""
+
+    def __init__(self, *args, source=None, **kwargs):
+        self._dpkeras_source, self._dpkeras_shared = source, None
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self):
+        iterator = self._dpkeras_iter(self._per_host())
+        return super().__iter__() if iterator is None else iterator
 
     def _dpkeras_iter(self, per_host):
         if self._dpkeras_shared is None:
@@ -389,23 +398,13 @@ class _AtFirstUse:
 
 
 class _DatasetAtFirstUse(_AtFirstUse, _input_lib.DistributedDataset):
-    def __init__(self, *args, source=None, **kwargs):
-        self._dpkeras_source, self._dpkeras_shared = source, None
-        super().__init__(*args, **kwargs)
-
-    def __iter__(self):
-        iterator = self._dpkeras_iter(self._cloned_datasets)
-        return super().__iter__() if iterator is None else iterator
+    def _per_host(self):
+        return self._cloned_datasets
 
 
 class _DatasetsFromFunctionAtFirstUse(_AtFirstUse, _input_lib.DistributedDatasetsFromFunction):
-    def __init__(self, *args, source=None, **kwargs):
-        self._dpkeras_source, self._dpkeras_shared = source, None
-        super().__init__(*args, **kwargs)
-
-    def __iter__(self):
-        iterator = self._dpkeras_iter(self._datasets)
-        return super().__iter__() if iterator is None else iterator
+    def _per_host(self):
+        return self._datasets
 
 
 def distributed_dataset(dataset, input_workers, strategy, num_replicas_in_sync, options):
