@@ -368,6 +368,8 @@ class _AtFirstUse:
         super().__init__(*args, **kwargs)
 
     def __iter__(self):
+        if not (_context.executing_eagerly() and self._built):
+            return super().__iter__()  # in a traced function, or not built: TensorFlow's own
         iterator = self._dpkeras_iter(self._per_host())
         return super().__iter__() if iterator is None else iterator
 
@@ -375,7 +377,7 @@ class _AtFirstUse:
         if self._dpkeras_shared is None:
             pipelines = [self._dpkeras_source] if self._dpkeras_source is not None else per_host
             self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)
-        if self._dpkeras_shared or not (_context.executing_eagerly() and self._built):
+        if self._dpkeras_shared:
             return None
         canonicalize = getattr(self._strategy, "_canonicalize_devices", True)
         input_workers, options = self._input_workers, self._options
