@@ -47,13 +47,15 @@ class Count(keras.callbacks.Callback):
         super().__init__()
         self.at_begin = []
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def mark(self):
         self.at_begin.append(
             (_tf_internals.function_names(), _tf_internals.host_iterators_made_at_first_use()))
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.mark()
+
     def on_train_end(self, logs=None):
-        self.at_begin.append(
-            (_tf_internals.function_names(), _tf_internals.host_iterators_made_at_first_use()))
+        self.mark()
 
 
 count = Count()

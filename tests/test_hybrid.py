@@ -21,7 +21,7 @@ from tests.models import assert_copies_identical, build_model, make_data, train
 
 
 def _hybrid(replicas=3):
-    return dpkeras.get_strategy([f"/cpu:{i}" for i in range(1, replicas + 1)], placement.hybrid())
+    return cpu_strategy(replicas, placement.hybrid())
 
 
 def test_hybrid_places_tables_on_the_parameter_device_and_replicates_the_rest():

@@ -91,14 +91,6 @@ def _plan_cut(dataset):
     return _Cut(node, tuple(reversed(maps)), batch_size, drop_remainder, int(elements))
 
 
-def _empty_batch(element_spec):
-    """A batch of 0 elements of `element_spec`, or None when a shape is not fully known."""
-    specs = tf.nest.flatten(element_spec)
-    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
-        return None
-    return tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), element_spec)
-
-
 def _batchable(element_spec):
     """Whether elements of `element_spec` stack into a batch and unstack back unchanged: dense
     tensors of fully known shape."""
@@ -106,6 +98,13 @@ def _batchable(element_spec):
         isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
         for s in tf.nest.flatten(element_spec)
     )
+
+
+def _empty_batch(element_spec):
+    """A batch of 0 elements of `element_spec`, or None when a shape is not fully known."""
+    if not _batchable(element_spec):
+        return None
+    return tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), element_spec)
 
 
 def _select(cut, full, rows, last_rows):
