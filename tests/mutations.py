@@ -664,6 +664,17 @@ MUTANTS = (
             "test_a_dense_source_is_cut_per_global_batch_not_per_element",
         ),
     ),
+    Mutant(
+        "report-first-copy",
+        "placement_report's totals count a replicated variable on its first copy's device only",
+        "dpkeras/_strategy/report.py",
+        "            for device in row.copies or (row.device,):\n",
+        "            for device in row.copies[:1] or (row.device,):\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_hybrid_places_tables_on_the_parameter_device_and_replicates_the_rest",
+        ),
+    ),
 )
 
 

@@ -42,6 +42,10 @@ def test_hybrid_places_tables_on_the_parameter_device_and_replicates_the_rest():
     assert row(r"adam(_\d+)?/.*dense(_\d+)?_kernel_velocity").device == "replicated"
     assert row(r"adam(_\d+)?/iteration").device == "replicated"
     assert report.totals["/cpu:1"][1] >= 3 * kernel.bytes  # the kernel and its two slots
+    # A replicated variable counts on every copy's device: /cpu:1 to /cpu:3 hold the same.
+    replicated = [r for r in report.rows if r.device == "replicated"]
+    for device in ("/cpu:1", "/cpu:2", "/cpu:3"):
+        assert report.totals[device] == (len(replicated), sum(r.bytes for r in replicated))
     assert repr(_hybrid().extended.placement_policy) == "hybrid([/cpu:0])"
     assert _hybrid() is _hybrid()  # hybrid() == hybrid(): one strategy
 
