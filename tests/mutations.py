@@ -675,6 +675,14 @@ MUTANTS = (
             "test_hybrid_places_tables_on_the_parameter_device_and_replicates_the_rest",
         ),
     ),
+    Mutant(
+        "xla-warning-once",
+        "the runs-without-XLA warning is given once per process: a second model is not told",
+        "dpkeras/_patches/jit_predict.py",
+        "    if model not in _warned:\n",
+        "    if not _warned:\n",
+        ("tests/test_hybrid.py::test_jit_compile_runs_without_xla_and_says_so_once",),
+    ),
 )
 
 

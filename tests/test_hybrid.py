@@ -305,14 +305,18 @@ def test_jit_compile_runs_without_xla_and_says_so_once(caplog):
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=True,
         )
+        second = build_model("dense")  # once per model: a second model is told too
+        second.compile(optimizer="sgd", loss="mse", jit_compile=True)
     with caplog.at_level("WARNING", logger="dpkeras"):
         model.fit(x, y, batch_size=48, epochs=1, verbose=0)
         model.fit(x, y, batch_size=48, epochs=1, verbose=0)
         model.evaluate(x, y, batch_size=48, verbose=0)
         model.predict(x, batch_size=48, verbose=0)
+        second.predict(x, batch_size=48, verbose=0)
     said = [r.getMessage() for r in caplog.records if "without XLA" in r.getMessage()]
-    assert len(said) == 1 and model.name in said[0], said
-    assert model.jit_compile is True  # the user's setting is kept
+    assert len(said) == 2, said
+    assert f"{model.name!r}" in said[0] and f"{second.name!r}" in said[1], said
+    assert model.jit_compile is True and second.jit_compile is True  # the user's setting
 
 
 def test_eager_steps_all_reduce_too():
