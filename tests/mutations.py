@@ -683,6 +683,28 @@ MUTANTS = (
         "    if not _warned:\n",
         ("tests/test_hybrid.py::test_jit_compile_runs_without_xla_and_says_so_once",),
     ),
+    Mutant(
+        "hybrid-bind-tables",
+        "hybrid(tables=...) bound to the strategy's parameter devices loses its tables=",
+        "dpkeras/placement.py",
+        "return _Hybrid(list(device_list), None if self._tables is None else self._tables.pattern)",
+        "return _Hybrid(list(device_list), None)",
+        (
+            "tests/test_hybrid.py::"
+            "test_tables_given_to_an_unbound_hybrid_stay_on_the_parameter_device",
+        ),
+    ),
+    Mutant(
+        "hybrid-equal-tables",
+        "two hybrid() policies with different tables= are equal: get_strategy gives one strategy",
+        "dpkeras/placement.py",
+        "return (self.devices, None if self._tables is None else self._tables.pattern)",
+        "return (self.devices, None)",
+        (
+            "tests/test_hybrid.py::"
+            "test_tables_given_to_an_unbound_hybrid_stay_on_the_parameter_device",
+        ),
+    ),
 )
 
 

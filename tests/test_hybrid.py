@@ -296,6 +296,23 @@ def test_hybrid_arguments_are_checked():
     assert policy(other) is placement.REPLICATED
 
 
+def test_tables_given_to_an_unbound_hybrid_stay_on_the_parameter_device():
+    """`hybrid(tables=...)` bound by the strategy keeps its `tables=`; it is part of what
+    makes two hybrid() policies equal, so other `tables=` give another strategy."""
+    named = cpu_strategy(3, placement.hybrid(tables=r"/kernel$"))
+    assert named is cpu_strategy(3, placement.hybrid(tables=r"/kernel$"))
+    assert named is not cpu_strategy(3, placement.hybrid(tables=r"/bias$"))
+    assert named is not _hybrid()
+    assert repr(named.extended.placement_policy) == "hybrid([/cpu:0], tables='/kernel$')"
+    with named.scope():
+        model = build_model("dense")
+    for v in model.weights:
+        replicated = isinstance(v.value, dpkeras.ReplicatedVariable)
+        assert replicated == v.path.endswith("/bias"), v.path
+        if not replicated:
+            assert v.value.device.endswith("CPU:0"), (v.path, v.value.device)
+
+
 def test_jit_compile_runs_without_xla_and_says_so_once(caplog):
     x, y = make_data("dense", 96)
     with _hybrid().scope():
