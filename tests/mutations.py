@@ -705,6 +705,14 @@ MUTANTS = (
             "test_tables_given_to_an_unbound_hybrid_stay_on_the_parameter_device",
         ),
     ),
+    Mutant(
+        "table-subclass",
+        "a subclass of a table layer (class MyTable(DynamicEmbedding)) is not a table",
+        "dpkeras/placement.py",
+        'any(c.__name__.endswith("Embedding") for c in type(layer).__mro__)',
+        'type(layer).__name__.endswith("Embedding")',
+        ("tests/test_hybrid.py::test_a_subclass_of_a_table_layer_is_a_table",),
+    ),
 )
 
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import dpkeras
 from dpkeras import placement
+from dpkeras.layers import DynamicEmbedding
 from dpkeras.testing import assert_weights_close, cpu_strategy
 from tests.models import assert_copies_identical, build_model, make_data, train
 
@@ -311,6 +312,21 @@ def test_tables_given_to_an_unbound_hybrid_stay_on_the_parameter_device():
         assert replicated == v.path.endswith("/bias"), v.path
         if not replicated:
             assert v.value.device.endswith("CPU:0"), (v.path, v.value.device)
+
+
+def test_a_subclass_of_a_table_layer_is_a_table():
+    """A user's `class MyTable(DynamicEmbedding)`: its rows and bookkeeping on /cpu:0."""
+
+    class MyTable(DynamicEmbedding):
+        pass
+
+    with _hybrid().scope():
+        layer = MyTable(4, 8, name="mine")
+        layer.build((None, 1))
+    assert len(layer.variables) > 1
+    for v in layer.variables:
+        assert not isinstance(v.value, dpkeras.ReplicatedVariable), v.path
+        assert v.value.device.endswith("CPU:0"), (v.path, v.value.device)
 
 
 def test_jit_compile_runs_without_xla_and_says_so_once(caplog):
