@@ -713,6 +713,22 @@ MUTANTS = (
         'type(layer).__name__.endswith("Embedding")',
         ("tests/test_hybrid.py::test_a_subclass_of_a_table_layer_is_a_table",),
     ),
+    Mutant(
+        "replicated-write-first",
+        "a SUM or MEAN write in a replica to a replicated variable takes replica 0's value",
+        "dpkeras/_variables/replicated.py",
+        "aggregate(self.aggregation, value, self._copies[0].device)",
+        'aggregate("ONLY_FIRST_REPLICA", value, self._copies[0].device)',
+        ("tests/test_hybrid.py::test_sum_and_mean_writes_in_a_replica_are_reduced",),
+    ),
+    Mutant(
+        "ps-write-first",
+        "a SUM or MEAN write in a replica to a variable on a parameter device takes replica 0's",
+        "dpkeras/_variables/writes.py",
+        "aggregate(self.aggregation, per_replica_value, self.device)",
+        'aggregate("ONLY_FIRST_REPLICA", per_replica_value, self.device)',
+        ("tests/test_hybrid.py::test_sum_and_mean_writes_in_a_replica_are_reduced",),
+    ),
 )
 
 

@@ -329,6 +329,47 @@ def test_a_subclass_of_a_table_layer_is_a_table():
         assert v.value.device.endswith("CPU:0"), (v.path, v.value.device)
 
 
+def test_sum_and_mean_writes_in_a_replica_are_reduced():
+    """`assign_add` and `assign` inside `strategy.run`, replica r writing r + 1, on variables
+    with aggregation SUM and MEAN, replicated and on the parameter device: the replicas'
+    values are reduced, as MirroredStrategy's variables are (the same numbers), and every copy
+    holds the result. A Keras variable's `assign_add(x)` is `assign(v + x)`: with SUM its
+    replicas' values sum to 3 * 10 + 6."""
+    strategy = cpu_strategy(3, placement.hybrid(tables=r"on_ps"))
+    variables = {}
+    with strategy.scope():
+        for where in ("replicated", "on_ps"):
+            for how in ("SUM", "MEAN"):
+                aggregation = getattr(tf.VariableAggregation, how)
+                variables[where, how, "tf"] = tf.Variable(
+                    10.0, name=f"{where}_tf_{how}", aggregation=aggregation
+                )
+                variables[where, how, "keras"] = keras.Variable(
+                    10.0, name=f"{where}_keras_{how}", aggregation=how.lower()
+                )
+
+    def step(method):
+        def replica():
+            context = tf.distribute.get_replica_context()
+            value = tf.cast(context.replica_id_in_sync_group, tf.float32) + 1.0
+            for v in variables.values():
+                getattr(v, method)(value)
+
+        tf.function(lambda: strategy.run(replica))()
+        got = {}
+        for key, v in variables.items():
+            value = v.value if isinstance(v, keras.Variable) else v
+            assert isinstance(value, dpkeras.ReplicatedVariable) == (key[0] == "replicated")
+            copies = value.copies if key[0] == "replicated" else [value]
+            got[key] = sorted({float(c.numpy()) for c in copies})
+        return got
+
+    added = {"SUM": {"tf": [16.0], "keras": [36.0]}, "MEAN": {"tf": [12.0], "keras": [12.0]}}
+    assert step("assign_add") == {k: added[k[1]][k[2]] for k in variables}
+    assigned = {"SUM": [6.0], "MEAN": [2.0]}
+    assert step("assign") == {k: assigned[k[1]] for k in variables}
+
+
 def test_jit_compile_runs_without_xla_and_says_so_once(caplog):
     x, y = make_data("dense", 96)
     with _hybrid().scope():
