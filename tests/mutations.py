@@ -729,6 +729,26 @@ MUTANTS = (
         'aggregate("ONLY_FIRST_REPLICA", per_replica_value, self.device)',
         ("tests/test_hybrid.py::test_sum_and_mean_writes_in_a_replica_are_reduced",),
     ),
+    Mutant(
+        "all-reduce-device-0-sum",
+        "every compute device uses device 0's result of the all-reduce (sent to it each step)",
+        "dpkeras/_extended/all_reduce.py",
+        "out[i] = [per_device[r][k] for r in range(n)]",
+        "out[i] = [per_device[0][k] for r in range(n)]",
+        (
+            "tests/test_hybrid.py::"
+            "test_gradients_are_all_reduced_among_the_compute_devices_not_through_the_parameter_device",
+            "tests/test_hybrid.py::test_each_device_sums_on_itself_and_keeps_its_sum[traced]",
+        ),
+    ),
+    Mutant(
+        "all-reduce-eager-device-0-sum",
+        "run eagerly, every compute device uses device 0's sum",
+        "dpkeras/_extended/all_reduce.py",
+        "sums.append(tf.add_n(parts))",
+        "sums.append(sums[0] if sums else tf.add_n(parts))",
+        ("tests/test_hybrid.py::test_each_device_sums_on_itself_and_keeps_its_sum[eager]",),
+    ),
 )
 
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import dpkeras
 from dpkeras import placement
+from dpkeras._extended import all_reduce
 from dpkeras.layers import DynamicEmbedding
 from dpkeras.testing import assert_weights_close, cpu_strategy
 from tests.models import assert_copies_identical, build_model, make_data, train
@@ -67,7 +68,8 @@ def test_batchnorm_and_dropout_train_as_on_the_parameter_device(kind):
 
 def test_gradients_are_all_reduced_among_the_compute_devices_not_through_the_parameter_device():
     """One collective per device per step for the whole dense model (packed), and nothing of a
-    dense layer reaches /cpu:0: it receives only the metrics' scalars."""
+    dense layer reaches /cpu:0: it receives only the metrics' scalars. Nothing crosses between
+    two compute devices but inside the collective: each device's sum stays on that device."""
     with _hybrid().scope():
         model = build_model("dense")
     x, y = make_data("dense", 96)
@@ -80,6 +82,8 @@ def test_gradients_are_all_reduced_among_the_compute_devices_not_through_the_par
     assert tensors <= 3 * metric_scalars and received <= 4 * 3 * metric_scalars, report.summary()
     sent = [t for t in report.transfers if t.source == "/cpu:0" and not t.of_the_batch]
     assert sum(t.bytes for t in sent) <= 4 * 3 * metric_scalars, sent
+    between = [t for t in report.transfers if "/cpu:0" not in (t.source, t.destination)]
+    assert not between, between
 
 
 def test_tables_send_rows_and_dense_layers_all_reduce():
@@ -408,6 +412,34 @@ def test_eager_steps_all_reduce_too():
     model.fit(x, y, batch_size=48, epochs=1, verbose=0, shuffle=False)
     assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
     assert_copies_identical(model)
+
+
+@pytest.mark.parametrize("mode", ["eager", "traced"])
+def test_each_device_sums_on_itself_and_keeps_its_sum(mode):
+    """The all-reduce run eagerly and traced: device i's sum is made on device i (no device
+    sends its sum to the others; counted per step in the test of the all-reduce above)."""
+    devices = _hybrid().extended.worker_devices
+    tokens = []
+    for device in devices:
+        with tf.device(device):
+            tokens.append(tf.Variable(0.0).handle)
+    made_on = []
+
+    def sums():
+        parts = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                parts.append(tf.fill([2], float(i + 1)))
+        (out,) = all_reduce.sum_per_copy([parts], devices, tokens)
+        made_on.extend(t.device for t in out)
+        return out
+
+    out = sums() if mode == "eager" else tf.function(sums)()
+    assert [tf.DeviceSpec.from_string(d) for d in made_on] == [
+        tf.DeviceSpec.from_string(d) for d in devices
+    ]
+    for total in out:
+        np.testing.assert_array_equal(total.numpy(), [6.0, 6.0])
 
 
 @pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs 2 GPUs")
