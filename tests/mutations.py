@@ -664,6 +664,63 @@ MUTANTS = (
             "test_a_dense_source_is_cut_per_global_batch_not_per_element",
         ),
     ),
+    Mutant(
+        "host-split-last-as-full",
+        "a host feeding several replicas cuts the last, partial, global batch as if it were full: "
+        "its replicas' rows are wrong (2, 0 for 1, 1), their concatenation still right",
+        "dpkeras/cluster/_input.py",
+        "rows = b if full is None else tf.where(index < full, b, last)",
+        "rows = b",
+        (
+            "tests/test_input_sharding.py::"
+            "test_auto_cuts_before_the_maps_and_the_slices_make_the_global_batches",
+        ),
+    ),
+    Mutant(
+        "whole-batch-last-replicas",
+        "the whole-batch cut of a batch of known rows gives the extra rows to the last replicas "
+        "(3, 4 for 7 rows over 2)",
+        "dpkeras/_extended/keras_steps.py",
+        "bounds = [_input.replica_start(r, total, n) for r in range(n + 1)]",
+        "bounds = [total - _input.replica_start(n - r, total, n) for r in range(n + 1)]",
+        (
+            "tests/test_whole_batches.py::"
+            "test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch",
+        ),
+    ),
+    Mutant(
+        "whole-batch-last-replicas-in-graph",
+        "the same break for a batch whose rows are known only when it is read (the epoch loop)",
+        "dpkeras/_extended/keras_steps.py",
+        "bounds = [_input.replica_start_in_graph(r, total, n) for r in range(n + 1)]",
+        "bounds = [total - _input.replica_start_in_graph(n - r, total, n) for r in range(n + 1)]",
+        (
+            "tests/test_whole_batches.py::"
+            "test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch",
+        ),
+    ),
+    Mutant(
+        "compile-in-another-dpkeras",
+        "a model of one dpkeras strategy compiles in another dpkeras strategy's scope",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if extended_of(current) is not extended:\n",
+        "    if extended_of(current) is None:\n",
+        (
+            "tests/test_errors.py::"
+            "test_compile_outside_the_model_scope_is_one_clear_error[another dpkeras-sgd]",
+        ),
+    ),
+    Mutant(
+        "launch-takes-program-verbose",
+        "dpkeras launch takes --verbose from the program's arguments after --",
+        "dpkeras/_cli/__init__.py",
+        'own = argv[: argv.index("--")] if "--" in argv else argv',
+        "own = argv",
+        (
+            "tests/test_launch.py::"
+            "test_flags_after_the_double_dash_are_the_program_s_verbose_included",
+        ),
+    ),
 )
 
 
