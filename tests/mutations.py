@@ -721,6 +721,37 @@ MUTANTS = (
             "test_flags_after_the_double_dash_are_the_program_s_verbose_included",
         ),
     ),
+    Mutant(
+        "lease-unprobed-holder",
+        "a training client whose address cannot be probed from here is taken for dead: a second "
+        "client trains beside it",
+        "dpkeras/cluster/_lease.py",
+        "        if alive is False:\n",
+        "        if not alive:\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_training_client_that_cannot_be_probed_from_here_refuses_a_second_one",
+        ),
+    ),
+    Mutant(
+        "lease-dead-holder-blocks",
+        "the record of a client that died refuses every later client",
+        "dpkeras/cluster/_lease.py",
+        "        if alive is False:\n",
+        "        if False:\n",
+        ("tests/test_cluster_clients.py::test_a_dead_client_s_record_does_not_block_a_new_one",),
+    ),
+    Mutant(
+        "task-ends-for-any-client",
+        "a task ends with status 0 when the record says any client finished, not its own",
+        "dpkeras/cluster/_task.py",
+        'record["client"] == client_name and record["state"] == FINISHED',
+        'record["state"] == FINISHED',
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_ends_for_its_own_client_s_finished_record_only",
+        ),
+    ),
 )
 
 
