@@ -752,6 +752,40 @@ MUTANTS = (
             "test_a_task_ends_for_its_own_client_s_finished_record_only",
         ),
     ),
+    Mutant(
+        "fatal-hidden",
+        "the quiet filter drops FATAL records with INFO and WARNING",
+        "dpkeras/_quiet.py",
+        'return record.group(1) in "IW" or',
+        'return record.group(1) in "IWF" or',
+        ("tests/test_quiet.py::test_a_fatal_record_is_never_hidden_not_even_in_a_dump",),
+    ),
+    Mutant(
+        "fatal-in-dump",
+        "a record written while the filter drops a dump is dropped with the dump",
+        "dpkeras/_quiet.py",
+        "        if _RECORD.match(text):  # a dump holds no record: one ends it, and is judged alone\n",
+        "        if False:\n",
+        ("tests/test_quiet.py::test_a_fatal_record_is_never_hidden_not_even_in_a_dump",),
+    ),
+    Mutant(
+        "filter-in-process",
+        "the quiet filter runs in the process it filters (as before): a process that crashes "
+        "dies before its FATAL record is passed on",
+        "dpkeras/_quiet.py",
+        "        self._pump = subprocess.Popen(\n"
+        '            [sys.executable, "-c", _PUMP, root, str(read), str(self._saved)],\n'
+        "            pass_fds=(read, self._saved),\n"
+        "            stdin=subprocess.DEVNULL,\n"
+        "            stdout=subprocess.DEVNULL,\n"
+        "        )\n"
+        "        os.close(read)\n",
+        "        import threading\n\n"
+        "        self._pump = threading.Thread(target=pump, args=(read, self._saved), daemon=True)\n"
+        "        self._pump.start()\n"
+        "        self._pump.wait = self._pump.join\n",
+        ("tests/test_quiet.py::test_a_process_that_crashes_shows_its_fatal_record",),
+    ),
 )
 
 
