@@ -17,6 +17,11 @@ Two layers, because the start-up lines ignore the level:
 - `LineFilter` (and `filter_stderr`, which runs one on this process's file descriptor 2): drops
   the lines matched below from text.
 
+A FATAL record (`F...`, such as "Check failed") is never dropped, and the filter of a process
+runs in a small process of its own, which passes on what the process wrote until its end: a
+process that crashes (a FATAL record aborts it) shows why. A filter in the process itself
+died with it, most times before passing on its last lines.
+
 The patterns are those of TensorFlow 2.21's C++ logging (`I1125 20:14:59.123456  1234
 file.cc:12] text`; before the logging is initialised the date is 0000 and the time 00:00
 followed by seconds since the epoch); tests/test_quiet.py runs TensorFlow and checks that they
@@ -25,8 +30,8 @@ still match what it prints.
 
 import os
 import re
+import subprocess
 import sys
-import threading
 
 from dpkeras import _config
 
@@ -85,6 +90,8 @@ class LineFilter:
     def keep(self, line):
         """Whether to keep `line` (with or without its end)."""
         text = line.rstrip("\r\n")
+        if _RECORD.match(text):  # a dump holds no record: one ends it, and is judged alone
+            self._in_dump = self._after_dump = False
         if self._in_dump:
             if not text:
                 self._in_dump, self._after_dump = False, True
@@ -103,44 +110,67 @@ class LineFilter:
 
 _active = None  # this process's StderrFilter, or None
 
+# The pump's process: the directory holding this dpkeras first on its path; it ignores the
+# signals that end its parent (a terminal's Ctrl-C reaches the whole process group) and ends
+# at the end of its input, when every writer has ended.
+_PUMP = """
+import signal, sys
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+sys.path.insert(0, sys.argv[1])
+from dpkeras._quiet import pump
+pump(int(sys.argv[2]), int(sys.argv[3]))
+"""
+
+
+def pump(read, write):
+    """Copies the lines read from file descriptor `read` to `write`, but those a `LineFilter`
+    drops, until the end of `read`; then closes `read`."""
+    lines = LineFilter()
+    pending = b""
+    while True:
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        kept = [line + b"\n" for line in whole if lines.keep(line.decode("utf-8", "replace"))]
+        if kept:
+            os.write(write, b"".join(kept))
+    if pending and lines.keep(pending.decode("utf-8", "replace")):
+        os.write(write, pending)
+    os.close(read)
+
 
 class StderrFilter:
-    """A `LineFilter` on this process's file descriptor 2 (see `filter_stderr`)."""
+    """A `LineFilter` on this process's file descriptor 2 (see `filter_stderr`), run by a
+    process of its own (`pump`) that outlives this one."""
 
     def __init__(self):
         sys.stderr.flush()
         self._saved = os.dup(2)
         read, write = os.pipe()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self._pump = subprocess.Popen(
+            [sys.executable, "-c", _PUMP, root, str(read), str(self._saved)],
+            pass_fds=(read, self._saved),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        os.close(read)
         os.dup2(write, 2)
         os.close(write)
-        self.lines = LineFilter()
-        self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, read):
-        pending = b""
-        while True:
-            chunk = os.read(read, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            kept = [
-                line + b"\n" for line in lines if self.lines.keep(line.decode("utf-8", "replace"))
-            ]
-            if kept:
-                os.write(self._saved, b"".join(kept))
-        if pending and self.lines.keep(pending.decode("utf-8", "replace")):
-            os.write(self._saved, pending)
-        os.close(read)
 
     def close(self, timeout=2.0):
         """Puts the real standard error back and waits (at most `timeout` seconds) for what
         was written before to be passed on. Children that inherited the filtered descriptor
-        keep writing through it until they end."""
+        keep writing through it until they end (the pump ends after them)."""
         sys.stderr.flush()
         os.dup2(self._saved, 2)
-        self._thread.join(timeout)
+        try:
+            self._pump.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
         os.close(self._saved)
 
 

@@ -749,6 +749,130 @@ MUTANTS = (
         "sums.append(sums[0] if sums else tf.add_n(parts))",
         ("tests/test_hybrid.py::test_each_device_sums_on_itself_and_keeps_its_sum[eager]",),
     ),
+    Mutant(
+        "host-split-last-as-full",
+        "a host feeding several replicas cuts the last, partial, global batch as if it were full: "
+        "its replicas' rows are wrong (2, 0 for 1, 1), their concatenation still right",
+        "dpkeras/cluster/_input.py",
+        "rows = b if full is None else tf.where(index < full, b, last)",
+        "rows = b",
+        (
+            "tests/test_input_sharding.py::"
+            "test_auto_cuts_before_the_maps_and_the_slices_make_the_global_batches",
+        ),
+    ),
+    Mutant(
+        "whole-batch-last-replicas",
+        "the whole-batch cut of a batch of known rows gives the extra rows to the last replicas "
+        "(3, 4 for 7 rows over 2)",
+        "dpkeras/_extended/keras_steps.py",
+        "bounds = [_input.replica_start(r, total, n) for r in range(n + 1)]",
+        "bounds = [total - _input.replica_start(n - r, total, n) for r in range(n + 1)]",
+        (
+            "tests/test_whole_batches.py::"
+            "test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch",
+        ),
+    ),
+    Mutant(
+        "whole-batch-last-replicas-in-graph",
+        "the same break for a batch whose rows are known only when it is read (the epoch loop)",
+        "dpkeras/_extended/keras_steps.py",
+        "bounds = [_input.replica_start_in_graph(r, total, n) for r in range(n + 1)]",
+        "bounds = [total - _input.replica_start_in_graph(n - r, total, n) for r in range(n + 1)]",
+        (
+            "tests/test_whole_batches.py::"
+            "test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch",
+        ),
+    ),
+    Mutant(
+        "compile-in-another-dpkeras",
+        "a model of one dpkeras strategy compiles in another dpkeras strategy's scope",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if extended_of(current) is not extended:\n",
+        "    if extended_of(current) is None:\n",
+        (
+            "tests/test_errors.py::"
+            "test_compile_outside_the_model_scope_is_one_clear_error[another dpkeras-sgd]",
+        ),
+    ),
+    Mutant(
+        "launch-takes-program-verbose",
+        "dpkeras launch takes --verbose from the program's arguments after --",
+        "dpkeras/_cli/__init__.py",
+        'own = argv[: argv.index("--")] if "--" in argv else argv',
+        "own = argv",
+        (
+            "tests/test_launch.py::"
+            "test_flags_after_the_double_dash_are_the_program_s_verbose_included",
+        ),
+    ),
+    Mutant(
+        "lease-unprobed-holder",
+        "a training client whose address cannot be probed from here is taken for dead: a second "
+        "client trains beside it",
+        "dpkeras/cluster/_lease.py",
+        "        if alive is False:\n",
+        "        if not alive:\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_training_client_that_cannot_be_probed_from_here_refuses_a_second_one",
+        ),
+    ),
+    Mutant(
+        "lease-dead-holder-blocks",
+        "the record of a client that died refuses every later client",
+        "dpkeras/cluster/_lease.py",
+        "        if alive is False:\n",
+        "        if False:\n",
+        ("tests/test_cluster_clients.py::test_a_dead_client_s_record_does_not_block_a_new_one",),
+    ),
+    Mutant(
+        "task-ends-for-any-client",
+        "a task ends with status 0 when the record says any client finished, not its own",
+        "dpkeras/cluster/_task.py",
+        'record["client"] == client_name and record["state"] == FINISHED',
+        'record["state"] == FINISHED',
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_ends_for_its_own_client_s_finished_record_only",
+        ),
+    ),
+    Mutant(
+        "fatal-hidden",
+        "the quiet filter drops FATAL records with INFO and WARNING",
+        "dpkeras/_quiet.py",
+        'return record.group(1) in "IW" or',
+        'return record.group(1) in "IWF" or',
+        ("tests/test_quiet.py::test_a_fatal_record_is_never_hidden_not_even_in_a_dump",),
+    ),
+    Mutant(
+        "fatal-in-dump",
+        "a record written while the filter drops a dump is dropped with the dump",
+        "dpkeras/_quiet.py",
+        "        if _RECORD.match(text):  # a dump holds no record",
+        "        if False:  # a dump holds no record",
+        ("tests/test_quiet.py::test_a_fatal_record_is_never_hidden_not_even_in_a_dump",),
+    ),
+    Mutant(
+        "filter-in-process",
+        "the quiet filter runs in the process it filters (as before): a process that crashes "
+        "dies before its FATAL record is passed on",
+        "dpkeras/_quiet.py",
+        "        self._pump = subprocess.Popen(\n"
+        '            [sys.executable, "-c", _PUMP, root, str(read), str(self._saved)],\n'
+        "            pass_fds=(read, self._saved),\n"
+        "            stdin=subprocess.DEVNULL,\n"
+        "            stdout=subprocess.DEVNULL,\n"
+        "        )\n"
+        "        os.close(read)\n",
+        "        import threading\n\n"
+        "        self._pump = threading.Thread(\n"
+        "            target=pump, args=(read, self._saved), daemon=True\n"
+        "        )\n"
+        "        self._pump.start()\n"
+        "        self._pump.wait = self._pump.join\n",
+        ("tests/test_quiet.py::test_a_process_that_crashes_shows_its_fatal_record",),
+    ),
 )
 
 

@@ -117,21 +117,26 @@ def _dense():
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-@pytest.mark.parametrize("outside", ["no strategy", "another strategy"])
+@pytest.mark.parametrize("outside", ["no strategy", "another strategy", "another dpkeras"])
 def test_compile_outside_the_model_scope_is_one_clear_error(optimizer, outside):
     """Keras lets this through: with Adam, fit then fails with TensorFlow's raw "Mixing
     different tf.distribute.Strategy objects"; with SGD, the optimizer's and the loss's
-    variables silently land outside the strategy (MirroredStrategy does the same)."""
+    variables silently land outside the strategy (MirroredStrategy does the same). The scope
+    of another dpkeras strategy is outside the model's scope too."""
     with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3") as strategy:
         model = _dense()
-    other = tf.distribute.OneDeviceStrategy("/cpu:0")
-    around = contextlib.nullcontext() if outside == "no strategy" else other.scope()
-    with around:
+    around = {
+        "no strategy": contextlib.nullcontext,
+        "another strategy": lambda: tf.distribute.OneDeviceStrategy("/cpu:0").scope(),
+        "another dpkeras": lambda: dpkeras.scope(["/cpu:0", "/cpu:1"], "/cpu:2"),
+    }[outside]
+    with around():
         with pytest.raises(
             ValueError,
             match=r"^Model 'sequential' was built under ParameterDeviceStrategy\(compute_devices="
             r"\[/cpu:1, /cpu:2\], parameter_device='/cpu:3'\) and is compiled outside its scope "
-            r"\((no strategy|a OneDeviceStrategy) is in scope\).*Mixing different.*"
+            r"\((no strategy|a OneDeviceStrategy|ParameterDeviceStrategy\(compute_devices="
+            r"\[/cpu:0, /cpu:1\], parameter_device='/cpu:2'\)) is in scope\).*Mixing different.*"
             r"Compile the model inside the scope it was built in: `with dpkeras.scope\(...\):` "
             r"or `with strategy.scope\(\):`",
         ):

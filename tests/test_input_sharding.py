@@ -29,13 +29,24 @@ def _pipelines(make, ranges, replicas):
     return None if built[0] is None else [built[w][w] for w in range(len(ranges))]
 
 
+def _tf_shares(rows, replicas):
+    """TensorFlow's rebatching rule: sizes differ by at most one, the first replicas take the
+    extra rows (7 over 2: 4, 3; 10 over 4: 3, 3, 2, 2)."""
+    return [rows // replicas + (r < rows % replicas) for r in range(replicas)]
+
+
 def _assert_slices_make_the_global_batches(make, ranges, replicas, pipelines=None):
+    """Each replica's slice has TensorFlow's row count, and the slices, concatenated in
+    replica order, are the global batches."""
     pipelines = pipelines or _pipelines(make, ranges, replicas)
     assert pipelines is not None, "expected an early cut"
     iterators = [iter(p.as_numpy_iterator()) for p in pipelines]
     batches = 0
     for expected in make().as_numpy_iterator():
         parts = [next(it) for it, (first, end) in zip(iterators, ranges) for _ in range(first, end)]
+        rows = len(tf.nest.flatten(expected)[0])
+        shares = [{len(x) for x in tf.nest.flatten(part)} for part in parts]
+        assert shares == [{n} for n in _tf_shares(rows, replicas)], (batches, rows, shares)
         got = tf.nest.map_structure(lambda *xs: np.concatenate(xs), *parts)
         tf.nest.map_structure(np.testing.assert_array_equal, got, expected)
         batches += 1
@@ -54,6 +65,7 @@ def _elements(n):
         (lambda: _elements(103).batch(10, drop_remainder=True).prefetch(2), [(0, 1), (1, 3)], 3),
         (lambda: _elements(7).batch(5), [(0, 2), (2, 4)], 4),  # worker 1: no row of the last
         (lambda: _elements(40).batch(8), [(0, 1), (1, 2), (2, 3), (3, 4)], 4),
+        (lambda: _elements(15).batch(8), [(0, 2)], 2),  # one host, last batch 7: 4, 3
         (
             lambda: (
                 tf.data.Dataset.range(21)

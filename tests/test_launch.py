@@ -193,6 +193,31 @@ def test_launcher_usage_errors(flags, message):
     assert re.search(message, proc.stderr), proc.stderr
 
 
+def test_flags_after_the_double_dash_are_the_program_s_verbose_included(tmp_path):
+    """`dpkeras launch -- prog --verbose --ps 3`: every task's program receives `--verbose
+    --ps 3`, and the launcher stays quiet (its own --verbose comes before the `--`)."""
+    path = tmp_path / "args.py"
+    path.write_text(
+        "import os, sys\nprint('ARGS', sys.argv[1:], os.environ.get('DPKERAS_VERBOSE'))\n"
+    )
+    env = server_env()
+    env.pop("DPKERAS_VERBOSE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpkeras", "launch", "--ps", "0", "--workers", "1", "--"]
+        + [sys.executable, str(path), "--verbose", "--ps", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=LAUNCH_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = sorted(line for line in proc.stdout.splitlines() if " ARGS " in line)
+    assert said == [
+        "[chief:0] ARGS ['--verbose', '--ps', '3'] None",
+        "[worker:0] ARGS ['--verbose', '--ps', '3'] None",
+    ], proc.stdout
+
+
 def _tf_config(cluster, job, index):
     return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
 

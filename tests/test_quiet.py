@@ -96,6 +96,43 @@ def test_the_filter_keeps_everything_that_is_not_tensorflow_s_logging():
     assert lines.dropped == 9
 
 
+_FATAL = [
+    "F1125 20:14:59.123456   32108 op_kernel.cc:12] Check failed: a == b (1 vs. 2)",
+    "*** Check failure stack trace: ***",
+    "    @     0x7f2b1c2d3e4f  absl::log_internal::LogMessageFatal::~LogMessageFatal()",
+]
+
+
+def test_a_fatal_record_is_never_hidden_not_even_in_a_dump():
+    """A crashed task must show why: FATAL records and what follows them are kept, also when
+    one comes while a dump is being dropped (a record ends the dump)."""
+    assert LineFilterOf("\n".join(_FATAL)).kept == _FATAL
+    dump = [
+        "I1125 20:14:59.2   32498 eager_service_impl.cc:355] SessionOptions: goo.gle/debugstr ",
+        "device_count {",
+    ]
+    lines = LineFilterOf("\n".join(dump + _FATAL + ["}", "epoch 1"]))
+    assert lines.kept == _FATAL + ["}", "epoch 1"]
+
+
+def test_a_process_that_crashes_shows_its_fatal_record():
+    """The record is written and the process aborts at once, holding Python's lock throughout
+    (as TensorFlow's C++ does): a filter running in the process itself never passed it on."""
+    proc = _python(
+        f"""
+        import ctypes
+        from dpkeras import _quiet
+        _quiet.filter_stderr()
+        libc = ctypes.PyDLL(None)  # calls that keep Python's lock
+        text = {chr(10).join(_FATAL + [""]).encode()!r}
+        libc.write(2, text, len(text))
+        libc.abort()
+        """
+    )
+    assert proc.returncode == -signal.SIGABRT, proc.stderr
+    assert proc.stderr.splitlines() == _FATAL, proc.stderr
+
+
 def test_dpkeras_help_and_launch_help_import_no_tensorflow():
     proc = _python(
         """

@@ -8,6 +8,7 @@ first, as without a strategy (a count, not a clock: BENCHMARKS.md has the times)
 equals one device. `train_on_batch` and `test_on_batch`, which hand `strategy.run` one whole
 batch, run each replica on its share too (before, every replica ran every row)."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -98,6 +99,33 @@ def test_train_and_test_on_batch_run_each_replica_on_its_share(replicas):
     for ours, theirs in zip(model.metrics, reference.metrics):  # totals and counts
         for a, b in zip(ours.variables, theirs.variables):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, err_msg=a.path)
+
+
+class _ReplicaId(keras.layers.Layer):
+    """Each row's output: the replica that ran it."""
+
+    def call(self, x):
+        context = tf.distribute.get_replica_context()  # None: Keras's symbolic build
+        replica = 0 if context is None else context.replica_id_in_sync_group
+        return tf.fill(tf.shape(x)[:1], tf.cast(replica, "float32"))
+
+    def compute_output_shape(self, shape):
+        return shape[:1]
+
+
+@pytest.mark.parametrize("replicas, shares", [(2, [4, 4, 4, 3]), (3, [3, 3, 2, 3, 2, 2])])
+def test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch(replicas, shares):
+    """TensorFlow's rule for each replica's rows: 7 over 2 are 4, 3 (not 3, 4); 8 over 3 are
+    3, 3, 2. predict's outputs come back in replica order, each row naming its replica: from
+    `predict`'s whole batches (rows known when they are read) and from `predict_on_batch`'s
+    one batch (rows known when the step is made)."""
+    with cpu_strategy(replicas).scope():
+        # A weight keeps dpkeras's patches installed after the scope (they follow its variables)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1), _ReplicaId()])
+    x = np.zeros((15, 3), "float32")  # batches of 8 and 7
+    expected = np.repeat(list(range(replicas)) * 2, shares).astype("float32")
+    np.testing.assert_array_equal(model.predict(x, batch_size=8, verbose=0), expected)
+    np.testing.assert_array_equal(model.predict_on_batch(x[8:]), expected[8:])
 
 
 def _plan(*devices, host=HOST):
