@@ -664,6 +664,20 @@ MUTANTS = (
             "test_a_dense_source_is_cut_per_global_batch_not_per_element",
         ),
     ),
+    Mutant(
+        "uninstall-inherited",
+        "what the owner held is read after the wrapper is set, so uninstall() sets the inherited "
+        "function on the class (keras.optimizers.Optimizer keeps an apply of its own)",
+        "dpkeras/_patches/entries.py",
+        "        own = vars(owner).get(self.name, _INHERITED)\n"
+        "        setattr(owner, self.name, _wrap(self, original))\n",
+        "        setattr(owner, self.name, _wrap(self, original))\n"
+        "        own = original if self.name in vars(owner) else _INHERITED\n",
+        (
+            "tests/test_keras_patches.py::"
+            "test_after_uninstall_every_patched_owner_holds_what_it_held_before_dpkeras",
+        ),
+    ),
 )
 
 
