@@ -37,15 +37,22 @@ The package, from the top down (each imports only what stands below it):
   `_tf_internals` and `_keras_internals` (every private TensorFlow and Keras use, each with
   its reason), `_cache` (the graph-keyed cache), `_quiet` (TensorFlow's log noise kept out of
   the commands' output), `_lazy` (this module's names imported when first used),
-  `_device_names`, `_sizes`, `_config` (every setting, resolved once: arguments, then
-  `DPKERAS_*`, then defaults), `_compat_scopes` (TensorFlow's `tf.compat.v1.variable_scope`
-  around dpkeras's variables, refused by name), `_version`.
+  `_serializable` (the classes dpkeras registers with Keras's serialization, registered by
+  `import dpkeras` alone, before Keras is imported), `_device_names`, `_sizes`, `_config`
+  (every setting, resolved once: arguments, then `DPKERAS_*`, then defaults), `_compat_scopes`
+  (TensorFlow's `tf.compat.v1.variable_scope` around dpkeras's variables, refused by name),
+  `_version`.
 """
 
 import typing
 
+from dpkeras import _serializable
 from dpkeras._lazy import exports
 from dpkeras._version import __version__
+
+# The classes of dpkeras's files (`dpkeras>DynamicEmbedding`), registered with Keras now or when
+# Keras is imported, so that `import dpkeras` is enough for `keras.models.load_model`.
+_serializable.register()
 
 # Each public name and the module that holds it, imported when first used (`dpkeras._lazy`).
 _EXPORTS = {

@@ -873,6 +873,72 @@ MUTANTS = (
         "        self._pump.wait = self._pump.join\n",
         ("tests/test_quiet.py::test_a_process_that_crashes_shows_its_fatal_record",),
     ),
+    ),
+    Mutant(
+        "uninstall-inherited",
+        "what the owner held is read after the wrapper is set, so uninstall() sets the inherited "
+        "function on the class (keras.optimizers.Optimizer keeps an apply of its own)",
+        "dpkeras/_patches/entries.py",
+        "        own = vars(owner).get(self.name, _INHERITED)\n"
+        "        setattr(owner, self.name, _wrap(self, original))\n",
+        "        setattr(owner, self.name, _wrap(self, original))\n"
+        "        own = original if self.name in vars(owner) else _INHERITED\n",
+        (
+            "tests/test_keras_patches.py::"
+            "test_after_uninstall_every_patched_owner_holds_what_it_held_before_dpkeras",
+        ),
+    ),
+    Mutant(
+        "register-on-first-use",
+        "import dpkeras registers nothing with Keras: dpkeras>DynamicEmbedding is registered "
+        "only when dpkeras.layers is first used, and a file holding it no longer loads",
+        "dpkeras/__init__.py",
+        "_serializable.register()\n",
+        "",
+        (
+            "tests/test_serializable.py::"
+            "test_each_registered_class_loads_in_a_process_that_imports_only_dpkeras",
+            "tests/test_serializable.py::"
+            "test_import_dpkeras_imports_no_keras_and_registers_when_keras_is_imported",
+        ),
+    ),
+    Mutant(
+        "register-no-hook",
+        "import dpkeras registers only with a Keras imported before it: `import dpkeras; "
+        "import keras` cannot load a file holding a DynamicEmbedding",
+        "dpkeras/_serializable.py",
+        "        sys.meta_path.insert(0, _WhenKerasIsImported())\n",
+        "        pass\n",
+        (
+            "tests/test_serializable.py::"
+            "test_each_registered_class_loads_in_a_process_that_imports_only_dpkeras"
+            "[dpkeras-first]",
+        ),
+    ),
+    Mutant(
+        "register-keras-first",
+        "import dpkeras after Keras registers nothing (the hook waits for an import that has "
+        "happened)",
+        "dpkeras/_serializable.py",
+        '    if keras is not None and hasattr(keras, "saving"):',
+        "    if False:",
+        (
+            "tests/test_serializable.py::"
+            "test_each_registered_class_loads_in_a_process_that_imports_only_dpkeras"
+            "[keras-first]",
+        ),
+    ),
+    Mutant(
+        "register-imports-keras",
+        "import dpkeras imports Keras, and with it TensorFlow, to register its classes",
+        "dpkeras/_serializable.py",
+        '    keras = sys.modules.get("keras")\n',
+        '    keras = importlib.import_module("keras")\n',
+        (
+            "tests/test_serializable.py::"
+            "test_import_dpkeras_imports_no_keras_and_registers_when_keras_is_imported",
+        ),
+    ),
 )
 
 

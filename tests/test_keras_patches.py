@@ -9,6 +9,7 @@ the entries installed.
 import ast
 import dataclasses
 import gc
+import importlib.util
 import inspect
 import pathlib
 import re
@@ -308,6 +309,63 @@ def test_after_uninstall_every_changed_object_is_the_original_again():
         keras_patches.entry("Optimizer.apply")
     )
     assert "apply" not in vars(model.optimizer)
+
+
+def test_after_uninstall_every_patched_owner_holds_what_it_held_before_dpkeras():
+    """In a fresh process, each module and class an entry patches: after `uninstall()`, its
+    `__dict__` has the same keys holding the same objects as before dpkeras installed anything
+    (a class that inherits the function, as `keras.optimizers.Optimizer` inherits `apply`, holds
+    none again, rather than the inherited function set on it). Twice: a scope installs every
+    entry again after `uninstall()`, and leaving it with no variable alive restores as well."""
+    out = run_python(
+        """
+        import contextlib
+        import gc
+        import keras
+        import dpkeras
+        from dpkeras._patches import entries, table
+
+        with contextlib.suppress(ImportError):
+            import keras_rs  # the optional entry applies once keras-rs is imported
+        patched = [e for e in table.ENTRIES if isinstance(e, entries.Attribute) and e.available()]
+        owners = {id(e.owner()): e.owner() for e in patched}
+        shipped = {key: dict(vars(owner)) for key, owner in owners.items()}
+        absent = object()
+
+        def changed():
+            found = set()
+            for key, owner in owners.items():
+                now, before = dict(vars(owner)), shipped[key]
+                found |= {
+                    (key, name)
+                    for name in set(now) | set(before)
+                    if now.get(name, absent) is not before.get(name, absent)
+                }
+            return found
+
+        every = {(id(e.owner()), e.name) for e in patched}
+        assert changed() == set(), changed()
+        for round in (1, 2):
+            with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+                assert table.installed() and changed() == every, (round, changed() ^ every)
+                model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+                model.compile(optimizer="sgd", loss="mse")
+            assert table.installed() and changed() == every  # the model's variables hold them
+            dpkeras.uninstall()
+            assert not table.installed() and changed() == set(), (round, changed())
+            del model
+            gc.collect()
+        with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+            assert changed() == every
+        assert not table.installed() and changed() == set(), changed()  # left, nothing alive
+        print(sorted(e.qualname for e in patched if e.name not in vars(e.owner())))
+        """,
+        cpus=3,
+    )
+    inherited = {"Optimizer.apply"}  # the entries whose class inherits the function
+    if importlib.util.find_spec("keras_rs") is not None:
+        inherited.add("DistributedEmbedding._sparsecore_init")
+    assert out.strip().splitlines()[-1] == str(sorted(inherited))
 
 
 def test_importing_dpkeras_registers_no_dispatcher():

@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 SUPPORTED_KERAS = "3.15"
+_INHERITED = object()  # an owner that held no object of its own under the name
 
 
 def _wrap(entry, original):
@@ -87,19 +88,26 @@ class Attribute:
             )
 
     def install(self):
-        """Replaces the function; returns what `restore` needs."""
+        """Replaces the function; returns what `restore` needs.
+
+        What the owner held itself is read before the wrapper is set: a class that inherits
+        the function (`keras.optimizers.Optimizer.apply`, defined on a base class) holds none,
+        and `restore` must then delete the wrapper, not set the inherited function on it.
+        """
         owner = self.owner()
         original = getattr(owner, self.name)
+        own = vars(owner).get(self.name, _INHERITED)
         setattr(owner, self.name, _wrap(self, original))
-        return owner, original, self.name in vars(owner)
+        return owner, original, own
 
     def restore(self, saved):
-        """Puts the original object back (`saved` is what `install` returned)."""
-        owner, original, own = saved
-        if own:
-            setattr(owner, self.name, original)
-        else:
+        """Puts back what the owner held (`saved` is what `install` returned): its own object
+        as it was in its `__dict__`, or nothing, for an inherited function."""
+        owner, _, own = saved
+        if own is _INHERITED:
             delattr(owner, self.name)
+        else:
+            setattr(owner, self.name, own)
 
     def current(self):
         """The object on the owner now (the original, or dpkeras's wrapper)."""
