@@ -873,7 +873,6 @@ MUTANTS = (
         "        self._pump.wait = self._pump.join\n",
         ("tests/test_quiet.py::test_a_process_that_crashes_shows_its_fatal_record",),
     ),
-    ),
     Mutant(
         "uninstall-inherited",
         "what the owner held is read after the wrapper is set, so uninstall() sets the inherited "
