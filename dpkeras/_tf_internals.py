@@ -15,12 +15,16 @@ import tensorflow as tf
 
 # On a cluster each input host (a worker task's CPU) runs its own copy of the input pipeline:
 # a dataset made on the client must be serialised and rebuilt on each input host, as TF's own
-# distributed datasets do (`input_lib`); there is no public call.
-from tensorflow.python.data.experimental.ops.distribute import replicate
+# distributed datasets do (`input_lib`); there is no public call. dpkeras also reads and edits
+# that graph before rebuilding it (`pipeline_graph`, `dataset_from_graph`), to give a random op
+# or dataset that has no seed the same seeds on every host (`dpkeras.cluster._seeds`): with
+# `replicate`'s own class (`_RemoteDataset`) and serialisation options (ExternalStatePolicy).
+from tensorflow.python.data.experimental.ops.distribute import _RemoteDataset, replicate
 
 # Which iterator TensorFlow made for an input host (see `host_iterator_kinds`): the class of a
 # MultiDeviceIterator is not exported.
 from tensorflow.python.data.ops.multi_device_iterator_ops import OwnedMultiDeviceIterator
+from tensorflow.python.data.ops.options import ExternalStatePolicy
 
 # An epoch's iterator that makes its input hosts' iterators at first use (see
 # `distributed_dataset`) derives from TensorFlow's own distributed dataset and iterator
@@ -69,6 +73,10 @@ from tensorflow.python.eager import context as _context
 # the copy its task already pulled must tell its (thread-local) tape that it accessed the
 # variable (`variable_accessed`); there is no public way to add an edge to the tape.
 from tensorflow.python.eager.record import record_operation
+
+# Which inputs of a dataset op are its seeds (`op_inputs`, for `dpkeras.cluster._seeds`): the
+# op's registered definition; `tf.raw_ops` gives only a Python function.
+from tensorflow.python.framework import op_def_registry
 
 # A variable is created under `tf.device(chosen device)` with any enclosing colocation
 # constraint cleared (Keras may create optimizer state inside a colocation scope of the graph
@@ -250,6 +258,32 @@ def runs_python(dataset):
     return False
 
 
+def pipeline_graph(dataset):
+    """`(GraphDef, element_spec)` of `dataset`'s pipeline, serialised as `replicate` serialises
+    it to rebuild it on another device."""
+    with _ops.colocate_with(dataset._variant_tensor):
+        dataset = dataset._apply_debug_options()
+        serialized = dataset._as_serialized_graph(
+            strip_device_assignment=True, external_state_policy=ExternalStatePolicy.WARN
+        )
+    return tf.compat.v1.GraphDef.FromString(serialized.numpy()), dataset.element_spec
+
+
+def dataset_from_graph(graph_def, device, element_spec):
+    """The dataset of `graph_def` (from `pipeline_graph`), made on `device`."""
+    return _RemoteDataset(graph_def.SerializeToString(), device, element_spec)
+
+
+def op_inputs(op):
+    """The names of op type `op`'s inputs, in order, each with its count attribute: a list of
+    `(name, number_attr, type_list_attr)` from the op's registered definition (empty for an op
+    TensorFlow does not know)."""
+    op_def = op_def_registry.get(op)
+    if op_def is None:
+        return []
+    return [(a.name, a.number_attr, a.type_list_attr) for a in op_def.input_arg]
+
+
 def batch_arguments(dataset):
     """`(batch size, drop_remainder)` of a `batch` transformation (size None if not static)."""
     size = tf.get_static_value(dataset._batch_size)
@@ -363,8 +397,9 @@ class _AtFirstUse:
     use, unless the hosts' pipelines share state between iterators. Mixed into each of
     TensorFlow's classes, which name their hosts' pipelines differently (`_per_host`)."""
 
-    def __init__(self, *args, source=None, **kwargs):
+    def __init__(self, *args, source=None, remake=None, **kwargs):
         self._dpkeras_source, self._dpkeras_shared = source, None
+        self._dpkeras_remake = remake
         super().__init__(*args, **kwargs)
 
     def __iter__(self):
@@ -374,6 +409,9 @@ class _AtFirstUse:
         return super().__iter__() if iterator is None else iterator
 
     def _dpkeras_iter(self, per_host):
+        remake = self._dpkeras_remake
+        if remake is not None:  # each epoch's pipelines are new: they share no state
+            self._dpkeras_shared = False
         if self._dpkeras_shared is None:
             pipelines = [self._dpkeras_source] if self._dpkeras_source is not None else per_host
             self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)
@@ -383,8 +421,13 @@ class _AtFirstUse:
         input_workers, options = self._input_workers, self._options
 
         def make():
+            hosts = per_host
+            if remake is not None:  # as TensorFlow's `__init__` makes them from `dataset_fn`
+                hosts, _ = _input_lib._create_datasets_from_function_with_input_context(
+                    self._input_contexts, input_workers, remake()
+                )
             return _input_lib._create_iterators_per_worker(
-                per_host, input_workers, options=options, canonicalize_devices=canonicalize
+                hosts, input_workers, options=options, canonicalize_devices=canonicalize
             )
 
         return _IteratorAtFirstUse(
@@ -424,13 +467,15 @@ def distributed_dataset(dataset, input_workers, strategy, num_replicas_in_sync, 
 
 
 def distributed_datasets_from_function(
-    dataset_fn, input_workers, input_contexts, strategy, options, source=None
+    dataset_fn, input_workers, input_contexts, strategy, options, source=None, remake=None
 ):
     """TensorFlow's distributed dataset of one pipeline per input host
     (`input_util.get_distributed_datasets_from_function`), whose iterators make their input
     hosts' iterators at first use unless the pipelines' iterators share state: checked on
     `source`, the dataset the hosts' pipelines copy (their copies cannot be walked), or else on
-    each host's pipeline."""
+    each host's pipeline. With `remake`, each iterator made eagerly reads pipelines made anew,
+    at first use, by the `dataset_fn` that `remake()` returns (TensorFlow's own iterator, in a
+    traced function, reads those `dataset_fn` made)."""
     return _DatasetsFromFunctionAtFirstUse(
         input_workers,
         strategy,
@@ -438,6 +483,7 @@ def distributed_datasets_from_function(
         dataset_fn=dataset_fn,
         options=options,
         source=source,
+        remake=remake,
     )
 
 

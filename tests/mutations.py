@@ -938,6 +938,54 @@ MUTANTS = (
             "test_import_dpkeras_imports_no_keras_and_registers_when_keras_is_imported",
         ),
     ),
+    Mutant(
+        "unseeded-copies",
+        "each input host's copy of a pipeline with unseeded random ops draws its own seeds (the "
+        "cause of issue 40's lost errors: workers shuffle Keras's arrays differently)",
+        "dpkeras/_extended/input.py",
+        "unseeded = _seeds.Unseeded.of(dataset)",
+        "unseeded = None",
+        (
+            "tests/test_cluster_step_errors.py::"
+            "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",
+            "tests/test_cluster_step_errors.py::"
+            "test_a_failing_step_raises_each_time_and_changes_no_weight",
+        ),
+    ),
+    Mutant(
+        "unseeded-source-cut",
+        "AUTO cuts a pipeline whose source shuffles without a seed: each host maps the elements "
+        "of its own order",
+        "dpkeras/cluster/_input.py",
+        "if cut is None or _seeds.Unseeded.of(cut.source) is not None:",
+        "if cut is None:",
+        (
+            "tests/test_cluster_step_errors.py::"
+            "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",
+        ),
+    ),
+    Mutant(
+        "unseeded-seeds-per-host",
+        "each host's copy of an unseeded pipeline gets seeds of its own, made once per fit",
+        "dpkeras/_extended/input.py",
+        "dataset_fn, strategy, options, dataset, remake=each_epoch",
+        "dataset_fn, strategy, options, dataset, remake=None",
+        (
+            "tests/test_cluster_step_errors.py::"
+            "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",
+        ),
+    ),
+    Mutant(
+        "unseeded-same-every-epoch",
+        "an unseeded pipeline gets the same seeds every epoch: Keras's arrays in one order",
+        "dpkeras/cluster/_seeds.py",
+        "return random.SystemRandom().randrange(1, 2**62)",
+        "return 12345",
+        (
+            "tests/test_cluster_step_errors.py::"
+            "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",
+        ),
+    ),
 )
 
 

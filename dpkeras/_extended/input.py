@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
-from dpkeras.cluster import _connect, _input
+from dpkeras.cluster import _connect, _input, _seeds
 from dpkeras.cluster._spec import task_name
 
 _log = logging.getLogger("dpkeras")
@@ -189,24 +189,43 @@ class InputPlan:
             firsts.append(firsts[-1] + len(devices))
         ranges = list(zip(firsts, firsts[1:]))
         pipelines = _input.host_pipelines(dataset, ranges, self.num_replicas)
+        unseeded = None
         if pipelines is None:  # each host runs the whole pipeline, keeps its slices
-            copies = _tf_internals.replicate(dataset, hosts)
+            # Random ops without seeds would decide differently on each host: each epoch's
+            # copies get the same fresh seeds (`dpkeras.cluster._seeds`).
+            unseeded = _seeds.Unseeded.of(dataset)
+            if unseeded is None:
+                copies = _tf_internals.replicate(dataset, hosts)
 
         # A plain iterator (see `iterator_options`) does not buffer as a MultiDeviceIterator
         # does: each host's pipeline prefetches one element itself.
         buffered = self.feeds_only_its_own_cpu()
 
-        def dataset_fn(context):  # runs under the input host's device
+        def dataset_fn(context, graph_def=None):  # runs under the input host's device
             i = context.input_pipeline_id
-            if pipelines is None:
+            if unseeded is not None:
+                copy = unseeded.copy(hosts[i], graph_def or unseeded.seeded())
+                mine = _input.host_slices(copy, *ranges[i], self.num_replicas)
+            elif pipelines is None:
                 mine = _input.host_slices(copies[hosts[i]], *ranges[i], self.num_replicas)
             else:
                 mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
             return mine.prefetch(1) if buffered else mine
 
-        return self.distribute_datasets_from_function(dataset_fn, strategy, options, dataset)
+        if unseeded is None:
+            return self.distribute_datasets_from_function(dataset_fn, strategy, options, dataset)
 
-    def distribute_datasets_from_function(self, dataset_fn, strategy, options, source=None):
+        def each_epoch():  # every host's copy of one epoch from one graph: the same seeds
+            graph_def = unseeded.seeded()
+            return lambda context: dataset_fn(context, graph_def)
+
+        return self.distribute_datasets_from_function(
+            dataset_fn, strategy, options, dataset, remake=each_epoch
+        )
+
+    def distribute_datasets_from_function(
+        self, dataset_fn, strategy, options, source=None, remake=None
+    ):
         """`strategy.distribute_datasets_from_function`: one pipeline per input host, each
         called with its `InputContext`.
 
@@ -215,6 +234,8 @@ class InputPlan:
         the end of each epoch and throws away costs nothing; not for a pipeline whose
         iterators share state (a `shuffle` that reshuffles each iteration), checked on
         `source` (the dataset the hosts' pipelines copy) or else on each host's pipeline.
+        With `remake`, each epoch's iterator reads hosts' pipelines made anew by the function
+        like `dataset_fn` that `remake()` returns (the same fresh seeds on every host).
         """
         self.check_options(options, "distribute_datasets_from_function")
         contexts = [
@@ -232,6 +253,7 @@ class InputPlan:
             strategy,
             options=self.iterator_options(options),
             source=source,
+            remake=remake,
         )
 
     def distribute_values_from_function(self, value_fn):

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras._extended import batch_rows
+from dpkeras.cluster import _seeds
 
 AutoShardPolicy = tf.data.experimental.AutoShardPolicy
 
@@ -217,7 +218,10 @@ def host_pipelines(dataset, ranges, num_replicas):
     if policy != AutoShardPolicy.AUTO:
         return None
     cut = _plan_cut(dataset)
-    if cut is None:
+    if cut is None or _seeds.Unseeded.of(cut.source) is not None:
+        # Which host maps an element depends on the source's order: a source whose order is
+        # drawn without a seed (an unseeded `shuffle`) is read whole by every host, with the
+        # same seeds (`_seeds`).
         return None
     pipelines = [_host_pipeline(cut, first, end, num_replicas) for first, end in ranges]
     if any(p is None for p in pipelines):
