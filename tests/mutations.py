@@ -943,8 +943,8 @@ MUTANTS = (
         "each input host's copy of a pipeline with unseeded random ops draws its own seeds (the "
         "cause of issue 40's lost errors: workers shuffle Keras's arrays differently)",
         "dpkeras/_extended/input.py",
-        "unseeded = _seeds.Unseeded.of(dataset)",
-        "unseeded = None",
+        "copy = source.copy(hosts[i], graph_def)",
+        "copy = source.copy(hosts[i])",
         (
             "tests/test_cluster_step_errors.py::"
             "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",
@@ -957,7 +957,7 @@ MUTANTS = (
         "AUTO cuts a pipeline whose source shuffles without a seed: each host maps the elements "
         "of its own order",
         "dpkeras/cluster/_input.py",
-        "if cut is None or _seeds.Unseeded.of(cut.source) is not None:",
+        "if cut is None or _seeds.Pipeline.of(cut.source).ops:",
         "if cut is None:",
         (
             "tests/test_cluster_step_errors.py::"
@@ -965,11 +965,12 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "unseeded-seeds-per-host",
-        "each host's copy of an unseeded pipeline gets seeds of its own, made once per fit",
+        "unseeded-once-per-fit",
+        "an unseeded pipeline's copies share seeds drawn once per fit: Keras's arrays in one "
+        "order every epoch",
         "dpkeras/_extended/input.py",
-        "dataset_fn, strategy, options, dataset, remake=each_epoch",
-        "dataset_fn, strategy, options, dataset, remake=None",
+        "remake=each_epoch if unseeded else None",
+        "remake=None",
         (
             "tests/test_cluster_step_errors.py::"
             "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",

@@ -921,3 +921,25 @@ def test_a_list_of_parameter_devices_spreads_dpkeras_variables():
         )
     )
     assert css.extended.parameter_devices[0].lower().endswith("cpu:0")
+
+
+def test_seeds_benchmark_compares_seeded_and_unseeded_epochs(tmp_path):
+    """`benchmarks/seeds.py` end to end, briefly: a seeded and an unseeded client's costs."""
+    out = tmp_path / "seeds.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.seeds", "--rows=2000", "--turns=1", "--epochs=2"]
+        + ["--steps=2", f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["seeded"], r["rows"], r["workers"]) for r in rows] == [
+        (True, 2000, 2),
+        (False, 2000, 2),
+    ]
+    assert all(r["client_cpu_ms_per_epoch"] > 0 and r["wall_ms_per_epoch"] > 0 for r in rows)
+    assert "unseeded: client CPU" in proc.stdout

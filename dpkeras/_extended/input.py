@@ -189,38 +189,33 @@ class InputPlan:
             firsts.append(firsts[-1] + len(devices))
         ranges = list(zip(firsts, firsts[1:]))
         pipelines = _input.host_pipelines(dataset, ranges, self.num_replicas)
-        unseeded = None
-        if pipelines is None:  # each host runs the whole pipeline, keeps its slices
-            # Random ops without seeds would decide differently on each host: each epoch's
-            # copies get the same fresh seeds (`dpkeras.cluster._seeds`).
-            unseeded = _seeds.Unseeded.of(dataset)
-            if unseeded is None:
-                copies = _tf_internals.replicate(dataset, hosts)
+        source = graph_def = None
+        if pipelines is None:  # each host runs a copy of the whole pipeline, keeps its slices
+            source = _seeds.Pipeline.of(dataset)
+            # Random ops without seeds would decide differently on each host: the hosts'
+            # copies get the same seeds, fresh ones each epoch (`remake`).
+            graph_def = source.seeded() if source.ops else None
 
         # A plain iterator (see `iterator_options`) does not buffer as a MultiDeviceIterator
         # does: each host's pipeline prefetches one element itself.
         buffered = self.feeds_only_its_own_cpu()
 
-        def dataset_fn(context, graph_def=None):  # runs under the input host's device
+        def dataset_fn(context, graph_def=graph_def):  # runs under the input host's device
             i = context.input_pipeline_id
-            if unseeded is not None:
-                copy = unseeded.copy(hosts[i], graph_def or unseeded.seeded())
+            if pipelines is None:
+                copy = source.copy(hosts[i], graph_def)
                 mine = _input.host_slices(copy, *ranges[i], self.num_replicas)
-            elif pipelines is None:
-                mine = _input.host_slices(copies[hosts[i]], *ranges[i], self.num_replicas)
             else:
                 mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
             return mine.prefetch(1) if buffered else mine
 
-        if unseeded is None:
-            return self.distribute_datasets_from_function(dataset_fn, strategy, options, dataset)
-
-        def each_epoch():  # every host's copy of one epoch from one graph: the same seeds
-            graph_def = unseeded.seeded()
+        def each_epoch():  # every host's copy from one graph: the same seeds
+            graph_def = source.seeded()
             return lambda context: dataset_fn(context, graph_def)
 
+        unseeded = source is not None and source.ops
         return self.distribute_datasets_from_function(
-            dataset_fn, strategy, options, dataset, remake=each_epoch
+            dataset_fn, strategy, options, dataset, remake=each_epoch if unseeded else None
         )
 
     def distribute_datasets_from_function(

@@ -218,7 +218,7 @@ def host_pipelines(dataset, ranges, num_replicas):
     if policy != AutoShardPolicy.AUTO:
         return None
     cut = _plan_cut(dataset)
-    if cut is None or _seeds.Unseeded.of(cut.source) is not None:
+    if cut is None or _seeds.Pipeline.of(cut.source).ops:
         # Which host maps an element depends on the source's order: a source whose order is
         # drawn without a seed (an unseeded `shuffle`) is read whole by every host, with the
         # same seeds (`_seeds`).

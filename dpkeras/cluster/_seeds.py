@@ -9,10 +9,11 @@ Measured on 1 ps + 2 workers, 16 rows in one batch: every epoch some rows were t
 and others not at all, and a row that must fail the step (an id out of range) was missing
 from 4 fits of 12, which then trained without an error.
 
-`Unseeded.of` finds such ops in the pipeline's serialised graph; `Unseeded.copy` gives the
-pipeline with every one of them seeded, the same seeds for every host and fresh seeds for
-each epoch (`draw`). A pipeline whose random ops all have seeds (`keras.utils.set_random_seed`
-gives every op one, as does `shuffle(seed=...)`) is left as it is: its copies agree already.
+`Pipeline.of` reads a pipeline's serialised graph (the one its copies on the hosts are made
+from) and finds such ops (`ops`); `Pipeline.seeded` gives the graph with every one of them
+seeded, for the same seeds on every host and fresh seeds each epoch (`draw`). A pipeline
+whose random ops all have seeds (`keras.utils.set_random_seed` gives every op one, as does
+`shuffle(seed=...)`) is copied as it is: its copies agree already.
 """
 
 import random
@@ -79,11 +80,12 @@ def _scopes(graph_def):
         yield function.node_def, True
 
 
-class Unseeded:
-    """A pipeline (its serialised graph) with random ops or datasets that have no seeds.
+class Pipeline:
+    """A pipeline's serialised graph, to make its copies on the input hosts from.
 
     Attributes:
-        ops: the op types of the unseeded nodes, one entry per node (for messages and tests).
+        ops: the op types of its random ops and datasets that have no seeds, one entry per
+            node; empty when every one has seeds.
     """
 
     def __init__(self, graph_def, element_spec, ops):
@@ -93,7 +95,7 @@ class Unseeded:
 
     @classmethod
     def of(cls, dataset):
-        """`Unseeded` of `dataset`'s pipeline, or None when every random op in it has seeds."""
+        """The `Pipeline` of `dataset`."""
         graph_def, element_spec = _tf_internals.pipeline_graph(dataset)
         ops = []
         for nodes, _ in _scopes(graph_def):
@@ -101,7 +103,7 @@ class Unseeded:
             for node in nodes:
                 if _seeded_by_attributes(node) or _unseeded_inputs(node, consts):
                     ops.append(node.op)
-        return cls(graph_def, element_spec, ops) if ops else None
+        return cls(graph_def, element_spec, ops)
 
     def seeded(self, seed=draw):
         """The pipeline's graph with every unseeded random op and dataset given nonzero seeds
@@ -130,6 +132,7 @@ class Unseeded:
             nodes.extend(new)
         return graph_def
 
-    def copy(self, device, graph_def):
-        """The pipeline of `graph_def` (from `seeded`) made on `device`."""
+    def copy(self, device, graph_def=None):
+        """The pipeline made on `device`: from `graph_def` (from `seeded`), else as it is."""
+        graph_def = self._graph_def if graph_def is None else graph_def
         return _tf_internals.dataset_from_graph(graph_def, device, self._element_spec)
