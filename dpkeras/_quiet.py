@@ -143,19 +143,46 @@ class LineFilter:
 def pump(read, write, lines):
     """Passes the lines read from file descriptor `read` that `lines` (a `LineFilter`) keeps
     on to descriptor `write`, until the end of `read`. Once `write` fails (closed), it reads
-    on without writing, so that the writers never block or fail."""
-    pending = b""
+    on without writing, so that the writers never block or fail.
+
+    A line is judged whole, except one whose start cannot be TensorFlow's (`_may_be_noise`):
+    that start is passed on at once and the rest of the line follows it unjudged, so that a
+    progress bar redrawn with "\\r" (tqdm writes to standard error) shows as it is drawn.
+    """
+    pending = b""  # the start of a line, not judged yet
+    passing = False  # the start of the current line was passed on: pass the rest of it
     writable = True
     while True:
         chunk = os.read(read, 65536)
         if not chunk:
             break
+        out = []
+        if passing:
+            rest, end, chunk = chunk.partition(b"\n")
+            out.append(rest + end)
+            passing = not end
         pending += chunk
         *complete, pending = pending.split(b"\n")
-        kept = [line + b"\n" for line in complete if lines.keep(line.decode("utf-8", "replace"))]
-        writable = writable and _write_all(write, b"".join(kept))
+        out += [line + b"\n" for line in complete if lines.keep(line.decode("utf-8", "replace"))]
+        if pending and not _may_be_noise(pending, lines):
+            lines.keep(pending.decode("utf-8", "replace"))  # a line that is not noise
+            out.append(pending)
+            pending, passing = b"", True
+        writable = writable and _write_all(write, b"".join(out))
     if pending and lines.keep(pending.decode("utf-8", "replace")) and writable:
         _write_all(write, pending)
+
+
+def _may_be_noise(start, lines):
+    """Whether the start of a line (bytes) may begin what `lines` drops: a record of
+    TensorFlow's logging (a severity letter and a digit), a start-up line, or any line while a
+    dropped record's dump or status goes on."""
+    if lines._in_dump or lines._after_dump or lines._in_status:
+        return True
+    if start[:1] in (b"I", b"W", b"E", b"F") and (len(start) < 2 or start[1:2].isdigit()):
+        return True
+    text = start.decode("utf-8", "replace")
+    return any(n.startswith(text) or text.startswith(n) for n in _NOISE_LINES)
 
 
 def _write_all(fd, data):

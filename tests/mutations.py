@@ -702,6 +702,15 @@ MUTANTS = (
             "tests/test_quiet.py::test_a_client_s_filter_is_a_process_that_passes_on_its_last_lines",
         ),
     ),
+    Mutant(
+        "partial-lines-held",
+        "a filtered standard error holds every line until it ends: a progress bar redrawn with "
+        "'\\r' on stderr shows nothing until its last redraw",
+        "dpkeras/_quiet.py",
+        "        if pending and not _may_be_noise(pending, lines):\n",
+        "        if False:\n",
+        ("tests/test_quiet.py::test_a_client_s_filter_passes_a_line_s_start_on_at_once",),
+    ),
 )
 
 

@@ -4,10 +4,13 @@ for (`--verbose`, `$DPKERAS_VERBOSE`), and `dpkeras --help` imports no TensorFlo
 started without `TF_CPP_MIN_LOG_LEVEL` (which the suite's conftest sets)."""
 
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -227,6 +230,52 @@ def test_a_client_s_filter_is_a_process_that_passes_on_its_last_lines():
     verbose = _python(code, DPKERAS_VERBOSE="1")
     assert (verbose.returncode, verbose.stdout) == (3, "pump: False\n")
     assert verbose.stderr == "\n".join([*_LOST_TASK_WARNING, "one", "two", "three, without an end"])
+
+
+def _read_until(stream, end, timeout):
+    """Bytes read from `stream` (a pipe) up to and including `end`; fails after `timeout` s."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while not seen.endswith(end):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([stream], [], [], left)[0]:
+            pytest.fail(f"no {end!r} within {timeout} s; read {seen!r}")
+        chunk = os.read(stream.fileno(), 1)
+        if not chunk:
+            pytest.fail(f"the stream ended before {end!r}; read {seen!r}")
+        seen += chunk
+    return seen
+
+
+def test_a_client_s_filter_passes_a_line_s_start_on_at_once():
+    """A progress bar redrawn with "\r" on standard error (tqdm's) shows as it is drawn: the
+    start of a line that cannot be TensorFlow's is passed on before the line ends. The client
+    waits for the test to have read it."""
+    code = """
+        import os, sys
+        from dpkeras import _quiet
+        _quiet.filter_client_stderr()
+        os.write(2, b" 50%|#####     |\\r")
+        sys.stdin.readline()
+        os.write(2, b"100%|##########|\\n")
+        """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    try:
+        drawn = _read_until(proc.stderr, b"\r", timeout=120)
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (drawn, rest) == (b" 50%|#####     |\r", b"100%|##########|\n")
 
 
 def _started(argv, **extra):
