@@ -22,6 +22,14 @@ runs in a small process of its own, which passes on what the process wrote until
 process that crashes (a FATAL record aborts it) shows why. A filter in the process itself
 died with it, most times before passing on its last lines.
 
+A training script's own TensorFlow logging is left alone, but for one record dpkeras causes:
+a client connected to a cluster whose task dies gets, during the failing step, a WARNING
+"Unable to destroy remote tensor handles" holding the step's error with its gRPC details
+(~15 lines, more than once), before `TaskFailedError` names the task. Its level cannot be
+changed once TensorFlow is up (the client imported it before connecting), so
+`filter_client_stderr` drops those records (`is_client_noise`) from the client's descriptor 2
+through a child process, which outlives a client that crashes and passes on its last lines.
+
 The patterns are those of TensorFlow 2.21's C++ logging (`I1125 20:14:59.123456  1234
 file.cc:12] text`; before the logging is initialised the date is 0000 and the time 00:00
 followed by seconds since the epoch); tests/test_quiet.py runs TensorFlow and checks that they
@@ -45,6 +53,16 @@ _NOISE_LINES = (
 _NOISE_ERRORS = re.compile(r"cuda_platform\.cc:\d+\] failed call to cuInit")
 # A record followed by a multi-line dump that ends at a blank line (eager_service_impl.cc).
 _DUMP = re.compile(r"SessionOptions: \S*\s*$")
+# The lines of a TensorFlow error status after its first (root errors, gRPC details, nodes): a
+# record whose message is a status goes on over lines like these, which go with it.
+_STATUS_LINE = re.compile(
+    r"\s+\(\d+\) [A-Z_]+: |Additional GRPC error information from |:[A-Z_]+:"
+    r"|\d+ (successful operations|derived errors ignored|root error\(s\) found)\.$|\s*\[\[.*\]\]$"
+)
+# In a client, the WARNING that TensorFlow logs during a step failing for a lost task.
+_CLIENT_NOISE = re.compile(
+    r"remote_tensor_handle_data\.cc:\d+\] Unable to destroy remote tensor handles"
+)
 
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "2"  # TensorFlow drops INFO and WARNING, keeps ERROR and FATAL
@@ -75,23 +93,42 @@ def is_noise(line):
     return record.group(1) in "IW" or bool(_NOISE_ERRORS.search(line))
 
 
+def is_client_noise(line):
+    """Whether one line starts the record a client need not see when a task dies (see the
+    module): TensorFlow's WARNING "Unable to destroy remote tensor handles"."""
+    record = _RECORD.match(line)
+    return record is not None and record.group(1) == "W" and bool(_CLIENT_NOISE.search(line))
+
+
 class LineFilter:
     """Drops TensorFlow's noise from a stream of lines, a line at a time (`keep`).
 
-    Also drops the lines of a dump that follows a dropped record (the `SessionOptions` one),
-    up to and including the blank lines that end it. Counts what it drops (`dropped`).
+    Also drops the lines that go on a dropped record: a dump that follows it (the
+    `SessionOptions` one), up to and including the blank lines that end it, and the rest of an
+    error status it holds (`_STATUS_LINE`). Counts what it drops (`dropped`).
+
+    Args:
+        noise: callable, whether a line starts noise (`is_noise`, the default, or
+            `is_client_noise`).
     """
 
-    def __init__(self):
+    def __init__(self, noise=is_noise):
         self.dropped = 0
+        self._noise = noise
         self._in_dump = False
         self._after_dump = False
+        self._in_status = False
 
     def keep(self, line):
         """Whether to keep `line` (with or without its end)."""
         text = line.rstrip("\r\n")
-        if _RECORD.match(text):  # a dump holds no record: one ends it, and is judged alone
-            self._in_dump = self._after_dump = False
+        if _RECORD.match(text):  # a dump or a status holds no record: one ends it, judged alone
+            self._in_dump = self._after_dump = self._in_status = False
+        if self._in_status:
+            if _STATUS_LINE.match(text):
+                self.dropped += 1
+                return False
+            self._in_status = False
         if self._in_dump:
             if not text:
                 self._in_dump, self._after_dump = False, True
@@ -101,11 +138,67 @@ class LineFilter:
             self.dropped += 1
             return False
         self._after_dump = False
-        if is_noise(text):
+        if self._noise(text):
             self._in_dump = bool(_DUMP.search(text))
+            self._in_status = not self._in_dump
             self.dropped += 1
             return False
         return True
+
+
+def pump(read, write, lines=None):
+    """Passes the lines read from file descriptor `read` that `lines` (a `LineFilter`, by
+    default a new one) keeps on to descriptor `write`, until the end of `read`. Once `write`
+    fails (closed), it reads on without writing, so that the writers never block or fail.
+
+    A line is judged whole, except one whose start cannot be TensorFlow's (`_may_be_noise`):
+    that start is passed on at once and the rest of the line follows it unjudged, so that a
+    progress bar redrawn with "\\r" (tqdm writes to standard error) shows as it is drawn.
+    """
+    lines = LineFilter() if lines is None else lines
+    pending = b""  # the start of a line, not judged yet
+    passing = False  # the start of the current line was passed on: pass the rest of it
+    writable = True
+    while True:
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        out = []
+        if passing:
+            rest, end, chunk = chunk.partition(b"\n")
+            out.append(rest + end)
+            passing = not end
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        out += [line + b"\n" for line in complete if lines.keep(line.decode("utf-8", "replace"))]
+        if pending and not _may_be_noise(pending, lines):
+            lines.keep(pending.decode("utf-8", "replace"))  # a line that is not noise
+            out.append(pending)
+            pending, passing = b"", True
+        writable = writable and _write_all(write, b"".join(out))
+    if pending and lines.keep(pending.decode("utf-8", "replace")) and writable:
+        _write_all(write, pending)
+
+
+def _may_be_noise(start, lines):
+    """Whether the start of a line (bytes) may begin what `lines` drops: a record of
+    TensorFlow's logging (a severity letter and a digit), a start-up line, or any line while a
+    dropped record's dump or status goes on."""
+    if lines._in_dump or lines._after_dump or lines._in_status:
+        return True
+    if start[:1] in (b"I", b"W", b"E", b"F") and (len(start) < 2 or start[1:2].isdigit()):
+        return True
+    text = start.decode("utf-8", "replace")
+    return any(n.startswith(text) or text.startswith(n) for n in _NOISE_LINES)
+
+
+def _write_all(fd, data):
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        return False
+    return True
 
 
 _active = None  # this process's StderrFilter, or None
@@ -121,25 +214,6 @@ sys.path.insert(0, sys.argv[1])
 from dpkeras._quiet import pump
 pump(int(sys.argv[2]), int(sys.argv[3]))
 """
-
-
-def pump(read, write):
-    """Copies the lines read from file descriptor `read` to `write`, but those a `LineFilter`
-    drops, until the end of `read`; then closes `read`."""
-    lines = LineFilter()
-    pending = b""
-    while True:
-        chunk = os.read(read, 65536)
-        if not chunk:
-            break
-        pending += chunk
-        *whole, pending = pending.split(b"\n")
-        kept = [line + b"\n" for line in whole if lines.keep(line.decode("utf-8", "replace"))]
-        if kept:
-            os.write(write, b"".join(kept))
-    if pending and lines.keep(pending.decode("utf-8", "replace")):
-        os.write(write, pending)
-    os.close(read)
 
 
 class StderrFilter:
@@ -199,3 +273,51 @@ def close():
     if _active is not None:
         _active.close()
         _active = None
+
+
+_client_pump = None  # the child process of `filter_client_stderr`, or None
+
+# The child's program: it reads the client's standard error from its own (a pipe) until every
+# writer closed it, and passes on what `LineFilter(is_client_noise)` keeps. Ctrl-C in a
+# terminal, or a scheduler's SIGTERM, reaches every process of the group: the child outlives
+# them, to pass on the client's last lines (its traceback), and ends when the client does.
+_PUMP_PROGRAM = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sys.path.insert(0, sys.argv[1])
+from dpkeras import _quiet
+_quiet.pump(0, 1, _quiet.LineFilter(_quiet.is_client_noise))
+"""
+
+
+def filter_client_stderr():
+    """In a process that connects to a cluster, unless `$DPKERAS_VERBOSE`: drops, from its file
+    descriptor 2, the records of `is_client_noise` (see the module), once per process.
+
+    A child process reads what the process writes there and passes the rest on, in order: it
+    is not lost when the process ends by `os._exit`, a signal or a crash (a thread of this
+    process would die with it, and lose TensorFlow's last FATAL line). Nothing is done when
+    `filter_stderr` already filters this process (it drops these records too).
+
+    Returns:
+        The child's `subprocess.Popen`, or None when verbose or already filtered.
+
+    Raises:
+        ValueError: for a bad `$DPKERAS_VERBOSE`.
+    """
+    global _client_pump
+    if _client_pump is not None or _active is not None or verbose():
+        return _client_pump
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this dpkeras's
+    sys.stderr.flush()
+    read, write = os.pipe()
+    try:
+        _client_pump = subprocess.Popen(
+            [sys.executable, "-c", _PUMP_PROGRAM, root], stdin=read, stdout=2, stderr=2
+        )
+        os.dup2(write, 2)
+    finally:
+        os.close(read)
+        os.close(write)
+    return _client_pump

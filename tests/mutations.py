@@ -987,6 +987,53 @@ MUTANTS = (
             "test_each_row_is_trained_once_an_epoch_in_a_new_order_each_epoch",
         ),
     ),
+    Mutant(
+        "task-error-chained",
+        "a lost task's TaskFailedError is chained to TensorFlow's error again: ~30 lines of gRPC "
+        "details and 'The above exception was the direct cause' before the line naming the task",
+        "dpkeras/cluster/_health.py",
+        "tensorflow_error=error) from None",
+        "tensorflow_error=error) from error",
+        (
+            "tests/test_cluster.py::test_name_failures_names_the_refusing_task",
+            "tests/test_cluster_training.py::"
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker]",
+        ),
+    ),
+    Mutant(
+        "task-warnings-shown",
+        "a client's standard error is not filtered: TensorFlow's 'Unable to destroy remote tensor "
+        "handles' warnings of a step failing for a killed task are printed before the error",
+        "dpkeras/cluster/_connect.py",
+        "        _quiet.filter_client_stderr()\n",
+        "        pass\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker]",
+        ),
+    ),
+    Mutant(
+        "status-lines-kept",
+        "a dropped TensorFlow record's error-status lines (root errors, gRPC details) are kept: "
+        "the lines after a hidden warning still show",
+        "dpkeras/_quiet.py",
+        "            self._in_status = not self._in_dump\n",
+        "            self._in_status = False\n",
+        (
+            "tests/test_quiet.py::"
+            "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
+            "tests/test_quiet.py::test_a_client_s_filter_is_a_process_that_passes_on_its_last_lines",
+        ),
+    ),
+    Mutant(
+        "partial-lines-held",
+        "a filtered standard error holds every line until it ends: a progress bar redrawn with "
+        "'\\r' on stderr shows nothing until its last redraw",
+        "dpkeras/_quiet.py",
+        "        if pending and not _may_be_noise(pending, lines):\n",
+        "        if False:\n",
+        ("tests/test_quiet.py::test_a_client_s_filter_passes_a_line_s_start_on_at_once",),
+    ),
 )
 
 

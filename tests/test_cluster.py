@@ -321,7 +321,8 @@ def test_name_failures_names_the_refusing_task():
                 raise cause
         assert info.value.task == "/job:ps/replica:0/task:0"
         assert info.value.address == dead
-        assert info.value.__cause__ is cause
+        assert info.value.tensorflow_error is cause
+        assert info.value.__cause__ is None and info.value.__suppress_context__  # not chained
         assert isinstance(info.value, tf.errors.UnavailableError)
         assert re.fullmatch(
             rf"/job:ps/replica:0/task:0 at {dead} is unreachable \(Connection "
@@ -587,7 +588,7 @@ def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
                 with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
                     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[Kill()])
         except cluster.TaskFailedError as e:
-            print(e.task, type(e.__cause__).__name__)
+            print(e.task, type(e.tensorflow_error).__name__)
         """,
         local.spec,
     )

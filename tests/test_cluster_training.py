@@ -22,8 +22,8 @@ CLIENT_TIMEOUT = 300
 FROZEN_TIMEOUT = 120  # the default monitor needs 3 rounds of 2 s probes, 2 s apart
 
 
-def _client(code, spec):
-    """Runs `code` (with SPEC, json, np, keras, tf, dpkeras) in a fresh process; its stdout."""
+def _run_client(code, spec, env):
+    """Runs `code` (with SPEC, json, np, keras, tf, dpkeras) in a fresh process; its result."""
     prefix = textwrap.dedent(f"""
         import json, os
         import numpy as np
@@ -31,17 +31,33 @@ def _client(code, spec):
         SPEC = json.loads({json.dumps(json.dumps(spec))})
         """)
     try:
-        proc = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-c", prefix + textwrap.dedent(code)],
             capture_output=True,
             text=True,
-            env=server_env(),
+            env=env,
             timeout=CLIENT_TIMEOUT,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the client hung: no exit within {CLIENT_TIMEOUT} s")
+
+
+def _client(code, spec):
+    """Runs `code` (see `_run_client`); its stdout's last line, as JSON."""
+    proc = _run_client(code, spec, server_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _failing_client(code, spec):
+    """Runs `code` (see `_run_client`) as a user's client runs, TensorFlow's log level and
+    `DPKERAS_VERBOSE` unset, expecting it to fail: `(its stdout's last line as JSON, its
+    stderr)`."""
+    env = {k: v for k, v in server_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
+    env.pop("DPKERAS_VERBOSE", None)
+    proc = _run_client(code, spec, env)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
 def test_a_cluster_trains_to_one_process_weights_history_and_evaluate(local, tmp_path):
@@ -240,31 +256,46 @@ _RESUMABLE_RUN = """
                             callbacks=[backup, kill, epochs])
         result = {{"weights": [w.tolist() for w in model.get_weights()],
                    "epochs": epochs.seen, "history": len(history.history["loss"])}}
-    except Exception as e:  # the killed task
-        result = {{"error": type(e).__name__, "message": str(e)[:2000],
-                   "seconds": time.time() - kill.killed}}
+    except Exception as e:  # the killed task: described on stdout, then raised (its traceback)
+        tensorflow_error = getattr(e, "tensorflow_error", None)
+        print(json.dumps({{"error": type(e).__name__, "message": str(e)[:2000],
+                          "seconds": time.time() - kill.killed,
+                          "tensorflow_error": type(tensorflow_error).__name__,
+                          "is_tensorflow_s": isinstance(tensorflow_error,
+                                                        (tf.errors.OpError, ValueError))}}),
+              flush=True)
+        raise
     print(json.dumps(result))
     """
 
 
 @pytest.mark.parametrize("job", ["ps", "worker"])
 def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp_path, job):
-    """The killed task's error names it within seconds; after restarting the task and the
-    script, BackupAndRestore resumes (at the epoch after the last backup, not from scratch) to
-    the weights of an uninterrupted run.
+    """The killed task's error names it within seconds, uncaught in a user's client (TensorFlow's
+    log level unset) a short traceback ending with one line naming it: no chained TensorFlow
+    error (kept as `tensorflow_error`), no TensorFlow warnings of the failed step; after
+    restarting the task and the script, BackupAndRestore resumes (at the epoch after the last
+    backup, not from scratch) to the weights of an uninterrupted run.
 
     Killed at step 10 of 4-step epochs: the backup of epoch 1's end is the last, so the rerun
     trains epochs 2 and 3 only. The bound on the failure's delay is generous (a loaded 2-core
     machine); without naming the failure, TensorFlow blocks until the client's timeout."""
     uninterrupted = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
-    failed = _client(_RESUMABLE_RUN.format(victim=victim, backup=str(tmp_path / "b")), local.spec)
+    failed, stderr = _failing_client(
+        _RESUMABLE_RUN.format(victim=victim, backup=str(tmp_path / "b")), local.spec
+    )
     local.restart(job, 1)
     assert failed.get("error") == "TaskFailedError", failed
-    assert failed["message"].startswith(f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "), (
-        failed["message"]
-    )
+    name = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "
+    assert failed["message"].startswith(name), failed["message"]
     assert failed["seconds"] < 30
+    # TensorFlow's error is kept on the error, not printed: one short traceback, one last line.
+    assert failed["is_tensorflow_s"], failed
+    assert stderr.splitlines()[-1].startswith(f"dpkeras.TaskFailedError: {name}"), stderr[-3000:]
+    for chained in ("direct cause", "During handling", "Additional GRPC error information"):
+        assert chained not in stderr, stderr[-5000:]
+    assert "Unable to destroy remote tensor handles" not in stderr, stderr[-5000:]
     resumed = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "b")), local.spec)
     assert uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["epochs"] == [2, 3] and resumed["history"] == 2, resumed["epochs"]

@@ -4,10 +4,13 @@ for (`--verbose`, `$DPKERAS_VERBOSE`), and `dpkeras --help` imports no TensorFlo
 started without `TF_CPP_MIN_LOG_LEVEL` (which the suite's conftest sets)."""
 
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -202,6 +205,114 @@ def test_the_filter_passes_on_a_process_s_and_its_children_s_lines_in_order():
     )
     assert proc.returncode == 0
     assert proc.stderr == "one\ntwo\nthree, without an end" + "four\n"
+
+
+# What a client connected to a cluster printed when worker 1 was killed mid-fit (TensorFlow
+# 2.21, log level unset), before dpkeras's traceback; shortened where marked.
+_LOST_TASK_WARNING = [
+    "W0000 00:00:1795771870.201310   17169 remote_tensor_handle_data.cc:81] Unable to destroy "
+    "remote tensor handles. If you are running a tf.function, it usually indicates some op in "
+    "the graph gets an error: 2 root error(s) found.",
+    "  (0) UNAVAILABLE: {{function_node __inference_multi_step_on_iterator_1093}} "
+    "recvmsg:Connection reset by peer",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:1/device:"
+    "CPU:1 while calling /tensorflow.eager.EagerService/RunComponentFunction:",
+    ':UNKNOWN:Error received from peer  {grpc_message:"recvmsg:Connection reset by peer", '
+    "grpc_status:14}",
+    "  (1) UNAVAILABLE: {{function_node __inference_multi_step_on_iterator_1093}} "
+    "recvmsg:Connection reset by peer",
+    "\t [[{{node StatefulPartitionedCall/replica_2/div_no_nan/_98}}]]",
+    "0 successful operations.",
+    "4 derived errors ignored.",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
+    "calling /tensorflow.eager.EagerService/Enqueue:",
+    ':UNKNOWN:Error received from peer  {grpc_message:"2 root error(s) found.\\n  (0) '
+    'UNAVAILABLE: (shortened)", grpc_status:14}',
+]
+
+
+def test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest():
+    """The warning of a step failing for a lost task goes, with the lines of the error status
+    it holds; what follows (a traceback, the program's lines) and every other record stay."""
+    other = "W1125 20:14:59.123456   32108 dataset.cc:997] Input will not be optimized"
+    text = [*_LOST_TASK_WARNING, *_LOST_TASK_WARNING, "Traceback (most recent call last):"]
+    text += ["4 derived errors ignored.", other, "  (0) UNAVAILABLE: of the program"]
+    f = _quiet.LineFilter(_quiet.is_client_noise)
+    assert [line for line in text if f.keep(line)] == text[-4:]
+    assert f.dropped == 2 * len(_LOST_TASK_WARNING)
+    # The commands' filter drops the record with its status lines too.
+    lines = LineFilterOf("\n".join([*_LOST_TASK_WARNING, "epoch 1"]))
+    assert lines.kept == ["epoch 1"]
+
+
+def test_a_client_s_filter_is_a_process_that_passes_on_its_last_lines():
+    """`filter_client_stderr` in a process that ends with `os._exit` (no exit handler runs),
+    with a child writing through it: the lost task's warnings are dropped, every other line
+    passed on, in order. With DPKERAS_VERBOSE=1 nothing is dropped."""
+    warning = "\n".join(_LOST_TASK_WARNING).encode()
+    code = f"""
+        import os, subprocess, sys
+        from dpkeras import _quiet
+        pump = _quiet.filter_client_stderr()
+        print("pump:", pump is not None, flush=True)
+        os.write(2, {warning!r} + b"\\n")
+        print("one", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-c", "import os; os.write(2, b'two\\\\n')"])
+        os.write(2, b"three, without an end")
+        os._exit(3)
+        """
+    quiet = _python(code)
+    assert (quiet.returncode, quiet.stdout) == (3, "pump: True\n")
+    assert quiet.stderr == "one\ntwo\nthree, without an end"
+    verbose = _python(code, DPKERAS_VERBOSE="1")
+    assert (verbose.returncode, verbose.stdout) == (3, "pump: False\n")
+    assert verbose.stderr == "\n".join([*_LOST_TASK_WARNING, "one", "two", "three, without an end"])
+
+
+def _read_until(stream, end, timeout):
+    """Bytes read from `stream` (a pipe) up to and including `end`; fails after `timeout` s."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while not seen.endswith(end):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([stream], [], [], left)[0]:
+            pytest.fail(f"no {end!r} within {timeout} s; read {seen!r}")
+        chunk = os.read(stream.fileno(), 1)
+        if not chunk:
+            pytest.fail(f"the stream ended before {end!r}; read {seen!r}")
+        seen += chunk
+    return seen
+
+
+def test_a_client_s_filter_passes_a_line_s_start_on_at_once():
+    """A progress bar redrawn with "\r" on standard error (tqdm's) shows as it is drawn: the
+    start of a line that cannot be TensorFlow's is passed on before the line ends. The client
+    waits for the test to have read it."""
+    code = """
+        import os, sys
+        from dpkeras import _quiet
+        _quiet.filter_client_stderr()
+        os.write(2, b" 50%|#####     |\\r")
+        sys.stdin.readline()
+        os.write(2, b"100%|##########|\\n")
+        """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    try:
+        drawn = _read_until(proc.stderr, b"\r", timeout=120)
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (drawn, rest) == (b" 50%|#####     |\r", b"100%|##########|\n")
 
 
 def _started(argv, **extra):

@@ -31,17 +31,28 @@ from tests import resume_worker as worker
 WORKER = Path(worker.__file__)
 
 
+WORKER_TIMEOUT = 300  # seconds per run: a bound for a hung run, ~6x a run on a loaded machine
+
+
 def run_worker(directory, *args, killed=False):
-    """Runs the worker; asserts that it was SIGKILLed (`killed`) or that it finished."""
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "--dir", str(directory), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
+    """Runs the worker; asserts that it was SIGKILLed (`killed`) or that it finished. A failure
+    names the run (its arguments) and shows the end of its standard error."""
+    run = " ".join(args) or "a run to the end"
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(WORKER), "--dir", str(directory), *args],
+            capture_output=True,
+            text=True,
+            timeout=WORKER_TIMEOUT,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        )
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+        pytest.fail(f"worker ({run}) did not end within {WORKER_TIMEOUT} s:\n{stderr[-3000:]}")
     expected = -signal.SIGKILL if killed else 0
-    assert proc.returncode == expected, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == expected, (
+        f"worker ({run}): exit {proc.returncode}, expected {expected}:\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 

@@ -11,8 +11,9 @@ def naming_failed_tasks(original, model, *args, **kwargs):
     in a gRPC message (as `UnavailableError`, or as a `ValueError` from inside Keras's `fit`).
     For a model of a dpkeras strategy on a cluster, such an error becomes
     `dpkeras.cluster.TaskFailedError` (a `tf.errors.UnavailableError`), naming the task and
-    its address, with TensorFlow's error as its cause. Every other error, and every other
-    model, is left as it is.
+    its address, with TensorFlow's error as its `tensorflow_error` (not chained: the traceback
+    ends with one line naming the task). Every other error, and every other model, is left as
+    it is.
     """
     extended = extended_of(model)
     spec = None if extended is None else extended.cluster_spec

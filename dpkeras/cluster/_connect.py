@@ -10,7 +10,7 @@ import weakref
 
 import tensorflow as tf
 
-from dpkeras import _config, _tf_internals
+from dpkeras import _config, _quiet, _tf_internals
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._lease import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._local import free_port, port_in_use
@@ -196,6 +196,9 @@ def connect_to(cluster, timeout=None):
         # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,
         # so setting it here works even after TF initialised.
         os.environ.setdefault(STREAMING_ENQUEUE_ENV, "False")
+        # A task that dies mid-step makes TensorFlow log its error again, with gRPC details, as
+        # warnings before TaskFailedError names the task: hidden unless $DPKERAS_VERBOSE.
+        _quiet.filter_client_stderr()
         own = cluster.own
         if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
             _split_local_cpu()

@@ -52,16 +52,23 @@ class TaskFailedError(tf.errors.UnavailableError):
     same arguments), then restart training from the last checkpoint
     (`keras.callbacks.BackupAndRestore` resumes `fit` where it stopped).
 
+    Raised without TensorFlow's error chained to it (`raise ... from None`): a traceback ends
+    with one line naming the task, not ~30 lines of gRPC details first. That error is kept as
+    `tensorflow_error`.
+
     Attributes:
         task: str, the task's name, such as `"/job:ps/replica:0/task:1"`.
         address: str, its `host:port`.
+        tensorflow_error: the exception TensorFlow raised for the lost task (usually a
+            `tf.errors.UnavailableError`, whose message holds the gRPC details), or None.
     """
 
     __module__ = "dpkeras"  # a traceback names it as users import it: dpkeras.TaskFailedError
 
-    def __init__(self, task, address, reason):
+    def __init__(self, task, address, reason, tensorflow_error=None):
         self.task = task
         self.address = address
+        self.tensorflow_error = tensorflow_error
         state = "failed" if reason == _RESTARTED else "is unreachable"
         super().__init__(
             None,
@@ -155,7 +162,7 @@ def name_failures(cluster_spec):
     for a lost ps) become `TaskFailedError` when a task no longer serves this client (see
     `failed_tasks`: decided from the tasks' state, never from the error's text). Anything else
     passes through as itself, such as an id out of an Embedding's range on a healthy cluster.
-    The original is the `__cause__`.
+    The original is the error's `tensorflow_error`, not chained to it (see `TaskFailedError`).
     """
     return _NameFailures(cluster_spec)
 
@@ -176,7 +183,8 @@ class _NameFailures:
         if not dead:
             return False
         task, reason = next(iter(dead.items()))
-        raise TaskFailedError(task, self._cluster.tasks[task], reason) from error
+        address = self._cluster.tasks[task]
+        raise TaskFailedError(task, address, reason, tensorflow_error=error) from None
 
 
 def _exit_process(task, address, reason):
