@@ -45,6 +45,9 @@ flags.DEFINE_string("out", "results/fit_memory.jsonl", "JSON lines written here.
 flags.DEFINE_string("child", None, "Internal: run one mode in this process.")
 flags.DEFINE_string("spec", None, "Internal: the cluster spec (JSON) of the cluster mode.")
 flags.DEFINE_string("pids", None, "Internal: the tasks' pids (JSON) of the cluster mode.")
+flags.DEFINE_integer(
+    "vocabulary", 100, "Rows of the Embedding (a larger one tells whether variables are freed)."
+)
 flags.DEFINE_bool("trace", False, "Also print the top Python allocations that grew (slow).")
 
 
@@ -57,7 +60,7 @@ def resident_mib(pid="self"):
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
-def one_fit(keras, np, strategy, data):
+def one_fit(keras, np, strategy, data, vocabulary=100):
     """Builds, compiles, fits, evaluates and predicts with a fresh model; drops it."""
     import contextlib
 
@@ -66,7 +69,7 @@ def one_fit(keras, np, strategy, data):
         model = keras.Sequential(
             [
                 keras.Input((8,), dtype="int32"),
-                keras.layers.Embedding(100, 8),
+                keras.layers.Embedding(vocabulary, 8),
                 keras.layers.GlobalAveragePooling1D(),
                 keras.layers.Dense(16, activation="relu"),
                 keras.layers.BatchNormalization(),
@@ -89,13 +92,36 @@ def one_fit(keras, np, strategy, data):
     gc.collect()
 
 
-def _child(mode, fits, first, replicas, spec, pids, trace):
+def tf_fit(tf, workers):
+    """TensorFlow alone: a fresh function with a step's shape (a variable on the ps read by
+    each worker, each worker's result summed on the ps), called 5 times and dropped."""
+    with tf.device("/job:ps/task:0/device:CPU:0"):
+        v = tf.Variable(tf.ones((8, 8)) * 0.01)
+
+    @tf.function
+    def step(x):
+        parts = []
+        for w in range(workers):
+            with tf.device(f"/job:worker/task:{w}/device:CPU:0"):
+                y = x
+                for _ in range(100):
+                    y = tf.tanh(tf.matmul(y, v))
+                parts.append(tf.reduce_sum(y, axis=0))
+        with tf.device("/job:ps/task:0/device:CPU:0"):
+            v.assign_add(tf.linalg.diag(tf.add_n(parts)) * 1e-6)
+
+    for _ in range(5):
+        step(tf.ones((4, 8)))
+
+
+def _child(mode, fits, first, replicas, spec, pids, trace, vocabulary):
     import dpkeras
 
     if mode == "machine":
         dpkeras.simulate_cpu_devices(replicas + 1)
     import keras
     import numpy as np
+    import tensorflow as tf
 
     from dpkeras import _tf_internals
 
@@ -105,6 +131,7 @@ def _child(mode, fits, first, replicas, spec, pids, trace):
             [f"/cpu:{i}" for i in range(1, replicas + 1)], "/cpu:0"
         ),
         "cluster": lambda: dpkeras.get_strategy(cluster=spec),
+        "tf": lambda: tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec)),
     }[mode]()
     rng = np.random.default_rng(0)
     data = (
@@ -117,7 +144,10 @@ def _child(mode, fits, first, replicas, spec, pids, trace):
     records = []
     snapshot = None
     for fit in range(1, fits + 1):
-        one_fit(keras, np, strategy, data)
+        if mode == "tf":
+            tf_fit(tf, len(spec["worker"]))
+        else:
+            one_fit(keras, np, strategy, data, vocabulary)
         gc.collect()
         record = {
             "fit": fit,
@@ -178,6 +208,7 @@ def _run_child(mode, env, extra=()):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.fit_memory", f"--child={mode}"]
         + [f"--fits={FLAGS.fits}", f"--first={FLAGS.first}", f"--replicas={FLAGS.replicas}"]
+        + [f"--vocabulary={FLAGS.vocabulary}"]
         + (["--trace"] if FLAGS.trace else [])
         + list(extra),
         cwd=root,
@@ -198,7 +229,14 @@ def main(argv):
         spec = json.loads(FLAGS.spec) if FLAGS.spec else None
         pids = json.loads(FLAGS.pids) if FLAGS.pids else None
         result = _child(
-            FLAGS.child, FLAGS.fits, FLAGS.first, FLAGS.replicas, spec, pids, FLAGS.trace
+            FLAGS.child,
+            FLAGS.fits,
+            FLAGS.first,
+            FLAGS.replicas,
+            spec,
+            pids,
+            FLAGS.trace,
+            FLAGS.vocabulary,
         )
         print("RESULT " + json.dumps(result))
         return
@@ -207,7 +245,7 @@ def main(argv):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     rows = []
     for mode in FLAGS.modes:
-        if mode != "cluster":
+        if mode not in ("cluster", "tf"):
             rows.append(_run_child(mode, env))
             continue
         from dpkeras.testing import LocalCluster, server_env
