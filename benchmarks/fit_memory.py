@@ -12,10 +12,16 @@ Modes, each in a process of its own:
 - `none`: Keras alone, no strategy (the baseline);
 - `machine`: dpkeras on one machine, the CPU split into `replicas + 1` logical devices;
 - `cluster`: dpkeras on a local cluster of `dpkeras serve` tasks (`--ps` ps and `--workers`
-  workers of `--cpus` CPUs each), the client in a process of its own.
+  workers of `--cpus` CPUs each), the client in a process of its own;
+- `tf`: TensorFlow alone on such a cluster, no strategy: per fit a fresh multi-device
+  `tf.function` shaped as a step, called and dropped (what TensorFlow itself leaves on the
+  tasks per fresh function).
+
+`--vocabulary` sets the Embedding's rows: growth on the ps that does not follow it is not the
+variables.
 
     python -m benchmarks.fit_memory                                # none, machine, cluster
-    python -m benchmarks.fit_memory --fits=30 --first=5 --modes=cluster
+    python -m benchmarks.fit_memory --fits=30 --first=5 --modes=none,machine,cluster,tf
 
 Each row also counts what a fit could leave behind in the client: the functions registered in
 its TensorFlow context and live Python objects (after `gc.collect()`). Writes one JSON line per
