@@ -817,6 +817,35 @@ def test_fit_costs_benchmark_compares_per_fit_costs(tmp_path):
     assert re.search(r"^dpkeras +2 +[\d.]+s +[\d.]+ ", proc.stdout, re.M), proc.stdout
 
 
+def test_fit_memory_benchmark_reads_every_process_per_fit(tmp_path):
+    """`benchmarks/fit_memory.py` end to end, briefly, on a local cluster: resident memory of
+    the client and of every task after each fit, and the client's context functions, which a
+    dropped model does not leave behind."""
+    out = tmp_path / "fit_memory.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fit_memory", "--fits=2", "--first=1"]
+        + ["--modes=cluster", f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["mode"] == "cluster" and [r["fit"] for r in row["records"]] == [1, 2]
+    first, last = row["records"]
+    assert {k for k in last if k.endswith("_mib")} == {
+        "client_mib",
+        "ps:0_mib",
+        "worker:0_mib",
+        "worker:1_mib",
+    }
+    assert all(last[k] > 0 for k in last if k.endswith("_mib"))
+    assert last["functions"] == first["functions"]
+    assert re.search(r"^cluster +worker:1 +-?[\d.]+ ", proc.stdout, re.M), proc.stdout
+
+
 # -- GPU arithmetic and the command line --------------------------------------------------------
 
 

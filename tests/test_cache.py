@@ -3,6 +3,7 @@
 import gc
 import threading
 import time
+import weakref
 
 import tensorflow as tf
 
@@ -92,6 +93,62 @@ def test_entries_go_with_their_graph():
     del graph
     gc.collect()
     assert len(cache) == 0
+
+
+def test_entries_that_refer_to_their_graph_go_with_it():
+    """A value is usually a tensor of its graph: it must not keep the graph alive (a
+    strategy's caches live as long as the process, and kept every fit's traced steps)."""
+    cache = GraphCache()
+    graph = tf.Graph()
+    with graph.as_default():
+        cache.set("read", tf.constant(1.0))
+    cache.set("reads", [cache.get("read", graph=graph)], graph=graph)
+    gone = weakref.ref(graph)
+    assert len(cache) == 1
+    del graph
+    gc.collect()
+    assert gone() is None
+    assert len(cache) == 0
+
+
+def test_a_branch_graph_sharing_its_outer_collections_has_its_own_entries():
+    cache = GraphCache()
+
+    @tf.function
+    def step(flag):
+        cache.set("k", "outer")
+
+        def branch(name):
+            def run():
+                cache.set("k", name)
+                assert cache.get("k") == name
+                return tf.constant(0)
+
+            return run
+
+        tf.cond(flag, branch("true"), branch("false"))
+        assert cache.get("k") == "outer"
+        return flag
+
+    step(tf.constant(True))
+    assert len(cache) == 3  # the step's graph and its two branches', while the step lives
+    del step
+    gc.collect()
+    assert len(cache) == 0
+
+
+def test_a_function_traced_inside_a_graph_does_not_inherit_its_entries():
+    cache = GraphCache()
+    with tf.Graph().as_default() as outer:
+        cache.set("k", "outer")
+
+        @tf.function
+        def inner():
+            assert cache.get("k") is None
+            return tf.constant(0)
+
+        inner()
+    assert cache.get("k", graph=outer) == "outer"
 
 
 def test_update_to_none_removes_and_clear_forgets_everything():

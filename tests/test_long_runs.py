@@ -5,6 +5,7 @@ in tests/test_benchmark.py); these tests are the fast check that nothing grows p
 traces, variables, and the per-graph caches dpkeras keeps (replica reads, reductions).
 """
 
+import gc
 import time
 
 import keras
@@ -13,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import dpkeras
+from dpkeras import _tf_internals
 from dpkeras.testing import cpu_strategy
 from tests.models import make_data
 
@@ -161,3 +163,43 @@ def test_epochs_of_unknown_size_do_not_drift():
     with pytest.raises((StopIteration, tf.errors.OutOfRangeError)):
         model.train_function(iterator)
     assert model.optimizer.iterations.numpy() == seed.numpy()[1] == 2 * 3
+
+
+def test_models_fitted_and_dropped_leave_nothing_behind():
+    """A hyper-parameter search fits many fresh models in one process (issue 40): once a model
+    is dropped, nothing of it stays in the strategy, nor in the TensorFlow context. The
+    strategy's per-graph caches held tensors of each traced step, which kept its graph (and
+    the functions TensorFlow makes from it) alive as long as the strategy: ~4 MB a model."""
+    strategy = dpkeras.ParameterDeviceStrategy(["/cpu:1", "/cpu:2"], "/cpu:0")
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 50, (32, 4)).astype("int32"), rng.integers(0, 2, (32, 1))
+    counts = []
+    for _ in range(3):
+        with strategy.scope():
+            model = keras.Sequential(
+                [
+                    keras.Input((4,), dtype="int32"),
+                    keras.layers.Embedding(50, 4),
+                    keras.layers.GlobalAveragePooling1D(),
+                    keras.layers.BatchNormalization(),
+                    keras.layers.Dense(1, activation="sigmoid"),
+                ]
+            )
+            model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
+        model.fit(x, y, batch_size=8, epochs=2, validation_data=(x, y), verbose=0)
+        model.evaluate(x, y, batch_size=8, verbose=0)
+        model.predict(x, batch_size=8, verbose=0)
+        assert len(strategy.extended.reductions) == 2  # the train and test steps, while alive
+        del model
+        gc.collect()
+        counts.append(
+            (
+                len(strategy.extended.reductions),
+                len(strategy.extended.variables()),
+                sum(isinstance(o, tf.Graph) for o in gc.get_objects()),
+                len(_tf_internals.function_names()),
+            )
+        )
+    reductions, variables, _, _ = counts[-1]
+    assert reductions == 0 and variables == 0, counts
+    assert counts[1] == counts[2], counts  # graphs and functions: none kept per model
