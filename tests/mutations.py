@@ -873,6 +873,23 @@ MUTANTS = (
         "        self._pump.wait = self._pump.join\n",
         ("tests/test_quiet.py::test_a_process_that_crashes_shows_its_fatal_record",),
     ),
+    Mutant(
+        "synchronized-batchnorm",
+        "ReplicaContext.all_reduce (what BatchNormalization(synchronized=True) sums its "
+        "statistics with) gives replica 0's value: every replica normalizes with replica 0's "
+        "statistics (MEAN would not show: Keras divides the sum by the count, both averaged)",
+        "dpkeras/_extended/cross_replica.py",
+        "reduce_op, value, self._reduction_device(destinations), from_every_replica=False",
+        '"ONLY_FIRST_REPLICA", value, self._reduction_device(destinations), '
+        "from_every_replica=False",
+        (
+            "tests/test_exact_matrix.py::test_dpkeras_is_exact[synchronized_batchnorm]",
+            "tests/test_cluster_training.py::"
+            "test_rows_of_the_exact_table_on_a_cluster[synchronized_batchnorm-all-on-ps]",
+            "tests/test_cluster_training.py::"
+            "test_rows_of_the_exact_table_on_a_cluster[synchronized_batchnorm-hybrid]",
+        ),
+    ),
 )
 
 

@@ -138,6 +138,35 @@ def test_batchnorm_dropout_and_a_metric_on_a_cluster(local):
     assert out[0] == pytest.approx(out[1], rel=1e-5)
 
 
+# Rows of the README's "What is exact" table (tests/exact_features.py) checked on the cluster too.
+CLUSTER_ROWS = ("synchronized_batchnorm",)
+
+
+@pytest.mark.parametrize("placement", ["all-on-ps", "hybrid"])
+@pytest.mark.parametrize("feature", CLUSTER_ROWS)
+def test_rows_of_the_exact_table_on_a_cluster(local, feature, placement):
+    """4 replicas on 2 workers train to one process's weights, history and evaluate (the
+    reference trains on the client's own CPU); `BatchNormalization(synchronized=True)` takes
+    its statistics over the global batch, all-reduced among the workers' replicas."""
+    parameter_device = "placement.hybrid()" if placement == "hybrid" else "None"
+    out = _client(
+        f"""
+        from dpkeras import placement
+        from tests import exact_features as F
+        dpkeras.cluster.connect(SPEC)
+        expected = F.run({feature!r})
+        strategy = dpkeras.get_strategy(cluster=SPEC, parameter_device={parameter_device})
+        actual = F.run({feature!r}, strategy)
+        print(json.dumps([len(strategy.extended.worker_devices),
+                          F.compare({feature!r}, expected, actual)]))
+        """,
+        local.spec,
+    )
+    replicas, (verdict, worst) = out
+    assert replicas == 4
+    assert verdict == "exact", (feature, placement, worst)
+
+
 def test_bytes_between_processes_do_not_grow_with_replicas_per_worker(local):
     """Each worker pulls each variable once and sends one summed gradient per step, however
     many replicas it runs; the client sends no batch (each worker reads its own input)."""
