@@ -890,6 +890,60 @@ MUTANTS = (
             "test_rows_of_the_exact_table_on_a_cluster[synchronized_batchnorm-hybrid]",
         ),
     ),
+    Mutant(
+        "task-without-device",
+        "a task named without a device (TF1's '/job:ps/task:0') is refused again",
+        "dpkeras/_device_names.py",
+        'spec = spec.replace(device_type="CPU", device_index=0)  # a task: its CPU:0',
+        "pass  # a task: its CPU:0",
+        (
+            "tests/test_placement.py::"
+            "test_a_task_named_without_a_device_is_its_cpu_0_wherever_a_device_is_taken",
+            "tests/test_cluster_training.py::"
+            "test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name",
+        ),
+    ),
+    Mutant(
+        "by-path-replicated",
+        "by_path refuses placement.REPLICATED as a rule or default",
+        "dpkeras/placement.py",
+        "    if value is REPLICATED:\n        return _Replicate()\n",
+        "",
+        (
+            "tests/test_placement.py::test_by_path_answers_replicated_for_a_rule_or_the_default",
+            "tests/test_cluster_training.py::"
+            "test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name",
+        ),
+    ),
+    Mutant(
+        "by-path-replicated-metrics",
+        "by_path answers REPLICATED for metric state too (refused when the metric is made)",
+        "dpkeras/placement.py",
+        "if spec.kind is VariableKind.METRIC or spec.shard is not None:",
+        "if spec.shard is not None:",
+        ("tests/test_placement.py::test_by_path_answers_replicated_for_a_rule_or_the_default",),
+    ),
+    Mutant(
+        "hybrid-by-name",
+        '"hybrid" (argument or DPKERAS_PARAMETER_DEVICE) is taken for a device again',
+        "dpkeras/_config.py",
+        'return value.strip().lower() == "hybrid"',
+        "return False",
+        (
+            "tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",
+            "tests/test_cluster_training.py::"
+            "test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name",
+        ),
+    ),
+    Mutant(
+        "hybrid-uncalled",
+        "placement.hybrid passed without calling it is used as a policy (fails at the first "
+        "variable)",
+        "dpkeras/_config.py",
+        "return value is placement.hybrid",
+        "return False",
+        ("tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",),
+    ),
 )
 
 
