@@ -944,6 +944,31 @@ MUTANTS = (
         "return False",
         ("tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",),
     ),
+    Mutant(
+        "backup-of-another-model",
+        "a backup whose weights' shapes differ from the model's is loaded: Keras's dump",
+        "dpkeras/_patches/resume.py",
+        "_refuse_a_backup_of_another_model(callback, _difference(saved, callback.model))",
+        "pass",
+        (
+            "tests/test_reliability.py::"
+            "test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory[shapes]",
+            "tests/test_reliability.py::"
+            "test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory[count]",
+        ),
+    ),
+    Mutant(
+        "backup-without-shapes",
+        "a backup without shapes that Keras cannot load fails with Keras's dump",
+        "dpkeras/_patches/resume.py",
+        'if "could not be loaded" not in str(e):',
+        "if True:",
+        (
+            "tests/test_reliability.py::"
+            "test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory"
+            "[metadata-without-shapes]",
+        ),
+    ),
 )
 
 
