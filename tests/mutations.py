@@ -969,6 +969,14 @@ MUTANTS = (
             "[metadata-without-shapes]",
         ),
     ),
+    Mutant(
+        "env-reports-own-level",
+        "dpkeras env reports the TF_CPP_MIN_LOG_LEVEL=2 it set itself as the user's",
+        "dpkeras/_quiet.py",
+        "            _SET_HERE.add(LEVEL_VARIABLE)",
+        "            pass",
+        ("tests/test_quiet.py::test_dpkeras_env_reports_the_environment_as_the_user_gave_it",),
+    ),
 )
 
 
