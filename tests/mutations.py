@@ -977,6 +977,15 @@ MUTANTS = (
         "            pass",
         ("tests/test_quiet.py::test_dpkeras_env_reports_the_environment_as_the_user_gave_it",),
     ),
+    Mutant(
+        "docs-share-a-backup",
+        "two docs examples share one BackupAndRestore directory (as README's and cluster.md's "
+        "three did)",
+        "docs/cluster.md",
+        'BackupAndRestore("backup-train")',
+        'BackupAndRestore("backup-mlp")',
+        ("tests/test_docs_examples.py::test_no_two_blocks_share_a_backup_directory",),
+    ),
 )
 
 
