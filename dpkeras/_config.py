@@ -10,7 +10,7 @@ Every consumer reads the `Config` that `resolve` returns (a strategy, `dpkeras s
 | setting | environment variable | default |
 |---|---|---|
 | `compute_devices` | `DPKERAS_COMPUTE_DEVICES` (comma-separated) | None: every GPU, else CPUs |
-| `parameter_device` | `DPKERAS_PARAMETER_DEVICE` (one, or comma-separated) | None: `/cpu:0` |
+| `parameter_device` | `DPKERAS_PARAMETER_DEVICE` (comma-separated, or `hybrid`) | None: `/cpu:0` |
 | `deduplicate` | `DPKERAS_DEDUPLICATE` (1, 0, true, false, sum) | `Deduplicate.ON` |
 | `cpus` | `DPKERAS_CPUS` (logical CPU devices of a task) | 1 |
 | `client_start_timeout` | `DPKERAS_CLIENT_START_TIMEOUT` (seconds) | 1800 |
@@ -94,7 +94,9 @@ class Config:
     Attributes:
         compute_devices: tuple of device strings, or None (the default devices); an argument
             of another type is kept as given, for the devices' validation to name it.
-        parameter_device: a device string, a tuple of them, a placement policy, or None.
+        parameter_device: a device string, a tuple of them, a placement policy, or None;
+            "hybrid" (argument or variable, any case) and the `placement.hybrid` function not
+            called are resolved to `placement.hybrid()`.
         deduplicate: a `Deduplicate`.
         cpus: int >= 1, logical CPU devices of a cluster task.
         client_start_timeout: float > 0, seconds a task waits for the client to appear.
@@ -145,7 +147,31 @@ def _device_list(text, name):
     return devices
 
 
+def _is_hybrid(value):
+    """Whether `value` asks for `placement.hybrid()`: the string "hybrid" (any case), or the
+    `placement.hybrid` function itself, not called."""
+    if isinstance(value, str):
+        return value.strip().lower() == "hybrid"
+    if getattr(value, "__module__", None) != "dpkeras.placement":
+        return False
+    from dpkeras import placement  # imported only when it is one of placement's (TensorFlow)
+
+    return value is placement.hybrid
+
+
+def _hybrid():
+    from dpkeras import placement
+
+    return placement.hybrid()
+
+
+def _parameter_argument(value, name):
+    return _hybrid() if _is_hybrid(value) else _devices_argument(value, name)
+
+
 def _parameter_devices(text, name):
+    if _is_hybrid(text):
+        return _hybrid()
     devices = _device_list(text, name)
     return devices[0] if len(devices) == 1 else devices
 
@@ -209,7 +235,7 @@ def _text(text, name):
 # setting: (parses an argument, parses the environment variable's text)
 _PARSERS = {
     "compute_devices": (_devices_argument, _device_list),
-    "parameter_device": (_devices_argument, _parameter_devices),
+    "parameter_device": (_parameter_argument, _parameter_devices),
     "deduplicate": (lambda value, name: Deduplicate.of(value), _deduplicate),
     "cpus": (_positive_int, _positive_int_text),
     "client_start_timeout": (_seconds, _seconds_text),

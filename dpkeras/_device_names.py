@@ -8,17 +8,23 @@ reports, error messages). This module imports nothing from dpkeras: every other 
 import tensorflow as tf
 
 LOCAL_JOB = "localhost"
+_NAME_ONE = (
+    "A device must name a type and an index, such as '/gpu:0' or '/cpu:1', or a task, such as "
+    "'/job:ps/task:0' (its CPU:0)."
+)
 
 
 def canonical_device(device):
     """Returns the canonical, fully specified name of a device.
 
     A device without a job is a device of this process (job `localhost`, task 0); a device of
-    a cluster task keeps its job and task.
+    a cluster task keeps its job and task. A task named without a device (`"/job:ps/task:0"`,
+    as TF1's `tf.device` and `replica_device_setter` write it) is that task's CPU:0, as
+    TensorFlow takes it.
 
     Args:
-        device: str, such as `"/gpu:1"`, `"GPU:1"`, `"/device:CPU:0"` or
-            `"/job:ps/task:1/device:CPU:0"`.
+        device: str, such as `"/gpu:1"`, `"GPU:1"`, `"/device:CPU:0"`,
+            `"/job:ps/task:1/device:CPU:0"` or `"/job:ps/task:1"`.
 
     Returns:
         str, such as `"/job:localhost/replica:0/task:0/device:GPU:1"`.
@@ -33,10 +39,7 @@ def canonical_device(device):
         )
     text = device.strip()
     if ":" not in text:
-        raise ValueError(
-            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
-            f"Received: {device!r}"
-        )
+        raise ValueError(f"{_NAME_ONE} Received: {device!r}")
     if not text.startswith("/"):
         text = "/device:" + text
     try:
@@ -46,11 +49,11 @@ def canonical_device(device):
             f"Cannot parse device {device!r}: {e}. Expected a device such as '/gpu:0', "
             f"'/cpu:0' or '/job:localhost/replica:0/task:0/device:GPU:0'."
         ) from None
+    named_task = spec.job is not None or spec.task is not None
+    if spec.device_type is None and spec.device_index is None and named_task:
+        spec = spec.replace(device_type="CPU", device_index=0)  # a task: its CPU:0
     if spec.device_type is None or spec.device_index is None:
-        raise ValueError(
-            f"A device must name a type and an index, such as '/gpu:0' or '/cpu:1'. "
-            f"Received: {device!r}"
-        )
+        raise ValueError(f"{_NAME_ONE} Received: {device!r}")
     job = spec.job or LOCAL_JOB
     return (
         f"/job:{job}/replica:{spec.replica or 0}/task:{spec.task or 0}"

@@ -74,13 +74,28 @@ def verbose(argument=None):
     return bool(_config.setting("verbose", argument).value)
 
 
+# Variables `quiet_level` set in this process's environment: not the user's (`as_given`).
+_SET_HERE = set()
+
+
 def quiet_level(environ=None):
     """Sets `TF_CPP_MIN_LOG_LEVEL` to 2 in `environ` (default: this process's environment,
     which children inherit) unless it is set; returns `environ`. Works for this process only
-    before TensorFlow is imported."""
-    environ = os.environ if environ is None else environ
-    environ.setdefault(LEVEL_VARIABLE, QUIET_LEVEL)
+    before TensorFlow is imported. `as_given` still reports this process's environment as the
+    user gave it."""
+    own = environ is None
+    environ = os.environ if own else environ
+    if LEVEL_VARIABLE not in environ:
+        environ[LEVEL_VARIABLE] = QUIET_LEVEL
+        if own:
+            _SET_HERE.add(LEVEL_VARIABLE)
     return environ
+
+
+def as_given(name):
+    """This process's `$name` as the user gave it: None if unset, or set by `quiet_level`
+    (what `dpkeras env` reports, for bug reports)."""
+    return None if name in _SET_HERE else os.environ.get(name)
 
 
 def is_noise(line):

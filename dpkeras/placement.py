@@ -234,6 +234,33 @@ class _GreedyBySize(Policy):
         return device
 
 
+class _Replicate:
+    """The policy a `REPLICATED` rule or default of `by_path` stands for: every variable it is
+    asked about is `REPLICATED`."""
+
+    devices = ()
+
+    def __call__(self, spec):
+        return REPLICATED
+
+    def __repr__(self):
+        return repr(REPLICATED)
+
+
+def _rule(value, what):
+    """A rule's value (or a default) of `by_path` as a policy: a device, a list, a policy, or
+    `REPLICATED`."""
+    if value is REPLICATED:
+        return _Replicate()
+    try:
+        return as_policy(value)
+    except ValueError:
+        raise ValueError(
+            f"by_path(): {what} must be a device string, a list of devices, a placement policy "
+            f"or placement.REPLICATED. Received: {value!r} (of type {type(value).__name__})"
+        ) from None
+
+
 class _ByPath(Policy):
     def __init__(self, rules, default):
         if not isinstance(rules, dict) or not rules:
@@ -249,14 +276,34 @@ class _ByPath(Policy):
                 raise ValueError(
                     f"by_path(): {pattern!r} is not a valid regular expression: {e}"
                 ) from None
-            self._rules.append((compiled, as_policy(device)))
-        self._default = None if default is None else as_policy(default)
+            self._rules.append((compiled, _rule(device, f"the rule {pattern!r}")))
+        self._default = None if default is None else _rule(default, "default")
         candidates = [d for _, p in self._rules for d in getattr(p, "devices", ())]
         if self._default is not None:
             candidates += list(getattr(self._default, "devices", ()))
-        super().__init__(list(dict.fromkeys(candidates)), "by_path")
+        replicates = [p for _, p in self._rules if isinstance(p, _Replicate)]
+        replicates += [self._default] if isinstance(self._default, _Replicate) else []
+        if replicates and not candidates:
+            raise ValueError(
+                f"by_path() answers placement.REPLICATED but names no device: metric state "
+                f"and the shards of a partitioned variable cannot be replicated and need one. "
+                f"Add a rule or a default with a device. Received: rules={rules!r}, "
+                f"default={default!r}"
+            )
+        # A policy of callables alone names no device: the strategy's default holds reductions.
+        self.devices, self._name, self._lock = (), "by_path", threading.Lock()
+        if candidates:
+            super().__init__(list(dict.fromkeys(candidates)), "by_path")
+        self._cannot_replicate = _GreedyBySize(list(self.devices)) if replicates else None
 
     def place(self, spec):
+        device = self._answer(spec)
+        if device is REPLICATED and self._cannot_replicate is not None:
+            if spec.kind is VariableKind.METRIC or spec.shard is not None:
+                return self._cannot_replicate.place(spec)
+        return device
+
+    def _answer(self, spec):
         for pattern, policy in self._rules:
             if pattern.search(spec.path):
                 return policy(spec)
@@ -297,10 +344,15 @@ def greedy_by_size(device_list):
 def by_path(rules, default=None):
     """The first regex (searched in the Keras path) that matches decides the device.
 
+    A rule or the default may be `REPLICATED`: the variables it matches get a copy on every
+    compute device (`by_path({r"embedding": "/job:ps/task:0"}, default=REPLICATED)`). Metric
+    state and the shards of a partitioned variable cannot be replicated: those it matches go
+    to the devices the other rules name (spread by `greedy_by_size`).
+
     Args:
-        rules: dict `{regex: device or policy}`, tried in order.
-        default: device or policy for paths no rule matches; without it such a path is an
-            error.
+        rules: dict `{regex: device, policy or REPLICATED}`, tried in order.
+        default: device, policy or `REPLICATED` for paths no rule matches; without it such a
+            path is an error.
     """
     return _ByPath(rules, default)
 
@@ -413,7 +465,25 @@ def as_policy(parameter_device):
     """Turns what `parameter_device` accepts into a callable policy.
 
     A string is `single`, a list or tuple is `greedy_by_size`, a callable is used as it is.
+    (`parameter_device="hybrid"`, and the `hybrid` function not called, are `hybrid()`:
+    `dpkeras._config` resolves them.)
     """
+    if parameter_device is REPLICATED:
+        raise ValueError(
+            "parameter_device=placement.REPLICATED would replicate metric state too, which "
+            "lives on a parameter device. Use placement.hybrid() (tables and metric state on "
+            "the parameter devices, everything else replicated), or a policy answering "
+            "REPLICATED for some variables, such as placement.by_path({r'embedding': "
+            "'/cpu:0'}, default=placement.REPLICATED). Received: "
+            "parameter_device=dpkeras.placement.REPLICATED"
+        )
+    name = getattr(parameter_device, "__name__", None)
+    if name in _FACTORIES and parameter_device is globals()[name]:
+        raise ValueError(
+            f"parameter_device=placement.{name} is the function that makes a policy, not a "
+            f"policy: call it, such as placement.{name}({_FACTORIES[name]}). Received: "
+            f"parameter_device={parameter_device!r}"
+        )
     if isinstance(parameter_device, str):
         return single(parameter_device)
     if isinstance(parameter_device, (list, tuple)):
@@ -425,6 +495,17 @@ def as_policy(parameter_device):
         f"(a callable taking a dpkeras.placement.VariableSpec and returning a device). "
         f"Received: {parameter_device!r} (of type {type(parameter_device).__name__})"
     )
+
+
+# The functions that make a policy, by name, with an example of their arguments: passed
+# without calling them, `as_policy` refuses them by name (`hybrid`, which needs no argument,
+# is resolved to `hybrid()` by `dpkeras._config`).
+_FACTORIES = {
+    "single": "'/cpu:0'",
+    "round_robin": "['/gpu:0', '/gpu:1']",
+    "greedy_by_size": "['/gpu:0', '/gpu:1']",
+    "by_path": "{r'embedding': '/cpu:0'}, default='/gpu:0'",
+}
 
 
 # Keras's SeedGenerator names its state variable so (keras/src/random/seed_generator.py).

@@ -56,6 +56,24 @@ def _masking():
     return model
 
 
+def _synchronized_batchnorm():
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            L.Dense(8),
+            L.BatchNormalization(synchronized=True),
+            L.Activation("relu"),
+            L.Dense(3),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
 class _ActivityLoss(L.Layer):
     def call(self, x):
         self.add_loss(0.01 * keras.ops.mean(x**2))
@@ -102,6 +120,8 @@ FEATURES = {
         "dense",
     ),
     "masking": (_masking, {}, "tokens"),
+    # Statistics over the global batch (an all-reduce among the replicas), as on one device.
+    "synchronized_batchnorm": (_synchronized_batchnorm, {}, "dense"),
     "validation": (_dense, {"validation_data": (X[:12], Y[:12])}, "dense"),
     "callbacks": (_dense, {"callbacks": "lr_schedule"}, "dense"),
 }

@@ -1034,6 +1034,119 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_quiet.py::test_a_client_s_filter_passes_a_line_s_start_on_at_once",),
     ),
+    Mutant(
+        "synchronized-batchnorm",
+        "ReplicaContext.all_reduce (what BatchNormalization(synchronized=True) sums its "
+        "statistics with) gives replica 0's value: every replica normalizes with replica 0's "
+        "statistics (MEAN would not show: Keras divides the sum by the count, both averaged)",
+        "dpkeras/_extended/cross_replica.py",
+        "reduce_op, value, self._reduction_device(destinations), from_every_replica=False",
+        '"ONLY_FIRST_REPLICA", value, self._reduction_device(destinations), '
+        "from_every_replica=False",
+        (
+            "tests/test_exact_matrix.py::test_dpkeras_is_exact[synchronized_batchnorm]",
+            "tests/test_cluster_training.py::"
+            "test_rows_of_the_exact_table_on_a_cluster[synchronized_batchnorm-all-on-ps]",
+            "tests/test_cluster_training.py::"
+            "test_rows_of_the_exact_table_on_a_cluster[synchronized_batchnorm-hybrid]",
+        ),
+    ),
+    Mutant(
+        "task-without-device",
+        "a task named without a device (TF1's '/job:ps/task:0') is refused again",
+        "dpkeras/_device_names.py",
+        'spec = spec.replace(device_type="CPU", device_index=0)  # a task: its CPU:0',
+        "pass  # a task: its CPU:0",
+        (
+            "tests/test_placement.py::"
+            "test_a_task_named_without_a_device_is_its_cpu_0_wherever_a_device_is_taken",
+            "tests/test_cluster_training.py::"
+            "test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name",
+        ),
+    ),
+    Mutant(
+        "by-path-replicated",
+        "by_path refuses placement.REPLICATED as a rule or default",
+        "dpkeras/placement.py",
+        "    if value is REPLICATED:\n        return _Replicate()\n",
+        "",
+        (
+            "tests/test_placement.py::test_by_path_answers_replicated_for_a_rule_or_the_default",
+            "tests/test_cluster_training.py::"
+            "test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name",
+        ),
+    ),
+    Mutant(
+        "by-path-replicated-metrics",
+        "by_path answers REPLICATED for metric state too (refused when the metric is made)",
+        "dpkeras/placement.py",
+        "if spec.kind is VariableKind.METRIC or spec.shard is not None:",
+        "if spec.shard is not None:",
+        ("tests/test_placement.py::test_by_path_answers_replicated_for_a_rule_or_the_default",),
+    ),
+    Mutant(
+        "hybrid-by-name",
+        '"hybrid" (argument or DPKERAS_PARAMETER_DEVICE) is taken for a device again',
+        "dpkeras/_config.py",
+        'return value.strip().lower() == "hybrid"',
+        "return False",
+        (
+            "tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",
+            "tests/test_cluster_training.py::"
+            "test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name",
+        ),
+    ),
+    Mutant(
+        "hybrid-uncalled",
+        "placement.hybrid passed without calling it is used as a policy (fails at the first "
+        "variable)",
+        "dpkeras/_config.py",
+        "return value is placement.hybrid",
+        "return False",
+        ("tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",),
+    ),
+    Mutant(
+        "backup-of-another-model",
+        "a backup whose weights' shapes differ from the model's is loaded: Keras's dump",
+        "dpkeras/_patches/resume.py",
+        "_refuse_a_backup_of_another_model(callback, _difference(saved, callback.model))",
+        "pass",
+        (
+            "tests/test_reliability.py::"
+            "test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory[shapes]",
+            "tests/test_reliability.py::"
+            "test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory[count]",
+        ),
+    ),
+    Mutant(
+        "backup-without-shapes",
+        "a backup without shapes that Keras cannot load fails with Keras's dump",
+        "dpkeras/_patches/resume.py",
+        'if "could not be loaded" not in str(e):',
+        "if True:",
+        (
+            "tests/test_reliability.py::"
+            "test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory"
+            "[metadata-without-shapes]",
+        ),
+    ),
+    Mutant(
+        "env-reports-own-level",
+        "dpkeras env reports the TF_CPP_MIN_LOG_LEVEL=2 it set itself as the user's",
+        "dpkeras/_quiet.py",
+        "            _SET_HERE.add(LEVEL_VARIABLE)",
+        "            pass",
+        ("tests/test_quiet.py::test_dpkeras_env_reports_the_environment_as_the_user_gave_it",),
+    ),
+    Mutant(
+        "docs-share-a-backup",
+        "two docs examples share one BackupAndRestore directory (as README's and cluster.md's "
+        "three did)",
+        "docs/cluster.md",
+        'BackupAndRestore("backup-train")',
+        'BackupAndRestore("backup-mlp")',
+        ("tests/test_docs_examples.py::test_no_two_blocks_share_a_backup_directory",),
+    ),
 )
 
 

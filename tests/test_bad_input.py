@@ -145,7 +145,8 @@ CASES = {
     "device-without-index": Case(
         lambda _: enter(["gpu"]),
         ValueError,
-        r"must name a type and an index, such as '/gpu:0' or '/cpu:1'. Received: 'gpu'",
+        r"must name a type and an index, such as '/gpu:0' or '/cpu:1', or a task, such as "
+        r"'/job:ps/task:0' \(its CPU:0\). Received: 'gpu'",
     ),
     "device-unparseable": Case(
         lambda _: enter(["/cpu:1"], "/cpu:0/cpu:1"),

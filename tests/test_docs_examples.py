@@ -129,6 +129,18 @@ def test_every_page_has_its_blocks():
     assert found == EXPECTED
 
 
+def test_no_two_blocks_share_a_backup_directory():
+    """A backup fits one model: two examples run in one directory must not resume each
+    other's (`BackupAndRestore` in a directory of another model's backup is refused)."""
+    found = {}
+    for block in ALL:
+        for directory in re.findall(r"BackupAndRestore\(\s*[\"']([^\"']+)[\"']", block.code):
+            found.setdefault(directory, []).append(block.where)
+    assert found, "no BackupAndRestore found: the pattern no longer matches the docs"
+    shared = {d: where for d, where in found.items() if len(where) > 1}
+    assert not shared, f"blocks sharing a BackupAndRestore directory: {shared}"
+
+
 def test_the_tf1_guide_has_a_runnable_block_for_each_idiom_2_to_10():
     page = next(page for page in pages() if page.stem == "migrating-from-tf1")
     headings = [

@@ -36,6 +36,19 @@ BAD_DEVICES = [
     ),
     (None, ["/cpu:0", "/cpu:0"], r"greedy_by_size\(\) lists a device twice"),
     (None, [], r"greedy_by_size\(\) needs a non-empty list of devices"),
+    (["/replica:0"], None, r"a type and an index.*or a task, such as '/job:ps/task:0'"),
+    (
+        None,
+        dpkeras.placement.REPLICATED,
+        r"parameter_device=placement.REPLICATED would replicate metric state too.*Use "
+        r"placement.hybrid\(\).*Received: parameter_device=dpkeras.placement.REPLICATED",
+    ),
+    (
+        None,
+        dpkeras.placement.round_robin,
+        r"parameter_device=placement.round_robin is the function that makes a policy, not a "
+        r"policy: call it, such as placement.round_robin\(\['/gpu:0', '/gpu:1'\]\)",
+    ),
     (["/cpu:1"], "/cpu:0/cpu:1", r"Cannot parse device '/cpu:0/cpu:1'"),
 ]
 

@@ -31,6 +31,7 @@ MIRRORED = {
     "clipnorm": "differs",
     "gradient_accumulation": ("fails", *_MERGE_CALL_IN_COND),
     "masking": "exact",
+    "synchronized_batchnorm": "exact",
     "validation": "exact",
     "callbacks": "exact",
     "mixed_precision": "exact",

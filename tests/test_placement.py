@@ -68,6 +68,54 @@ def test_a_list_of_devices_means_greedy_by_size():
     )
 
 
+def test_a_task_named_without_a_device_is_its_cpu_0_wherever_a_device_is_taken(monkeypatch):
+    """`/job:ps/task:0`, as TF1's `tf.device` and `replica_device_setter` write a ps: that
+    task's CPU:0, as TensorFlow takes it, in the arguments, a policy's answer and the
+    environment (on a cluster: tests/test_cluster_training.py)."""
+    canonical = dpkeras._device_names.canonical_device
+    assert canonical("/job:ps/task:1") == "/job:ps/replica:0/task:1/device:CPU:0"
+    assert canonical("/job:ps") == "/job:ps/replica:0/task:0/device:CPU:0"
+    cpu0, cpu3 = canonical("/cpu:0"), canonical("/cpu:3")
+    assert canonical("/job:localhost/task:0") == cpu0
+    strategy = dpkeras.get_strategy(["/job:localhost/replica:0/task:0", "/cpu:1"], "/cpu:3")
+    assert strategy.compute_devices == (cpu0, canonical("/cpu:1"))
+    assert dpkeras.get_strategy(REPLICAS, "/job:localhost/task:0").extended.parameter_devices == (
+        cpu0,
+    )
+    model = _build_under(lambda spec: "/job:localhost/task:0")
+    assert {v.value.device for v in model.weights} == {cpu0}
+    monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", "/job:localhost/task:0,/cpu:3")
+    assert dpkeras.get_strategy(REPLICAS).extended.parameter_devices == (cpu0, cpu3)
+
+
+def test_by_path_answers_replicated_for_a_rule_or_the_default():
+    """`by_path({...}, default=REPLICATED)`: the table on its device, the dense layers
+    replicated; metric state, which cannot be replicated, on the devices the rules name."""
+    tables = placement.by_path({r"embedding": "/cpu:3"}, default=placement.REPLICATED)
+    assert repr(tables) == "by_path({'embedding': '/cpu:3'}, default=dpkeras.placement.REPLICATED)"
+    dense = placement.by_path({r"dense": placement.REPLICATED}, default="/cpu:3")
+    for policy in (tables, dense):
+        with dpkeras.scope(REPLICAS, policy):
+            model = _uneven_model()
+        model.fit(np.zeros((8, 6), "int32"), np.zeros(8, "int32"), batch_size=8, verbose=0)
+        devices = {r.path: r.device for r in dpkeras.placement_report(model).rows}
+        assert {d for p, d in devices.items() if "embedding" in p} == {"/cpu:3"}, devices
+        assert {d for p, d in devices.items() if "/dense" in p} == {"replicated"}, devices
+        assert {d for p, d in devices.items() if p.startswith("loss/")} == {"/cpu:3"}, devices
+
+
+def test_hybrid_by_name_by_function_and_from_the_environment(monkeypatch):
+    """ "hybrid" (argument or `DPKERAS_PARAMETER_DEVICE`) and `placement.hybrid` not called
+    are `placement.hybrid()`: the same strategy."""
+    hybrid = dpkeras.get_strategy(["/cpu:1", "/cpu:2", "/cpu:3"], placement.hybrid())
+    assert dpkeras.get_strategy(hybrid.compute_devices, "hybrid") is hybrid
+    assert dpkeras.get_strategy(hybrid.compute_devices, " Hybrid ") is hybrid
+    assert dpkeras.get_strategy(hybrid.compute_devices, placement.hybrid) is hybrid
+    monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", "hybrid")
+    assert dpkeras.get_strategy(hybrid.compute_devices) is hybrid
+    assert repr(hybrid.extended.placement_policy) == "hybrid([/cpu:0])"
+
+
 def test_by_path_and_slots_follow_their_variable():
     model = _build_under(placement.by_path({r"embedding": "/cpu:0"}, default="/cpu:3"))
     x, y = np.zeros((8, 6), "int32"), np.zeros(8, "int32")
@@ -220,7 +268,20 @@ def test_bad_policies_fail_before_training_naming_the_variable(policy, message):
         (lambda: placement.greedy_by_size(["/cpu:0", "cpu:0"]), r"lists a device twice"),
         (lambda: placement.by_path([("x", "/cpu:0")]), r"by_path\(\) needs a dict"),
         (lambda: placement.by_path({"(": "/cpu:0"}), r"'\(' is not a valid regular expression"),
-        (lambda: placement.by_path({"x": "/cpu:0"}, default=3), r"Received: 3 \(of type int\)"),
+        (
+            lambda: placement.by_path({"x": "/cpu:0"}, default=3),
+            r"by_path\(\): default must be a device string, a list of devices, a placement "
+            r"policy or placement.REPLICATED. Received: 3 \(of type int\)",
+        ),
+        (
+            lambda: placement.by_path({"x": "/cpu:0", "y": {}}),
+            r"by_path\(\): the rule 'y' must be .* Received: \{\} \(of type dict\)",
+        ),
+        (
+            lambda: placement.by_path({"x": placement.REPLICATED}),
+            r"by_path\(\) answers placement.REPLICATED but names no device: metric state .* "
+            r"Received: rules=\{'x': dpkeras.placement.REPLICATED\}, default=None",
+        ),
     ],
 )
 def test_bad_policy_arguments(make, message):

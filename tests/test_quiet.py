@@ -364,3 +364,14 @@ def test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client():
     assert [proc.returncode for proc in procs] == [0, 0]
     assert "SessionOptions" in verbose and "device_count {" in verbose
     assert "SessionOptions" not in quiet and "device_count" not in quiet, quiet
+
+
+def test_dpkeras_env_reports_the_environment_as_the_user_gave_it():
+    """`dpkeras env` sets `TF_CPP_MIN_LOG_LEVEL=2` to quiet itself; its report (for bug
+    reports) shows the variable only when the user set it, with the user's value."""
+    unset = _dpkeras("env")
+    assert unset.returncode == 0, unset.stderr
+    assert "TF_CPP_MIN_LOG_LEVEL" not in unset.stdout, unset.stdout
+    given = _dpkeras("env", TF_CPP_MIN_LOG_LEVEL="1")
+    assert given.returncode == 0, given.stderr
+    assert "Related environment:\n  TF_CPP_MIN_LOG_LEVEL=1\n" in given.stdout, given.stdout

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -460,3 +461,68 @@ def test_double_checkpoint_keeps_the_previous_backup(tmp_path):
     copy.write_bytes((directory / "latest.weights.h5.bkp").read_bytes())
     previous.load_weights(copy)
     assert_same_state(reference(2, 1)[0], previous.get_weights())
+
+
+def _dense_model(*units):
+    layers = [keras.layers.Dense(u) for u in units] + [keras.layers.Dense(2)]
+    model = keras.Sequential([keras.Input((8,)), *layers])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize(
+    "other, keep_shapes, difference",
+    [
+        (
+            (6,),
+            True,
+            r"weight 'sequential(_\d+)?/dense(_\d+)?/kernel' is \(8, 4\) in the backup and "
+            r"\(8, 6\) in the model",
+        ),
+        ((), True, r"the backup holds 4 weights and the model 2"),
+        ((6,), False, r"Keras cannot load it \(A total of 3 objects could not be loaded\)"),
+    ],
+    ids=["shapes", "count", "metadata-without-shapes"],
+)
+def test_a_backup_of_another_model_is_refused_in_one_line_naming_the_directory(
+    tmp_path, other, keep_shapes, difference
+):
+    """Two programs sharing one `BackupAndRestore` directory: the second's `fit` says the
+    backup is not its model's (dpkeras's metadata holds the weights' shapes; a backup without
+    them, Keras's or an older dpkeras's, is refused when Keras cannot load it), in one line,
+    instead of Keras's dump of every variable; the backup's own model still resumes."""
+    directory = str(tmp_path / "backup")
+    x, y = np.zeros((16, 8), "float32"), np.zeros((16, 2), "float32")
+
+    class Killed(keras.callbacks.Callback):  # a run killed after its first backup
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("killed")
+
+    def backup():
+        return keras.callbacks.BackupAndRestore(directory)
+
+    with cpu_strategy(2).scope():
+        first = _dense_model(4)
+    with pytest.raises(RuntimeError, match="killed"):
+        first.fit(x, y, epochs=2, verbose=0, callbacks=[backup(), Killed()])
+    metadata = os.path.join(directory, "training_metadata.json")
+    with open(metadata) as f:
+        written = json.load(f)
+    assert len(written["dpkeras"]["weights"]) == 4
+    if not keep_shapes:
+        del written["dpkeras"]["weights"]
+        with open(metadata, "w") as f:
+            json.dump(written, f)
+    with cpu_strategy(2).scope():
+        model = _dense_model(*other)
+    with pytest.raises(ValueError) as raised:
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[backup()])
+    assert re.fullmatch(
+        rf"The backup in '{re.escape(directory)}' does not fit model '{model.name}': "
+        rf"{difference}\. Remove the directory or point BackupAndRestore at another\.",
+        str(raised.value),
+    ), str(raised.value)
+    with cpu_strategy(2).scope():
+        same = _dense_model(4)
+    history = same.fit(x, y, epochs=2, verbose=0, callbacks=[backup()])
+    assert len(history.history["loss"]) == 1  # resumed at epoch 2 of 2

@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-from dpkeras import _cli
+from dpkeras import _cli, _quiet
 
 # Environment variables besides DPKERAS_* that change what `dpkeras env` reports.
 _RELATED_ENV = (
@@ -207,7 +207,8 @@ def env(argv=None, out=None):
         say("Other DPKERAS_* variables (no dpkeras setting: a typo?):")
         for name, value in others.items():
             say(f"  {name}={value}")
-    related = {k: os.environ[k] for k in _RELATED_ENV if k in os.environ}
+    # As the user gave them: dpkeras's own quiet level (`_quiet.quiet_level`) is not theirs.
+    related = {k: _quiet.as_given(k) for k in _RELATED_ENV if _quiet.as_given(k) is not None}
     if related:
         say("Related environment:")
         for name, value in related.items():

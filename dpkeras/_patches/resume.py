@@ -239,6 +239,38 @@ def _recover_backup(callback):
     return metadata
 
 
+def _weight_shapes(model):
+    """`[[path, shape], ...]` of `model.weights`, in order: what a backup must fit."""
+    return [[v.path, list(v.shape)] for v in model.weights]
+
+
+def _difference(saved, model):
+    """What differs between a backup's `_weight_shapes` and `model`'s, or None.
+
+    Compared by position, as Keras loads a weights file; paths may differ (a model made again
+    in one process is `sequential_1`), shapes may not.
+    """
+    current = _weight_shapes(model)
+    if len(saved) != len(current):
+        return f"the backup holds {len(saved)} weights and the model {len(current)}"
+    for (_, saved_shape), (path, shape) in zip(saved, current):
+        if list(saved_shape) != list(shape):
+            return (
+                f"weight {path!r} is {tuple(saved_shape)} in the backup and {tuple(shape)} "
+                f"in the model"
+            )
+    return None
+
+
+def _refuse_a_backup_of_another_model(callback, difference):
+    if difference is not None:
+        raise ValueError(
+            f"The backup in {callback.backup_dir!r} does not fit model "
+            f"{callback.model.name!r}: {difference}. Remove the directory or point "
+            f"BackupAndRestore at another."
+        )
+
+
 def backup_on_train_begin(original, callback, logs=None):
     """`BackupAndRestore.on_train_begin`: rolls a committed backup forward, restores seeds.
 
@@ -248,13 +280,27 @@ def backup_on_train_begin(original, callback, logs=None):
     none, so Dropout would draw the first steps' masks again), and epochs are counted from the
     restored one (Keras records epoch 0 until an epoch ends, so a second restart would start
     over). A backup taken mid-epoch resumes as Keras resumes it, from the epoch's first batch,
-    with a warning.
+    with a warning. A backup of another model (weights of other shapes, or another count: a
+    directory shared by two programs) is refused in one line naming the directory, instead of
+    Keras's dump of every variable it could not load.
     """
     if not _backup_applies(callback):
         return original(callback, logs)
     _RESUMED_AT.pop(callback, None)  # a callback used for an earlier fit
     metadata = _recover_backup(callback)
-    result = original(callback, logs)
+    if os.path.exists(_keras_internals.backup_files(callback).weights):
+        saved = (metadata.get(_KEY) or {}).get("weights")
+        if saved is not None:
+            _refuse_a_backup_of_another_model(callback, _difference(saved, callback.model))
+        try:
+            result = original(callback, logs)
+        except ValueError as e:  # a backup without shapes (Keras's, an older dpkeras's)
+            if "could not be loaded" not in str(e):
+                raise
+            first = str(e).strip().splitlines()[0].split(". ")[0]  # "A total of 3 objects ..."
+            _refuse_a_backup_of_another_model(callback, f"Keras cannot load it ({first})")
+    else:
+        result = original(callback, logs)
     if not os.path.exists(_keras_internals.backup_files(callback).weights):
         return result
     # Keras leaves the epoch it records at 0 until an epoch ends: count from the restored one.
@@ -326,7 +372,12 @@ def backup_save_model(original, callback, save_weights):
     metadata = {
         "epoch": epoch,
         "batch": batch,
-        _KEY: {"generation": generation, "epoch_complete": complete, "seeds": seed_states(model)},
+        _KEY: {
+            "generation": generation,
+            "epoch_complete": complete,
+            "seeds": seed_states(model),
+            "weights": _weight_shapes(model),
+        },
     }
     atomic_files.write_json(files.metadata, metadata)  # the commit
     os.replace(pending, files.weights)

@@ -43,8 +43,10 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         parameter_device: where variables live: a device string (it may also be a compute
             device), a list of devices (spread by `placement.greedy_by_size`), or a placement
             policy (see `dpkeras.placement`: any callable taking a `VariableSpec` and returning
-            a device). Defaults to `$DPKERAS_PARAMETER_DEVICE` (one device, or
-            comma-separated devices), else `"/cpu:0"`.
+            a device); `"hybrid"` (and `placement.hybrid` not called) is
+            `placement.hybrid()`. A task named alone (`"/job:ps/task:0"`) is its CPU:0.
+            Defaults to `$DPKERAS_PARAMETER_DEVICE` (one device, comma-separated devices, or
+            `hybrid`), else `"/cpu:0"`.
         cluster: train on a TensorFlow cluster of `ps` and `worker` tasks (each a
             `dpkeras serve`): a dict such as `{"ps": ["10.0.0.1:2222"], "worker":
             ["10.0.0.2:2222", "10.0.0.3:2222"]}`, a `tf.train.ClusterSpec` or a
