@@ -873,6 +873,41 @@ MUTANTS = (
         "        self._pump.wait = self._pump.join\n",
         ("tests/test_quiet.py::test_a_process_that_crashes_shows_its_fatal_record",),
     ),
+    Mutant(
+        "wrapper-refused",
+        "keras-io's end-to-end wrapper, made outside any scope, is refused at compile again",
+        "dpkeras/_patches/outside_the_scope.py",
+        "            current = strategy  # compiled in the scope of the strategy it adopts\n",
+        "            pass\n",
+        (
+            "tests/test_end_to_end_wrapper.py::"
+            "test_an_end_to_end_model_made_after_training_runs_as_written[hybrid]",
+        ),
+    ),
+    Mutant(
+        "wrapper-not-adopted",
+        "the wrapper compiles in its strategy's scope but runs fit/evaluate/predict under none",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    _keras_internals.adopt_strategy(model, strategy)\n",
+        "",
+        (
+            "tests/test_end_to_end_wrapper.py::"
+            "test_an_end_to_end_model_made_after_training_runs_as_written[/cpu:0]",
+            "tests/test_errors.py::"
+            "test_a_wrapper_made_outside_any_scope_compiled_in_another_strategy_is_refused",
+        ),
+    ),
+    Mutant(
+        "wrapper-mixed-strategies",
+        "a model made outside any scope with variables of two strategies compiles",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if not holders:\n        return\n",
+        "    if True:\n        return\n",
+        (
+            "tests/test_errors.py::"
+            "test_a_model_made_outside_any_scope_with_variables_of_two_strategies_is_refused",
+        ),
+    ),
 )
 
 

@@ -44,13 +44,21 @@ def extended_of(obj):
         return extended if isinstance(extended, ParameterDeviceExtended) else None
     variables = getattr(obj, "variables", None)
     for v in variables or ():
-        value = _keras_internals.underlying_variable(v) if isinstance(v, keras.Variable) else v
-        if isinstance(value, PLACED_TYPES):
-            return value.extended
+        extended = extended_of_variable(v)
+        if extended is not None:
+            return extended
     if variables:
         return None
     strategy = getattr(obj, "distribute_strategy", None)
     return extended_of(strategy) if strategy is not None else None
+
+
+def extended_of_variable(variable):
+    """The `ParameterDeviceExtended` whose creator made `variable` (a `tf.Variable` or a
+    `keras.Variable`), or None (made outside every dpkeras strategy, or not yet created)."""
+    if isinstance(variable, keras.Variable):
+        variable = _keras_internals.underlying_variable(variable)
+    return variable.extended if isinstance(variable, PLACED_TYPES) else None
 
 
 class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV1):
