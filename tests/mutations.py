@@ -908,6 +908,19 @@ MUTANTS = (
             "test_a_model_made_outside_any_scope_with_variables_of_two_strategies_is_refused",
         ),
     ),
+    Mutant(
+        "replicated-gradient-shape",
+        "a replicated variable's gradient keeps its unknown static shape (a partial last batch)",
+        "dpkeras/_extended/all_reduce.py",
+        "    if component.shape.is_fully_defined():\n        return component\n",
+        "    if True:\n        return component\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_layers_on_sequences_train_through_a_partial_last_batch[einsum_dense]",
+            "tests/test_hybrid.py::"
+            "test_layers_on_sequences_train_through_a_partial_last_batch[embedding_dense]",
+        ),
+    ),
 )
 
 

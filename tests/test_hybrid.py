@@ -430,7 +430,7 @@ def test_each_device_sums_on_itself_and_keeps_its_sum(mode):
         for i, device in enumerate(devices):
             with tf.device(device):
                 parts.append(tf.fill([2], float(i + 1)))
-        (out,) = all_reduce.sum_per_copy([parts], devices, tokens)
+        (out,) = all_reduce.sum_per_copy([parts], devices, tokens, [(2,)])
         made_on.extend(t.device for t in out)
         return out
 
@@ -452,3 +452,60 @@ def test_on_gpus_dense_layers_all_reduce_with_nccl():
     model = train("embedding", strategy)[0]
     assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-4, atol=1e-5)
     assert_copies_identical(model)
+
+
+def _sequence_model(kind):
+    keras.utils.set_random_seed(5)
+    layers = keras.layers
+    body = {
+        "dense": [keras.Input((3, 4)), layers.Dense(2)],
+        "einsum_dense": [
+            keras.Input((3, 4)),
+            layers.EinsumDense("abc,cd->abd", output_shape=(None, 2), bias_axes="d"),
+        ],
+        "embedding_dense": [
+            keras.Input((3,), dtype="int32"),
+            layers.Embedding(20, 4),
+            layers.Dense(2),
+        ],
+        "spectral_normalization": [
+            keras.Input((3, 4)),
+            layers.SpectralNormalization(layers.Dense(2)),
+        ],
+    }[kind]
+    model = keras.Sequential(body)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+@pytest.mark.parametrize(
+    "kind", ["dense", "einsum_dense", "embedding_dense", "spectral_normalization"]
+)
+def test_layers_on_sequences_train_through_a_partial_last_batch(kind):
+    """A Dense kernel's gradient on rank-3 input comes through a reshape of the batch
+    dimensions: in the step traced for the partial last batch (10 samples, batches of 4) its
+    static shape is (None, 2). It is the kernel's shape, which the all-reduce takes."""
+    rng = np.random.RandomState(0)
+    if kind == "embedding_dense":
+        x = rng.randint(0, 20, (10, 3)).astype("int32")
+    else:
+        x = rng.rand(10, 3, 4).astype("float32")
+    y = rng.rand(10, 3, 2).astype("float32")
+    reference = _sequence_model(kind)
+    expected = reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    with _hybrid(2).scope():
+        model = _sequence_model(kind)
+    history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(reference.get_weights(), model.get_weights(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-6)
+    assert_copies_identical(model)
+
+
+def test_a_gradient_of_another_shape_than_its_replicated_variable_is_refused():
+    devices = _hybrid(2).extended.worker_devices
+    with pytest.raises(
+        ValueError,
+        match=r"gradient of a replicated variable of shape \(3,\) has shape \(2,\); a gradient "
+        r"has its variable's shape",
+    ):
+        all_reduce.sum_per_copy([[tf.ones([2]), tf.ones([2])]], devices, [None, None], [(3,)])
