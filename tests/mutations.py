@@ -921,6 +921,17 @@ MUTANTS = (
             "test_layers_on_sequences_train_through_a_partial_last_batch[embedding_dense]",
         ),
     ),
+    Mutant(
+        "hybrid-saved-model-replicated",
+        "a SavedModel's variables (no initial value) loaded in a hybrid scope are replicated",
+        "dpkeras/_extended/creator.py",
+        '            if device is placement.REPLICATED and kwargs.get("initial_value") is None:\n',
+        "            if False:\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",
+        ),
+    ),
 )
 
 

@@ -7,6 +7,7 @@ Dropout and seeds give what all-on-the-parameter-device gives; the copies stay b
 (after training, resuming, loading); checkpoints and `.keras` files move between placements.
 """
 
+import contextlib
 import re
 
 import keras
@@ -509,3 +510,45 @@ def test_a_gradient_of_another_shape_than_its_replicated_variable_is_refused():
         r"has its variable's shape",
     ):
         all_reduce.sum_per_copy([[tf.ones([2]), tf.ones([2])]], devices, [None, None], [(3,)])
+
+
+PS = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _through_a_saved_model(path, strategy, x, y):
+    """A head trained on a TFSMLayer of the SavedModel at `path`, built under `strategy` (None:
+    one device): (the weights after fit, the loaded variables' devices)."""
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((4,))
+        loaded = keras.layers.TFSMLayer(path, trainable=True)
+        model = keras.Model(inputs, keras.layers.Dense(1)(loaded(inputs)))
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    devices = [v.value.device for v in loaded.variables]
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights(), devices
+
+
+def test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps(tmp_path):
+    """TensorFlow's loader makes its variables without an initial value (it restores them
+    after), and its functions capture each variable's handle once: the loaded variables live on
+    the parameter device, as under all-on-ps, and serve, and train through a TFSMLayer, as on one
+    device."""
+    keras.utils.set_random_seed(1)
+    saved = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    path = str(tmp_path / "saved_model")
+    saved.export(path, verbose=0)
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(8, 4).astype("float32"), rng.rand(8, 1).astype("float32")
+    expected = saved.predict(x, verbose=0)
+    for strategy in (_hybrid(2), cpu_strategy(2)):
+        with strategy.scope():
+            restored = tf.saved_model.load(path)
+        assert {v.device for v in restored.variables} == {PS}
+        assert not any(isinstance(v, dpkeras.ReplicatedVariable) for v in restored.variables)
+        np.testing.assert_array_equal(restored.serve(x).numpy(), expected)
+    reference, _ = _through_a_saved_model(path, None, x, y)
+    for strategy in (_hybrid(2), cpu_strategy(2)):
+        weights, devices = _through_a_saved_model(path, strategy, x, y)
+        assert set(devices) == {PS}
+        assert_weights_close(reference, weights, rtol=1e-6, atol=1e-7)

@@ -96,6 +96,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
             lambda shards, spec, kwargs: ShardedParameterVariable.of(self, shards, spec, kwargs),
             compute_devices=compute,
             wrap_replicated=lambda copies, spec: ReplicatedVariable(self, copies, spec),
+            home=home,
         )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time
