@@ -932,6 +932,14 @@ MUTANTS = (
             "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",
         ),
     ),
+    Mutant(
+        "jit-predict-before-build",
+        "whether a model has replicated variables is decided before predict's first step builds it",
+        "dpkeras/_patches/jit_predict.py",
+        "    if extended is None or model.built:\n        return False\n",
+        "    if True:\n        return False\n",
+        ("tests/test_jit_predict.py::test_jit_predict_of_a_model_built_in_its_first_step[hybrid]",),
+    ),
 )
 
 
