@@ -11,7 +11,11 @@ differs: this file stays the true list. A dpkeras bug is fixed, never listed.
 import collections
 
 # `sometimes`: the test fails under a strategy on some random data only (never stale then).
-Pin = collections.namedtuple("Pin", "reason mirrored sometimes", defaults=(False,))
+# `arms`: the dpkeras modes it differs in (tests/keras_suite.py's ARMS): every variable on the
+# parameter device (`dpkeras`), `placement.hybrid()` (`hybrid`).
+Pin = collections.namedtuple(
+    "Pin", "reason mirrored sometimes arms", defaults=(False, ("dpkeras", "hybrid"))
+)
 
 _OWN_STRATEGY = (
     "the test enters its own MirroredStrategy scope, inside the scope the harness entered "
