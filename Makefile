@@ -28,10 +28,11 @@ wheel-test: $(STAMP)
 mutants: $(STAMP)
 	$(VENV)/bin/python -m tests.mutations $(ARGS)
 
-# Keras's own unit tests (from the installed wheel) without a strategy, under dpkeras and under
-# MirroredStrategy, compared test by test (tests/keras_suite.py); every difference must be
-# pinned in tests/keras_suite_differences.py. Slow, not part of `make test` (which runs a
-# subset); report in results/keras-suite/. keras-rs 0.4.0 ships no tests (wheel nor sdist):
+# Keras's own unit tests (from the installed wheel) without a strategy, under dpkeras (every
+# variable on the parameter device, and placement.hybrid()) and under MirroredStrategy, compared
+# test by test (tests/keras_suite.py); every difference must be pinned, per arm, in
+# tests/keras_suite_differences.py. Slow, not part of `make test` (which runs a subset, both
+# arms); report in results/keras-suite/. keras-rs 0.4.0 ships no tests (wheel nor sdist):
 # ARGS="--keras-rs-source DIR" with a checkout of its v0.4.0 tag adds them.
 keras-suite: $(STAMP)
 	$(VENV)/bin/python -m tests.keras_suite --deps --concurrent $(ARGS)

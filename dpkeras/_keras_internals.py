@@ -160,6 +160,29 @@ def optimizer_strategy(optimizer):
     return getattr(optimizer, "_distribution_strategy", None)
 
 
+def built_outside_any_strategy(model):
+    """Whether no `tf.distribute` strategy was in scope when `model` was made.
+
+    Keras 3.15's TF trainer records the strategy in scope at construction
+    (`TensorFlowTrainer._distribute_strategy`, None when there was none) and its public
+    `distribute_strategy` falls back to the strategy current at each call, so the public
+    property cannot tell "made outside any scope" from "made in the scope current now".
+    """
+    return model._distribute_strategy is None
+
+
+def adopt_strategy(model, strategy):
+    """Makes `model` run `fit`/`evaluate`/`predict` under `strategy`, as if made in its scope.
+
+    Keras 3.15's TF trainer runs each step under the strategy it recorded at construction
+    (`_distribute_strategy`, see `built_outside_any_strategy`); no public API sets it.
+    `dpkeras._patches.outside_the_scope` sets it on a model made outside any scope whose
+    variables all belong to one dpkeras strategy (keras-io's end-to-end inference wrapper
+    around a model trained under the strategy).
+    """
+    model._distribute_strategy = strategy
+
+
 # -- saving (used by dpkeras/_patches/__init__.py and dpkeras/_patches/resume.py)
 # ------------------------
 

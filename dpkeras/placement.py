@@ -439,7 +439,9 @@ def hybrid(device_list=None, tables=None):
     (`spec.table`), shards of partitioned variables, and paths `tables` matches. Metric state
     also stays on the parameter devices (it is read and written by every replica: replicating
     it would need an all-reduce per update). Everything else (weights, optimizer state, random
-    seeds) is `REPLICATED`; optimizer slots follow their variable.
+    seeds) is `REPLICATED`; optimizer slots follow their variable. A SavedModel loaded in the
+    scope (`tf.saved_model.load`, `keras.layers.TFSMLayer`) keeps its variables on the
+    parameter devices, as tables: its functions capture one handle per variable.
 
     Args:
         device_list: the parameter devices (a device or a list), or None: the strategy's

@@ -5,13 +5,15 @@ A script, not a test module (tests/test_keras_suite.py runs a subset through it)
     .venv/bin/python -m tests.keras_suite                  # everything, test-only deps installed
     .venv/bin/python -m tests.keras_suite --suite keras --module keras/src/metrics/*_test.py
 
-Each selected test module runs three times, one pytest process per mode
-(`tests/keras_suite_plugin.py`): without a strategy, inside dpkeras's strategy, inside
+Each selected test module runs four times, one pytest process per mode
+(`tests/keras_suite_plugin.py`): without a strategy, inside dpkeras's strategy with every
+variable on the parameter device (`dpkeras`) and with `placement.hybrid()` (`hybrid`), inside
 MirroredStrategy, all over the same 2 logical CPUs. Outcomes are compared test by test from the
-JUnit XML. A difference is a test that passes without a strategy and not under dpkeras; each one
-must be explained in `tests/keras_suite_differences.py`. An unexplained difference, a pinned one
-that no longer differs (stale), or a pin whose MirroredStrategy flag is wrong fails the run
-(exit 1). The report goes to `results/keras-suite/report.md`.
+JUnit XML. A difference is a test that passes without a strategy and not under one of dpkeras's
+arms (`ARMS`); each one must be explained in `tests/keras_suite_differences.py`, for that arm.
+An unexplained difference, a pinned one that no longer differs (stale), or a pin whose
+MirroredStrategy flag is wrong fails the run (exit 1). The report goes to
+`results/keras-suite/<suite>-report.md`.
 
 Keras's tests come from the installed wheel, which ships them. keras-rs 0.4.0's wheel and sdist
 ship none: they run only with `--keras-rs-source DIR`, a checkout of the v0.4.0 tag, whose test
@@ -38,7 +40,8 @@ from tests.keras_suite_differences import DIFFERENCES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results", "keras-suite")
 DEPS = os.path.join(ROOT, "build", "keras-suite-deps")
-MODES = ("none", "dpkeras", "mirrored")
+MODES = ("none", "dpkeras", "hybrid", "mirrored")
+ARMS = ("dpkeras", "hybrid")  # the modes compared with "none": dpkeras's placements
 TIMEOUT = 6 * 3600  # seconds per pytest process
 
 
@@ -215,7 +218,8 @@ class Comparison:
     broken: dict  # module -> why it did not import (without a strategy)
     not_run: dict  # module -> why it is excluded
     seconds: dict  # mode -> seconds
-    differences: dict = dataclasses.field(default_factory=dict)  # test id -> dpkeras outcome
+    # arm -> {test id: its outcome there}; the lists hold `(arm, test id)`
+    differences: dict = dataclasses.field(default_factory=dict)
     unexplained: list = dataclasses.field(default_factory=list)
     stale: list = dataclasses.field(default_factory=list)
     mirrored_wrong: list = dataclasses.field(default_factory=list)
@@ -227,24 +231,26 @@ class Comparison:
 
 
 def compare(results, broken, not_run, seconds, modules):
-    """Sets the differences none-vs-dpkeras and checks them against `DIFFERENCES`."""
+    """Sets the differences none-vs-each arm run and checks them against `DIFFERENCES`."""
     c = Comparison(results, broken, not_run, seconds)
-    none, dp = results["none"], results["dpkeras"]
+    none = results["none"]
     mirrored = results.get("mirrored")
-    for test_id, outcome in none.items():
-        if outcome == "passed" and dp.get(test_id, "missing") != "passed":
-            c.differences[test_id] = dp.get(test_id, "missing")
-            if test_id not in DIFFERENCES:
-                c.unexplained.append(test_id)
-    for test_id, pin in DIFFERENCES.items():
-        if test_id.split("::")[0] not in modules or test_id not in none:
-            continue  # not run this time (a subset), or gone: reported by check_pins
-        if pin.sometimes:
-            continue
-        if test_id not in c.differences:
-            c.stale.append(test_id)
-        elif mirrored is not None and pin.mirrored != (mirrored.get(test_id) != "passed"):
-            c.mirrored_wrong.append(test_id)
+    for arm in (a for a in ARMS if a in results):
+        found = c.differences[arm] = {}
+        for test_id, outcome in none.items():
+            if outcome == "passed" and results[arm].get(test_id, "missing") != "passed":
+                found[test_id] = results[arm].get(test_id, "missing")
+                if test_id not in DIFFERENCES or arm not in DIFFERENCES[test_id].arms:
+                    c.unexplained.append((arm, test_id))
+        for test_id, pin in DIFFERENCES.items():
+            if test_id.split("::")[0] not in modules or test_id not in none:
+                continue  # not run this time (a subset), or gone: reported by check_pins
+            if pin.sometimes or arm not in pin.arms:
+                continue
+            if test_id not in found:
+                c.stale.append((arm, test_id))
+            elif mirrored is not None and pin.mirrored != (mirrored.get(test_id) != "passed"):
+                c.mirrored_wrong.append((arm, test_id))
     return c
 
 
@@ -254,22 +260,24 @@ def report(c, title, modules):
     lines = [f"# {title}", "", time.strftime("%Y-%m-%d %H:%M %Z"), ""]
     lines.append("Seconds per mode: " + ", ".join(f"{m} {c.seconds[m]:.0f}" for m in modes))
     lines += ["", "| module | ran | " + " | ".join(f"passed {m}" for m in modes)]
-    lines[-1] += " | differences | pinned | shared with Mirrored |"
-    lines.append("|---" * (5 + len(modes)) + "|")
+    arms = list(c.differences)
+    lines[-1] += "".join(
+        f" | differences {a} | pinned {a} | shared with Mirrored {a}" for a in arms
+    )
+    lines[-1] += " |"
+    lines.append("|---" * (2 + len(modes) + 3 * len(arms)) + "|")
     for module in modules:
         ids = [t for t in c.results["none"] if t.split("::")[0] == module]
         if module in c.broken:
             lines.append(f"| {module} | not run: {c.broken[module][:120]} |")
             continue
-        diffs = [t for t in ids if t in c.differences]
-        pinned = [t for t in diffs if t in DIFFERENCES]
-        shared = [t for t in pinned if DIFFERENCES[t].mirrored]
         passed = [sum(c.results[m].get(t) == "passed" for t in ids) for m in modes]
-        lines.append(
-            f"| {module} | {len(ids)} | "
-            + " | ".join(map(str, passed))
-            + f" | {len(diffs)} | {len(pinned)} | {len(shared)} |"
-        )
+        counts = []
+        for arm in arms:
+            diffs = [t for t in ids if t in c.differences[arm]]
+            pinned = [t for t in diffs if t in DIFFERENCES and arm in DIFFERENCES[t].arms]
+            counts += [len(diffs), len(pinned), sum(DIFFERENCES[t].mirrored for t in pinned)]
+        lines.append(f"| {module} | {len(ids)} | " + " | ".join(map(str, passed + counts)) + " |")
     for module, why in c.not_run.items():
         lines.append(f"| {module} | not run: {why} |")
     lines += ["", f"## pytest processes that did not end normally: {len(c.crashed)}", ""]
@@ -280,13 +288,14 @@ def report(c, title, modules):
         ("Pins whose MirroredStrategy flag is wrong", c.mirrored_wrong),
     ):
         lines += ["", f"## {heading}: {len(ids)}", ""]
-        lines += [f"- `{t}`: under dpkeras {c.differences.get(t, 'passed')}" for t in ids]
+        lines += [f"- `{t}`: under {arm} {c.differences[arm].get(t, 'passed')}" for arm, t in ids]
     lines += ["", "## Pinned differences", ""]
-    for test_id in c.differences:
-        pin = DIFFERENCES.get(test_id)
-        if pin:
-            shared = "shared with MirroredStrategy" if pin.mirrored else "dpkeras only"
-            lines.append(f"- `{test_id}` ({shared}): {pin.reason}")
+    for arm in arms:
+        for test_id in c.differences[arm]:
+            pin = DIFFERENCES.get(test_id)
+            if pin and arm in pin.arms:
+                shared = "shared with MirroredStrategy" if pin.mirrored else "dpkeras only"
+                lines.append(f"- {arm}: `{test_id}` ({shared}): {pin.reason}")
     return "\n".join(lines) + "\n"
 
 
@@ -341,8 +350,11 @@ def run(
             done = sum(groups[: number + 1], [])
             c = compare(results, broken, not_run, seconds, done)
             c.crashed = crashed
-            title = f"{suite.name}: its own tests without a strategy, under dpkeras"
-            title += ", under MirroredStrategy" if "mirrored" in modes else ""
+            title = f"{suite.name}: its own tests without a strategy, under " + ", ".join(
+                {"dpkeras": "dpkeras (all-on-ps)", "hybrid": "dpkeras (hybrid)"}.get(m, m)
+                for m in modes
+                if m != "none"
+            )
             path = os.path.join(out, f"{suite.name}-report.md")
             with open(path, "w") as f:
                 f.write(report(c, title, done))
@@ -387,8 +399,9 @@ def main(argv):
         if c is None:
             print(f"{name}: not run; its wheel and sdist ship no tests (--keras-rs-source)")
             continue
+        differences = ", ".join(f"{len(d)} under {arm}" for arm, d in c.differences.items())
         print(
-            f"{name}: {len(c.results['none'])} tests, {len(c.differences)} differences, "
+            f"{name}: {len(c.results['none'])} tests, differences {differences}, "
             f"{len(c.unexplained)} unexplained, {len(c.stale)} stale, "
             f"{len(c.mirrored_wrong)} wrong Mirrored flags; report {path}"
         )

@@ -1,12 +1,15 @@
 """A pytest plugin that runs Keras's shipped unit tests inside a tf.distribute strategy scope.
 
 Loaded by `tests/keras_suite.py` into one pytest process per mode (`-p keras_suite_plugin
---strategy=none|dpkeras|mirrored`) that collects test modules from the installed Keras or
+--strategy=none|dpkeras|hybrid|mirrored`) that collects test modules from the installed Keras or
 keras-rs. Every mode splits the CPU into the same 2 logical devices before TensorFlow starts,
 so that the strategy is the only difference between the modes:
 
 - `none`: no strategy (Keras's own baseline on this machine);
-- `dpkeras`: `dpkeras.ParameterDeviceStrategy` computing on `/cpu:0` and `/cpu:1`;
+- `dpkeras`: `dpkeras.ParameterDeviceStrategy` computing on `/cpu:0` and `/cpu:1`, every
+  variable on the parameter device (all-on-ps);
+- `hybrid`: the same with `placement.hybrid()`: dense variables replicated on both compute
+  devices (`ReplicatedVariable`, all-reduced), tables on the parameter device;
 - `mirrored`: `tf.distribute.MirroredStrategy` over the same two devices, to tell what any
   strategy changes from what dpkeras changes.
 
@@ -27,7 +30,7 @@ import sys
 
 import pytest
 
-MODES = ("none", "dpkeras", "mirrored")
+MODES = ("none", "dpkeras", "hybrid", "mirrored")
 DEVICES = ("/cpu:0", "/cpu:1")
 
 # Keras 3.15.1's [tool.pytest.ini_options] filterwarnings.
@@ -84,6 +87,12 @@ def _strategy(mode):
 
     if mode == "dpkeras":
         return dpkeras.ParameterDeviceStrategy(compute_devices=list(DEVICES))
+    if mode == "hybrid":
+        from dpkeras import placement
+
+        return dpkeras.ParameterDeviceStrategy(
+            compute_devices=list(DEVICES), parameter_device=placement.hybrid()
+        )
     if mode == "mirrored":
         return tf.distribute.MirroredStrategy(list(DEVICES))
     return None

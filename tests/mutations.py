@@ -1147,6 +1147,73 @@ MUTANTS = (
         'BackupAndRestore("backup-mlp")',
         ("tests/test_docs_examples.py::test_no_two_blocks_share_a_backup_directory",),
     ),
+    Mutant(
+        "wrapper-refused",
+        "keras-io's end-to-end wrapper, made outside any scope, is refused at compile again",
+        "dpkeras/_patches/outside_the_scope.py",
+        "            current = strategy  # compiled in the scope of the strategy it adopts\n",
+        "            pass\n",
+        (
+            "tests/test_end_to_end_wrapper.py::"
+            "test_an_end_to_end_model_made_after_training_runs_as_written[hybrid]",
+        ),
+    ),
+    Mutant(
+        "wrapper-not-adopted",
+        "the wrapper compiles in its strategy's scope but runs fit/evaluate/predict under none",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    _keras_internals.adopt_strategy(model, strategy)\n",
+        "",
+        (
+            "tests/test_end_to_end_wrapper.py::"
+            "test_an_end_to_end_model_made_after_training_runs_as_written[/cpu:0]",
+            "tests/test_errors.py::"
+            "test_a_wrapper_made_outside_any_scope_compiled_in_another_strategy_is_refused",
+        ),
+    ),
+    Mutant(
+        "wrapper-mixed-strategies",
+        "a model made outside any scope with variables of two strategies compiles",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if not holders:\n        return\n",
+        "    if True:\n        return\n",
+        (
+            "tests/test_errors.py::"
+            "test_a_model_made_outside_any_scope_with_variables_of_two_strategies_is_refused",
+        ),
+    ),
+    Mutant(
+        "replicated-gradient-shape",
+        "a replicated variable's gradient keeps its unknown static shape (a partial last batch)",
+        "dpkeras/_extended/all_reduce.py",
+        "    if component.shape.is_fully_defined():\n        return component\n",
+        "    if True:\n        return component\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_layers_on_sequences_train_through_a_partial_last_batch[einsum_dense]",
+            "tests/test_hybrid.py::"
+            "test_layers_on_sequences_train_through_a_partial_last_batch[embedding_dense]",
+        ),
+    ),
+    Mutant(
+        "hybrid-saved-model-replicated",
+        "a SavedModel's variables (no initial value) loaded in a hybrid scope are replicated",
+        "dpkeras/_extended/creator.py",
+        '            if device is placement.REPLICATED and kwargs.get("initial_value") is None:\n',
+        "            if False:\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",
+        ),
+    ),
+    Mutant(
+        "jit-predict-before-build",
+        "whether a model has replicated variables is decided before predict's first step builds it",
+        "dpkeras/_patches/jit_predict.py",
+        "    if extended is None or model.built:\n        return False\n",
+        "    if True:\n        return False\n",
+        ("tests/test_jit_predict.py::test_jit_predict_of_a_model_built_in_its_first_step[hybrid]",),
+    ),
 )
 
 

@@ -163,6 +163,52 @@ def test_compile_outside_the_model_scope_is_one_clear_error(optimizer, outside):
     assert {row.device for row in report.rows} == {"/cpu:3"}, report
 
 
+def _wrapped(*inner):
+    inputs = keras.Input((12,))
+    return keras.Model(inputs, keras.layers.Add()([layer(inputs) for layer in inner]))
+
+
+def test_a_model_made_outside_any_scope_with_variables_of_two_strategies_is_refused():
+    """keras-io's end-to-end wrapper adopts the strategy of the model it holds
+    (tests/test_end_to_end_wrapper.py); beside a layer of no strategy or of another strategy,
+    fit would fail on the first foreign variable: refused at compile, naming each layer."""
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3"):
+        trained = _dense()
+    outside = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)], name="head")
+    with dpkeras.scope(["/cpu:0", "/cpu:1"], "/cpu:2"):
+        other = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)], name="other")
+    for inner, named in ((outside, "'head' of no strategy"), (other, "'other' of Parameter")):
+        model = _wrapped(trained, inner)
+        with pytest.raises(
+            ValueError,
+            match=rf"^Model '{model.name}' was made outside any strategy's scope and holds "
+            r"variables of more than one strategy: 'sequential' of ParameterDeviceStrategy\("
+            rf"compute_devices=\[/cpu:1, /cpu:2\], parameter_device='/cpu:3'\); {named}.*"
+            r"Make the other layers \(and the model\) inside `with strategy.scope\(\):`",
+        ):
+            model.compile(optimizer="sgd", loss="mse")
+        assert not model.compiled
+
+
+def test_a_wrapper_made_outside_any_scope_compiled_in_another_strategy_is_refused():
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3") as strategy:
+        trained = _dense()
+    model = _wrapped(trained)
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        with pytest.raises(
+            ValueError,
+            match=rf"^Model '{model.name}' was made outside any strategy's scope and holds "
+            r"'sequential', whose variables belong to ParameterDeviceStrategy\(.*\); it is "
+            r"compiled in another strategy's scope \(a OneDeviceStrategy is in scope\).*"
+            r"Compile the model inside the scope it was built in",
+        ):
+            model.compile(optimizer="sgd", loss="mse")
+    assert not model.compiled
+    with strategy.scope():  # in its strategy's scope, as with none: it adopts the strategy
+        model.compile(optimizer="sgd", loss="mse")
+    assert model.distribute_strategy is strategy
+
+
 def test_an_optimizer_made_outside_the_model_scope_is_one_clear_error():
     optimizer = keras.optimizers.Adam(0.01)  # made with no strategy in scope
     with dpkeras.scope(["/cpu:1", "/cpu:2"]):

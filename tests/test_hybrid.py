@@ -7,6 +7,7 @@ Dropout and seeds give what all-on-the-parameter-device gives; the copies stay b
 (after training, resuming, loading); checkpoints and `.keras` files move between placements.
 """
 
+import contextlib
 import re
 
 import keras
@@ -430,7 +431,7 @@ def test_each_device_sums_on_itself_and_keeps_its_sum(mode):
         for i, device in enumerate(devices):
             with tf.device(device):
                 parts.append(tf.fill([2], float(i + 1)))
-        (out,) = all_reduce.sum_per_copy([parts], devices, tokens)
+        (out,) = all_reduce.sum_per_copy([parts], devices, tokens, [(2,)])
         made_on.extend(t.device for t in out)
         return out
 
@@ -452,3 +453,102 @@ def test_on_gpus_dense_layers_all_reduce_with_nccl():
     model = train("embedding", strategy)[0]
     assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-4, atol=1e-5)
     assert_copies_identical(model)
+
+
+def _sequence_model(kind):
+    keras.utils.set_random_seed(5)
+    layers = keras.layers
+    body = {
+        "dense": [keras.Input((3, 4)), layers.Dense(2)],
+        "einsum_dense": [
+            keras.Input((3, 4)),
+            layers.EinsumDense("abc,cd->abd", output_shape=(None, 2), bias_axes="d"),
+        ],
+        "embedding_dense": [
+            keras.Input((3,), dtype="int32"),
+            layers.Embedding(20, 4),
+            layers.Dense(2),
+        ],
+        "spectral_normalization": [
+            keras.Input((3, 4)),
+            layers.SpectralNormalization(layers.Dense(2)),
+        ],
+    }[kind]
+    model = keras.Sequential(body)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+@pytest.mark.parametrize(
+    "kind", ["dense", "einsum_dense", "embedding_dense", "spectral_normalization"]
+)
+def test_layers_on_sequences_train_through_a_partial_last_batch(kind):
+    """A Dense kernel's gradient on rank-3 input comes through a reshape of the batch
+    dimensions: in the step traced for the partial last batch (10 samples, batches of 4) its
+    static shape is (None, 2). It is the kernel's shape, which the all-reduce takes."""
+    rng = np.random.RandomState(0)
+    if kind == "embedding_dense":
+        x = rng.randint(0, 20, (10, 3)).astype("int32")
+    else:
+        x = rng.rand(10, 3, 4).astype("float32")
+    y = rng.rand(10, 3, 2).astype("float32")
+    reference = _sequence_model(kind)
+    expected = reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    with _hybrid(2).scope():
+        model = _sequence_model(kind)
+    history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(reference.get_weights(), model.get_weights(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-6)
+    assert_copies_identical(model)
+
+
+def test_a_gradient_of_another_shape_than_its_replicated_variable_is_refused():
+    devices = _hybrid(2).extended.worker_devices
+    with pytest.raises(
+        ValueError,
+        match=r"gradient of a replicated variable of shape \(3,\) has shape \(2,\); a gradient "
+        r"has its variable's shape",
+    ):
+        all_reduce.sum_per_copy([[tf.ones([2]), tf.ones([2])]], devices, [None, None], [(3,)])
+
+
+PS = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _through_a_saved_model(path, strategy, x, y):
+    """A head trained on a TFSMLayer of the SavedModel at `path`, built under `strategy` (None:
+    one device): (the weights after fit, the loaded variables' devices)."""
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((4,))
+        loaded = keras.layers.TFSMLayer(path, trainable=True)
+        model = keras.Model(inputs, keras.layers.Dense(1)(loaded(inputs)))
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    devices = [v.value.device for v in loaded.variables]
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights(), devices
+
+
+def test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps(tmp_path):
+    """TensorFlow's loader makes its variables without an initial value (it restores them
+    after), and its functions capture each variable's handle once: the loaded variables live on
+    the parameter device, as under all-on-ps, and serve, and train through a TFSMLayer, as on one
+    device."""
+    keras.utils.set_random_seed(1)
+    saved = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    path = str(tmp_path / "saved_model")
+    saved.export(path, verbose=0)
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(8, 4).astype("float32"), rng.rand(8, 1).astype("float32")
+    expected = saved.predict(x, verbose=0)
+    for strategy in (_hybrid(2), cpu_strategy(2)):
+        with strategy.scope():
+            restored = tf.saved_model.load(path)
+        assert {v.device for v in restored.variables} == {PS}
+        assert not any(isinstance(v, dpkeras.ReplicatedVariable) for v in restored.variables)
+        np.testing.assert_array_equal(restored.serve(x).numpy(), expected)
+    reference, _ = _through_a_saved_model(path, None, x, y)
+    for strategy in (_hybrid(2), cpu_strategy(2)):
+        weights, devices = _through_a_saved_model(path, strategy, x, y)
+        assert set(devices) == {PS}
+        assert_weights_close(reference, weights, rtol=1e-6, atol=1e-7)

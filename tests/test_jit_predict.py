@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 
+from dpkeras import placement
 from dpkeras.testing import cpu_strategy
 
 
@@ -42,3 +43,28 @@ def test_jit_predict_on_batch_gives_what_it_gives_without_jit():
     with cpu_strategy(2).scope():
         plain, compiled = _model(False), _model(True)
     np.testing.assert_allclose(compiled.predict_on_batch(x), plain.predict_on_batch(x), atol=1e-6)
+
+
+def _built_in_its_first_step(jit):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit)
+    return model
+
+
+@pytest.mark.parametrize("policy", ["/cpu:0", "hybrid"])
+def test_jit_predict_of_a_model_built_in_its_first_step(policy):
+    """No `Input`: Keras builds the model in predict's first step, after the step is made. Under
+    hybrid placement its variables will be replicated, which XLA cannot read from one device:
+    the step is made without XLA, decided by the policy. Equal to one device; predict_on_batch
+    gives what it gives without jit."""
+    strategy = cpu_strategy(2, placement.hybrid() if policy == "hybrid" else policy)
+    x = np.random.RandomState(0).rand(10, 4).astype("float32")
+    expected = _built_in_its_first_step(True).predict(x, batch_size=4, verbose=0)
+    with strategy.scope():
+        model = _built_in_its_first_step(True)
+        on_batch, plain = _built_in_its_first_step(True), _built_in_its_first_step(False)
+    assert not model.built
+    np.testing.assert_allclose(model.predict(x, batch_size=4, verbose=0), expected, atol=1e-6)
+    assert model.jit_compile is True  # the user's setting
+    np.testing.assert_allclose(on_batch.predict_on_batch(x), plain.predict_on_batch(x), atol=1e-6)

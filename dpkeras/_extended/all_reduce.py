@@ -64,7 +64,31 @@ def _dense_on(component, device):
         return tf.convert_to_tensor(component)  # sums to the dense gradient
 
 
-def sum_per_copy(per_replica, devices, tokens):
+def _shaped(component, shape, device):
+    """`component`, a gradient of a variable of `shape`, with that static shape.
+
+    The gradient of a variable always has the variable's shape, but its static shape can be
+    partly unknown: a Dense kernel's on rank-3 input is computed through a reshape of the batch
+    dimensions, which are unknown in a step traced for a partial last batch.
+    """
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        raise ValueError(
+            f"A replicated variable has an unknown shape {shape}; replicated variables need "
+            f"fully known shapes."
+        )
+    if not component.shape.is_compatible_with(shape):
+        raise ValueError(
+            f"The gradient of a replicated variable of shape {shape} has shape "
+            f"{component.shape}; a gradient has its variable's shape."
+        )
+    if component.shape.is_fully_defined():
+        return component
+    with tf.device(device):
+        return tf.ensure_shape(component, shape)
+
+
+def sum_per_copy(per_replica, devices, tokens, shapes):
     """Every device's sum of each variable's per-replica gradients.
 
     Args:
@@ -73,12 +97,16 @@ def sum_per_copy(per_replica, devices, tokens):
             dense), component i on (or sent to) device i.
         devices: the N compute devices, in replica order.
         tokens: N resource handles, token i on device i (the collectives' ordering tokens).
+        shapes: each variable's shape, which its gradients take (`_shaped`).
 
     Returns:
         One list per variable of N tensors: the sum on each device, identical on all.
     """
     n = len(devices)
-    dense = [[_dense_on(parts[i], devices[i]) for i in range(n)] for parts in per_replica]
+    dense = [
+        [_shaped(_dense_on(parts[i], devices[i]), shape, devices[i]) for i in range(n)]
+        for parts, shape in zip(per_replica, shapes, strict=True)
+    ]
     if n == 1:
         return dense
     if tf.executing_eagerly():
@@ -92,11 +120,6 @@ def sum_per_copy(per_replica, devices, tokens):
         return out
     groups = {}  # dtype -> indices of the variables packed together
     for index, parts in enumerate(dense):
-        if not parts[0].shape.is_fully_defined():
-            raise ValueError(
-                f"The gradient of a replicated variable has an unknown shape {parts[0].shape}; "
-                f"replicated variables need fully known shapes."
-            )
         groups.setdefault(parts[0].dtype, []).append(index)
     out = [None] * len(dense)
     gpus = all("GPU" in short_device(d).upper() for d in devices)

@@ -67,8 +67,10 @@ class VariableCreator:
         wrap_sharded=None,
         compute_devices=(),
         wrap_replicated=None,
+        home=None,
     ):
         self.policy = policy
+        self._home = home
         self._compute_devices = tuple(compute_devices)
         self._wrap_replicated = wrap_replicated
         self.partitioner = partitioner
@@ -156,6 +158,8 @@ class VariableCreator:
             device = placement.REPLICATED
         else:
             device = self.place(spec) if colocate_with is None else colocate_with.device
+            if device is placement.REPLICATED and kwargs.get("initial_value") is None:
+                device = self._loaded_device(spec)
         if device is placement.REPLICATED:
             if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
                 raise ValueError(
@@ -181,6 +185,29 @@ class VariableCreator:
         with self._lock:
             self._variables[next(self._order)] = wrapped
         return wrapped
+
+    def _loaded_device(self, spec):
+        """The parameter device of a variable made without an initial value, which the policy
+        would replicate.
+
+        TensorFlow's SavedModel loader (`tf.saved_model.load`, `keras.layers.TFSMLayer`) makes
+        its variables so: a creator below this one makes an `UninitializedVariable` of the
+        saved shape, whose value the loader then restores. The loaded functions capture each
+        variable's handle once, at load, so a replicated variable's copies could not be read
+        replica by replica (every replica would read copy 0, and only copy 0 would have a
+        gradient). It lives on a parameter device, as every variable does under all-on-ps:
+        `hybrid()` places it as it places a table (balanced over its parameter devices),
+        another policy on the home parameter device.
+        """
+        if placement.is_hybrid(self.policy):
+            return self.place(dataclasses.replace(spec, table=True))
+        if self._home is None:
+            raise ValueError(
+                f"Variable {spec.path!r} has no initial value (a SavedModel being loaded) and "
+                f"the placement policy {self.policy!r} replicates it; this creator has no "
+                f"parameter device to place it on."
+            )
+        return self._home
 
     def _rows_per_shard(self, spec, kwargs, colocate_with):
         """Rows per shard for the variable `spec` describes, or None to keep it whole."""

@@ -44,13 +44,21 @@ def extended_of(obj):
         return extended if isinstance(extended, ParameterDeviceExtended) else None
     variables = getattr(obj, "variables", None)
     for v in variables or ():
-        value = _keras_internals.underlying_variable(v) if isinstance(v, keras.Variable) else v
-        if isinstance(value, PLACED_TYPES):
-            return value.extended
+        extended = extended_of_variable(v)
+        if extended is not None:
+            return extended
     if variables:
         return None
     strategy = getattr(obj, "distribute_strategy", None)
     return extended_of(strategy) if strategy is not None else None
+
+
+def extended_of_variable(variable):
+    """The `ParameterDeviceExtended` whose creator made `variable` (a `tf.Variable` or a
+    `keras.Variable`), or None (made outside every dpkeras strategy, or not yet created)."""
+    if isinstance(variable, keras.Variable):
+        variable = _keras_internals.underlying_variable(variable)
+    return variable.extended if isinstance(variable, PLACED_TYPES) else None
 
 
 class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV1):
@@ -88,6 +96,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
             lambda shards, spec, kwargs: ShardedParameterVariable.of(self, shards, spec, kwargs),
             compute_devices=compute,
             wrap_replicated=lambda copies, spec: ReplicatedVariable(self, copies, spec),
+            home=home,
         )
         self._ledger = ReductionLedger(len(compute), self._local_results)
         self._eager_steps = threading.RLock()  # eager steps share one graph: one at a time

@@ -140,6 +140,7 @@ def _apply_in_passes(
             [extended.reductions.components(grads[i], from_every_replica=False) for i in indices],
             devices,
             tokens,
+            [variables[i].shape for i in indices],
         )
         by_variable = dict(zip(indices, sums))
     state = replica_step.state_of(extended)

@@ -11,7 +11,9 @@ the K steps of `steps_per_execution`) with it. The numbers are the same.
 A model with replicated variables (`placement.REPLICATED`, `placement.hybrid()`) runs its
 steps without XLA: XLA compiles a function for one device, and a replicated variable lives on
 every compute device ("Trying to access resource ... located in CPU:1 from device CPU:0").
-`fit`, `evaluate` and `predict` warn once and give the same numbers.
+`fit`, `evaluate` and `predict` warn once and give the same numbers. Keras builds a model
+made without an `Input` in its first step, which `predict` (unlike `fit` and `evaluate`) makes
+before building it: for such a model the strategy's policy decides (`_replicates`).
 """
 
 import logging
@@ -20,6 +22,7 @@ import weakref
 import keras
 import tensorflow as tf
 
+from dpkeras import placement
 from dpkeras._extended.extended import extended_of
 from dpkeras._variables.replicated import ReplicatedVariable
 
@@ -34,10 +37,28 @@ def _has_replicated(model):
     )
 
 
+def _replicates(model):
+    """Whether `model` has replicated variables, or will have them once built.
+
+    A model not built yet (Keras builds a model made without an `Input` in its first step,
+    which `predict` traces after choosing XLA or not) is decided by its strategy: a
+    `placement.hybrid()` policy replicates every variable but tables and metric state, and a
+    strategy that has replicated a variable has a policy that does.
+    """
+    if _has_replicated(model):
+        return True
+    extended = extended_of(model)
+    if extended is None or model.built:
+        return False
+    return placement.is_hybrid(extended.placement_policy) or any(
+        isinstance(v, ReplicatedVariable) for v in extended.variables()
+    )
+
+
 def without_xla_if_replicated(original, model, force=False):
     """Wraps Keras's `make_{train,test,predict}_function`: a model with `jit_compile=True`
     and replicated variables gets its step built without XLA (see the module)."""
-    if not model.jit_compile or model.run_eagerly or not _has_replicated(model):
+    if not model.jit_compile or model.run_eagerly or not _replicates(model):
         return original(model, force)
     if model not in _warned:
         _warned.add(model)
@@ -56,7 +77,7 @@ def without_xla_if_replicated(original, model, force=False):
 def whole_step_compiled(original, model, force=False):
     """Wraps Keras's `make_predict_function` (see the module): for a dpkeras model with
     `jit_compile=True`, XLA compiles the distributed step instead of each replica's."""
-    if _has_replicated(model):
+    if _replicates(model):
         return without_xla_if_replicated(original, model, force)
     if (
         extended_of(model) is None

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals
-from dpkeras._extended.extended import extended_of
+from dpkeras._extended.extended import extended_of, extended_of_variable
 
 
 class _Clusters:
@@ -57,6 +57,50 @@ def _scope_text(strategy):
     return f"{strategy!r} is in scope"
 
 
+def _holders(model):
+    """{extended or None: names of `model`'s direct sub-layers holding such variables}, in
+    order: which of the layers a model is made of hold variables of which dpkeras strategy
+    (None: of no dpkeras strategy)."""
+    holders = {}
+    for layer in getattr(model, "layers", None) or ():
+        for v in layer.variables:
+            holders.setdefault(extended_of_variable(v), []).append(layer.name)
+    own = {id(v) for layer in getattr(model, "layers", None) or () for v in layer.variables}
+    for v in model.variables:  # the model's own variables, of no sub-layer
+        if id(v) not in own:
+            holders.setdefault(extended_of_variable(v), []).append(model.name)
+    return {owner: list(dict.fromkeys(names)) for owner, names in holders.items()}
+
+
+def _names(names):
+    return ", ".join(f"'{name}'" for name in names)
+
+
+def _of_one_strategy(model, extended):
+    """Returns if every variable of `model`, made outside any strategy's scope (keras-io's
+    end-to-end inference wrapper around a model trained under a strategy), belongs to
+    `extended`'s strategy, which it then adopts. Variables of another strategy, or of none,
+    beside them: ValueError (fit would fail on the first one not of the strategy), naming the
+    layers holding each.
+    """
+    strategy = extended.strategy
+    holders = _holders(model)
+    mine = holders.pop(extended, [])
+    if not holders:
+        return
+    others = "; ".join(
+        f"{_names(names)} of {'no strategy' if owner is None else repr(owner.strategy)}"
+        for owner, names in holders.items()
+    )
+    raise ValueError(
+        f"Model '{model.name}' was made outside any strategy's scope and holds variables of "
+        f"more than one strategy: {_names(mine)} of {strategy!r}; {others}. A model trains "
+        f"under one strategy, and holds variables made in that strategy's scope only. Make "
+        f"the other layers (and the model) inside `with strategy.scope():` of {strategy!r} "
+        f"(or `dpkeras.scope(...)`)."
+    )
+
+
 def compiling_in_the_model_scope(original, model, *args, **kwargs):
     """Wraps Keras's `compile`: a model of a dpkeras strategy compiles in that strategy's scope.
 
@@ -64,19 +108,38 @@ def compiling_in_the_model_scope(original, model, *args, **kwargs):
     variables to the one in scope when `compile` makes them, so for a model built under a
     dpkeras strategy, `compile` outside its scope (no strategy or another one in scope), or
     with an optimizer object made outside it, raises ValueError naming the model, its strategy
-    and the fix, before anything is created. Every other model is Keras's own.
+    and the fix, before anything is created.
+
+    A model made outside any scope whose variables all belong to one dpkeras strategy (keras-io's
+    end-to-end inference wrapper, `keras.Model(inputs, model(vectorize(inputs)))` around a
+    model trained under the strategy) adopts that strategy: compiled in its scope (with none or
+    that one in scope), its fit, evaluate and predict run under it, as for a model made there.
+    Made outside any scope with variables of another strategy or of none beside them, it is
+    refused naming the layers holding each. Every other model is Keras's own.
     """
     extended = extended_of(model)
     if extended is None:
         return original(model, *args, **kwargs)
     strategy = extended.strategy
     current = tf.distribute.get_strategy()
+    adopting = _keras_internals.built_outside_any_strategy(model)
+    if adopting:
+        _of_one_strategy(model, extended)
+        if not tf.distribute.has_strategy():
+            current = strategy  # compiled in the scope of the strategy it adopts
     if extended_of(current) is not extended:
+        if adopting:
+            holders = _names(_holders(model)[extended])
+            made = (
+                f"was made outside any strategy's scope and holds {holders}, whose variables "
+                f"belong to {strategy!r}; it is compiled in another strategy's scope"
+            )
+        else:
+            made = f"was built under {strategy!r} and is compiled outside its scope"
         raise ValueError(
-            f"Model '{model.name}' was built under {strategy!r} and is compiled outside its "
-            f"scope ({_scope_text(current)}): Keras would make the optimizer's and the "
-            f"metrics' variables outside that strategy (and an optimizer with slots, such as "
-            f"Adam, would fail in fit with TensorFlow's \"Mixing different "
+            f"Model '{model.name}' {made} ({_scope_text(current)}): Keras would make the "
+            f"optimizer's and the metrics' variables outside that strategy (and an optimizer "
+            f"with slots, such as Adam, would fail in fit with TensorFlow's \"Mixing different "
             f'tf.distribute.Strategy objects"). Compile the model inside the scope it was '
             f"built in: `with dpkeras.scope(...):` or `with strategy.scope():`, then "
             f"`model.compile(...)`; fit, evaluate and predict may run outside it."
@@ -95,7 +158,11 @@ def compiling_in_the_model_scope(original, model, *args, **kwargs):
                 f"`with strategy.scope():` (or `dpkeras.scope(...)`), or pass it by name "
                 f'(such as optimizer="adam"): compile then makes it in the scope.'
             )
-    return original(model, *args, **kwargs)
+    if not adopting:
+        return original(model, *args, **kwargs)
+    _keras_internals.adopt_strategy(model, strategy)
+    with strategy.scope():
+        return original(model, *args, **kwargs)
 
 
 def refusing_an_idle_cluster(fit, model, *args, **kwargs):
