@@ -1214,6 +1214,27 @@ MUTANTS = (
         "    if True:\n        return False\n",
         ("tests/test_jit_predict.py::test_jit_predict_of_a_model_built_in_its_first_step[hybrid]",),
     ),
+    Mutant(
+        "all-reduce-before-every-replica",
+        "each device joins the all-reduce as soon as its own gradients exist: a peer's failing "
+        "step cancels it midway, and the workers' collectives stay aborted for later steps",
+        "dpkeras/_extended/all_reduce.py",
+        "with tf.device(device), tf.control_dependencies(ready):",
+        "with tf.device(device):",
+        (
+            "tests/test_hybrid.py::"
+            "test_no_device_joins_the_all_reduce_before_every_replica_has_its_gradients",
+        ),
+    ),
+    Mutant(
+        "updates-before-checks",
+        "the updates do not wait for the step's checks (Assert ops): a failing check on one "
+        "worker does not stop the ps from applying the step",
+        "dpkeras/_extended/optimizer_apply.py",
+        "    with tf.control_dependencies(_checks_of_the_step()):\n",
+        "    with tf.control_dependencies([]):\n",
+        ("tests/test_optimizer_apply.py::test_every_update_waits_for_the_steps_checks",),
+    ),
 )
 
 

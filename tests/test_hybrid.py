@@ -443,6 +443,37 @@ def test_each_device_sums_on_itself_and_keeps_its_sum(mode):
         np.testing.assert_array_equal(total.numpy(), [6.0, 6.0])
 
 
+def test_no_device_joins_the_all_reduce_before_every_replica_has_its_gradients():
+    """Each device's collective comes after every replica's gradients (their ops are among its
+    ancestors): a replica whose step fails stops every collective before it starts, since a
+    collective cancelled midway leaves the worker's collectives aborted for later steps."""
+    devices = _hybrid().extended.worker_devices
+    tokens = []
+    for device in devices:
+        with tf.device(device):
+            tokens.append(tf.Variable(0.0).handle)
+
+    def sums():
+        parts = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                parts.append(tf.fill([2], float(i + 1), name=f"gradient_{i}"))
+        return all_reduce.sum_per_copy([parts], devices, tokens, [(2,)])
+
+    graph = tf.function(sums).get_concrete_function().graph
+    collectives = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+    assert len(collectives) == len(devices)
+    for collective in collectives:
+        ancestors, pending = set(), [collective]
+        while pending:
+            op = pending.pop()
+            for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+                if parent.name not in ancestors:
+                    ancestors.add(parent.name)
+                    pending.append(parent)
+        assert {f"gradient_{i}" for i in range(len(devices))} <= ancestors, collective.device
+
+
 @pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs 2 GPUs")
 def test_on_gpus_dense_layers_all_reduce_with_nccl():
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]

@@ -207,3 +207,46 @@ def test_only_the_optimizers_of_a_dpkeras_strategy_sum_first():
     assert optimizer_apply.attached(outside) is None
     assert "apply" not in vars(model.optimizer) and "apply" not in vars(outside)
     np.testing.assert_allclose(weight.numpy(), [0.9, 0.8])
+
+
+@pytest.mark.parametrize("policy", ["all-on-ps", "hybrid"])
+def test_every_update_waits_for_the_steps_checks(policy):
+    """A layer's check (`tf.debugging.assert_less`) is an ancestor of every variable update of
+    the step, in every replica: a failing check then changes no weight (on a cluster the
+    replica's check runs on its worker and the updates on the ps tasks, and nothing else
+    orders them)."""
+    from dpkeras import placement
+
+    graphs = []
+
+    class Check(keras.layers.Layer):
+        def call(self, x):
+            tf.debugging.assert_less(x, 100.0, name="dpkeras_check")
+            return x
+
+    class Probe(keras.Sequential):
+        def train_step(self, data):
+            logs = super().train_step(data)
+            graphs.append(tf.compat.v1.get_default_graph())
+            return logs
+
+    strategy = cpu_strategy(2, placement.hybrid() if policy == "hybrid" else "/cpu:0")
+    with strategy.scope():
+        model = Probe([keras.Input((6,)), Check(), keras.layers.Dense(3)])
+        # XLA drops Assert ops (a cluster runs its steps without XLA, where the checks run).
+        model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    model.fit(X[:8], Y[:8], batch_size=8, epochs=1, verbose=0)
+    (graph,) = set(graphs)
+    checks = {op.name for op in graph.get_operations() if "dpkeras_check" in op.name}
+    checks = {name for name in checks if name.endswith("AssertGuard")}  # floats: a guarded Assert
+    assert len(checks) == 2, checks  # one per replica
+    updates = [op for op in graph.get_operations() if op.type == "AssignSubVariableOp"]
+    assert updates
+    for update in updates:
+        ancestors, pending = set(), [update]
+        while pending:
+            for parent in [t.op for t in pending[-1].inputs] + list(pending.pop().control_inputs):
+                if parent.name not in ancestors:
+                    ancestors.add(parent.name)
+                    pending.append(parent)
+        assert checks <= ancestors, update.name

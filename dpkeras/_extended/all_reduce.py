@@ -124,12 +124,13 @@ def sum_per_copy(per_replica, devices, tokens, shapes):
     out = [None] * len(dense)
     gpus = all("GPU" in short_device(d).upper() for d in devices)
     group_key = _group_key(devices)
+    ready = _every_replica_ready(dense, devices)
     for indices in groups.values():
         sizes = [int(dense[i][0].shape.num_elements()) for i in indices]
         instance_key = _instance_key()
         per_device = []
         for r, device in enumerate(devices):
-            with tf.device(device):
+            with tf.device(device), tf.control_dependencies(ready):
                 flat = tf.concat([tf.reshape(dense[i][r], [-1]) for i in indices], 0)
                 total = tf.raw_ops.CollectiveReduceV2(
                     input=flat,
@@ -149,3 +150,22 @@ def sum_per_copy(per_replica, devices, tokens, shapes):
         for k, i in enumerate(indices):
             out[i] = [per_device[r][k] for r in range(n)]
     return out
+
+
+def _every_replica_ready(dense, devices):
+    """One op per device, done when that replica's gradients are: no device joins a collective
+    before every replica has its gradients.
+
+    A replica whose step fails (an id out of a table's range, a failing check) then stops
+    every collective before it starts. A collective cancelled midway (a peer's step failed
+    while it waited) aborts TensorFlow's collective executor on its worker for this client:
+    every later step's collective failed ("Collective ops is aborted by: group is cancelled")
+    or waited out its timeout, seen on a cluster after about 1 in 8 failing steps. Every
+    device's collective waits for all replicas anyway; the barrier adds one control message
+    per pair of devices.
+    """
+    ready = []
+    for r, device in enumerate(devices):
+        with tf.device(device):
+            ready.append(tf.group(*[parts[r] for parts in dense], name="dpkeras_replica_ready"))
+    return ready

@@ -104,9 +104,9 @@ def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_v
 
 
 def _checks_of_the_step():
-    """The checks the step made so far in every replica (the traced graph's `Assert` ops, such
-    as a layer's `tf.debugging.assert_less`), for the updates to wait on: a step whose check
-    fails changes no weight.
+    """The checks the step made so far in every replica (the traced graph's `Assert` ops and
+    their guards, such as a layer's `tf.debugging.assert_less`), for the updates to wait on: a
+    step whose check fails changes no weight.
 
     An `Assert` feeds no other op, so nothing orders the updates after it (TensorFlow's
     automatic control dependencies order stateful ops only by the resources they touch); on a
@@ -115,7 +115,15 @@ def _checks_of_the_step():
     runs of 6 failing fits). Eagerly, a check raises before anything after it runs."""
     if tf.executing_eagerly():
         return []
-    return [op for op in tf.compat.v1.get_default_graph().get_operations() if op.type == "Assert"]
+    return [op for op in tf.compat.v1.get_default_graph().get_operations() if _is_a_check(op)]
+
+
+def _is_a_check(op):
+    """An `Assert`, or the conditional TensorFlow wraps one in when its data is not all int32
+    or strings (`tf.debugging.assert_*` of floats: an `If` named `.../AssertGuard`)."""
+    if op.type == "Assert":
+        return True
+    return op.type in ("If", "StatelessIf") and op.name.rsplit("/", 1)[-1].startswith("AssertGuard")
 
 
 def _apply_in_passes(
