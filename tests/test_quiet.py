@@ -315,6 +315,47 @@ def test_a_client_s_filter_passes_a_line_s_start_on_at_once():
     assert (drawn, rest) == (b" 50%|#####     |\r", b"100%|##########|\n")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_client_s_filter_outlives_a_signal_to_the_group_and_passes_on_the_last_lines(sig):
+    """Ctrl-C in a terminal (or a scheduler's SIGTERM) reaches every process of the group, the
+    client's filter among them: the filter lives on to pass on what the client writes as it
+    ends (its traceback). The client says on its standard output when it has the signal."""
+    code = """
+        import os, signal, sys
+        from dpkeras import _quiet
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        _quiet.filter_client_stderr()
+        os.write(2, b"ready\\n")  # passed on: the filter has set its signals
+        try:
+            sys.stdin.readline()
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.stdin.readline()
+            os.write(2, b"last line\\n")
+        """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        start_new_session=True,  # a group of its own: the client and its filter
+    )
+    try:
+        _read_until(proc.stderr, b"ready\n", timeout=120)
+        os.killpg(proc.pid, sig)
+        assert _read_until(proc.stdout, b"interrupted\n", timeout=120) == b"interrupted\n"
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rest == b"last line\n"
+
+
 def _started(argv, **extra):
     proc = subprocess.Popen(
         argv,
