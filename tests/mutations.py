@@ -1259,6 +1259,17 @@ MUTANTS = (
             "test_a_client_s_filter_outlives_a_signal_to_the_group_and_passes_on_the_last_lines",
         ),
     ),
+    Mutant(
+        "client-drops-errors",
+        "a client's filter drops TensorFlow's ERROR records of the lost-task warning's file too",
+        "dpkeras/_quiet.py",
+        'return record is not None and record.group(1) == "W" and',
+        'return record is not None and record.group(1) in "WE" and',
+        (
+            "tests/test_quiet.py::"
+            "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
+        ),
+    ),
 )
 
 
