@@ -1235,6 +1235,62 @@ MUTANTS = (
         "    with tf.control_dependencies([]):\n",
         ("tests/test_optimizer_apply.py::test_every_update_waits_for_the_steps_checks",),
     ),
+    Mutant(
+        "register-overwrites-user",
+        "import dpkeras registers its stand-in over a class the user registered under its name",
+        "dpkeras/_serializable.py",
+        "        if registered not in registry:\n",
+        "        if True:\n",
+        (
+            "tests/test_serializable.py::"
+            "test_a_name_the_user_registered_before_import_dpkeras_is_left_as_it_is",
+        ),
+    ),
+    Mutant(
+        "restore-getattr-object",
+        "uninstall() sets what getattr gave (a staticmethod's function, a classmethod bound) "
+        "instead of the object the owner held in its __dict__",
+        "dpkeras/_patches/entries.py",
+        "        owner, _, own = saved\n"
+        "        if own is _INHERITED:\n"
+        "            delattr(owner, self.name)\n"
+        "        else:\n"
+        "            setattr(owner, self.name, own)\n",
+        "        owner, original, own = saved\n"
+        "        if own is _INHERITED:\n"
+        "            delattr(owner, self.name)\n"
+        "        else:\n"
+        "            setattr(owner, self.name, original)\n",
+        (
+            "tests/test_keras_patches.py::"
+            "test_restore_puts_back_the_object_the_owner_held_not_what_getattr_gave",
+        ),
+    ),
+    Mutant(
+        "client-filter-dies-with-group",
+        "a client's filter ends on the Ctrl-C or SIGTERM that reaches the whole group: the "
+        "client's last lines (its traceback) are lost",
+        "dpkeras/_quiet.py",
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n",
+        "import signal, sys\n",
+        (
+            "tests/test_quiet.py::"
+            "test_a_client_s_filter_outlives_a_signal_to_the_group_and_passes_on_the_last_lines",
+        ),
+    ),
+    Mutant(
+        "client-drops-errors",
+        "a client's filter drops TensorFlow's ERROR records of the lost-task warning's file too",
+        "dpkeras/_quiet.py",
+        'return record is not None and record.group(1) == "W" and',
+        'return record is not None and record.group(1) in "WE" and',
+        (
+            "tests/test_quiet.py::"
+            "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
+        ),
+    ),
 )
 
 

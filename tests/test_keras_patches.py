@@ -368,6 +368,36 @@ def test_after_uninstall_every_patched_owner_holds_what_it_held_before_dpkeras()
     assert out.strip().splitlines()[-1] == str(sorted(inherited))
 
 
+def test_restore_puts_back_the_object_the_owner_held_not_what_getattr_gave():
+    """A class's staticmethod or classmethod is another object than what `getattr` gives (a
+    plain or bound function): restoring must put the descriptor itself back in `__dict__`."""
+
+    class Owner:
+        @staticmethod
+        def plain(x):
+            return x
+
+        @classmethod
+        def bound(cls, x):
+            return (cls, x)
+
+    shipped = dict(vars(Owner))
+    for name in ("plain", "bound"):
+        entry = entries.Attribute(
+            owner=lambda: Owner,
+            name=name,
+            qualname=f"Owner.{name}",
+            signature="(x)",
+            wrapper=lambda original, *args, **kwargs: original(*args, **kwargs),
+            retire="none",
+        )
+        saved = entry.install()
+        assert vars(Owner)[name] is not shipped[name]
+        entry.restore(saved)
+        assert vars(Owner)[name] is shipped[name], name
+    assert Owner.plain(1) == 1 and Owner().bound(2) == (Owner, 2)
+
+
 def test_importing_dpkeras_registers_no_dispatcher():
     out = run_python(
         """

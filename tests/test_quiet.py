@@ -236,9 +236,13 @@ def test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest(
     it holds; what follows (a traceback, the program's lines) and every other record stay."""
     other = "W1125 20:14:59.123456   32108 dataset.cc:997] Input will not be optimized"
     text = [*_LOST_TASK_WARNING, *_LOST_TASK_WARNING, "Traceback (most recent call last):"]
-    text += ["4 derived errors ignored.", other, "  (0) UNAVAILABLE: of the program"]
+    error = (  # an ERROR of that file is not the warning: it is kept
+        "E1125 20:14:59.123456   32108 remote_tensor_handle_data.cc:81] Unable to destroy "
+        "remote tensor handles: an error"
+    )
+    text += ["4 derived errors ignored.", other, error, "  (0) UNAVAILABLE: of the program"]
     f = _quiet.LineFilter(_quiet.is_client_noise)
-    assert [line for line in text if f.keep(line)] == text[-4:]
+    assert [line for line in text if f.keep(line)] == text[-5:]
     assert f.dropped == 2 * len(_LOST_TASK_WARNING)
     # The commands' filter drops the record with its status lines too.
     lines = LineFilterOf("\n".join([*_LOST_TASK_WARNING, "epoch 1"]))
@@ -313,6 +317,47 @@ def test_a_client_s_filter_passes_a_line_s_start_on_at_once():
             proc.kill()
             proc.wait()
     assert (drawn, rest) == (b" 50%|#####     |\r", b"100%|##########|\n")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_client_s_filter_outlives_a_signal_to_the_group_and_passes_on_the_last_lines(sig):
+    """Ctrl-C in a terminal (or a scheduler's SIGTERM) reaches every process of the group, the
+    client's filter among them: the filter lives on to pass on what the client writes as it
+    ends (its traceback). The client says on its standard output when it has the signal."""
+    code = """
+        import os, signal, sys
+        from dpkeras import _quiet
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        _quiet.filter_client_stderr()
+        os.write(2, b"ready\\n")  # passed on: the filter has set its signals
+        try:
+            sys.stdin.readline()
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.stdin.readline()
+            os.write(2, b"last line\\n")
+        """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        start_new_session=True,  # a group of its own: the client and its filter
+    )
+    try:
+        _read_until(proc.stderr, b"ready\n", timeout=120)
+        os.killpg(proc.pid, sig)
+        assert _read_until(proc.stdout, b"interrupted\n", timeout=120) == b"interrupted\n"
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rest == b"last line\n"
 
 
 def _started(argv, **extra):

@@ -88,6 +88,29 @@ def test_import_dpkeras_imports_no_keras_and_registers_when_keras_is_imported():
     }
 
 
+def test_a_name_the_user_registered_before_import_dpkeras_is_left_as_it_is():
+    """A class the user registered under a name of `CLASSES` (with Keras imported before
+    dpkeras) stays registered: dpkeras registers a stand-in only under a free name."""
+    out = run_python(
+        f"""
+        import json
+        import keras
+
+        class Mine(keras.layers.Layer):
+            pass
+
+        names = {sorted(_serializable.CLASSES)!r}
+        registry = keras.saving.get_custom_objects()
+        for name in names:
+            registry[name] = Mine
+        import dpkeras
+
+        print(json.dumps([n for n in names if registry[n] is not Mine]))
+        """
+    )
+    assert json.loads(out.strip().splitlines()[-1]) == []
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """`{name: directory}`: the model of each registered class, saved by a fresh process with its
