@@ -300,15 +300,15 @@ _RESUMABLE_RUN = """
 
 @pytest.mark.parametrize("job", ["ps", "worker"])
 def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp_path, job):
-    """The killed task's error names it within seconds, uncaught in a user's client (TensorFlow's
+    """The killed task's error names it (not a hang), uncaught in a user's client (TensorFlow's
     log level unset) a short traceback ending with one line naming it: no chained TensorFlow
     error (kept as `tensorflow_error`), no TensorFlow warnings of the failed step; after
     restarting the task and the script, BackupAndRestore resumes (at the epoch after the last
     backup, not from scratch) to the weights of an uninterrupted run.
 
     Killed at step 10 of 4-step epochs: the backup of epoch 1's end is the last, so the rerun
-    trains epochs 2 and 3 only. The bound on the failure's delay is generous (a loaded 2-core
-    machine); without naming the failure, TensorFlow blocks until the client's timeout."""
+    trains epochs 2 and 3 only. Without naming the failure, TensorFlow would block until the
+    client's timeout (`CLIENT_TIMEOUT`), and the test fails."""
     uninterrupted = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
     failed, stderr = _failing_client(
@@ -318,7 +318,8 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp
     assert failed.get("error") == "TaskFailedError", failed
     name = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "
     assert failed["message"].startswith(name), failed["message"]
-    assert failed["seconds"] < 30
+    # Named by `fit`'s own error, not by the health monitor (which ends the process, exit 75,
+    # printing no JSON) nor by the client's timeout: no wall-clock bound is asserted.
     # TensorFlow's error is kept on the error, not printed: one short traceback, one last line.
     assert failed["is_tensorflow_s"], failed
     assert stderr.splitlines()[-1].startswith(f"dpkeras.TaskFailedError: {name}"), stderr[-3000:]
