@@ -1214,6 +1214,83 @@ MUTANTS = (
         "    if True:\n        return False\n",
         ("tests/test_jit_predict.py::test_jit_predict_of_a_model_built_in_its_first_step[hybrid]",),
     ),
+    Mutant(
+        "hybrid-by-name-env-case",
+        'DPKERAS_PARAMETER_DEVICE is "hybrid" only in lower case and without spaces (the '
+        "argument in any case)",
+        "dpkeras/_config.py",
+        "    if _is_hybrid(text):\n        return _hybrid()\n",
+        '    if text == "hybrid":\n        return _hybrid()\n',
+        ("tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",),
+    ),
+    Mutant(
+        "task-type-without-index",
+        "a task's device with a type but no index ('/job:ps/task:1/gpu') is taken for its CPU:0",
+        "dpkeras/_device_names.py",
+        "if spec.device_type is None and spec.device_index is None and named_task:",
+        "if spec.device_index is None and named_task:",
+        (
+            "tests/test_placement.py::"
+            "test_a_task_named_without_a_device_is_its_cpu_0_wherever_a_device_is_taken",
+        ),
+    ),
+    Mutant(
+        "by-path-replicated-shards",
+        "by_path answers REPLICATED for a partitioned variable's shards too (refused when the "
+        "table is made)",
+        "dpkeras/placement.py",
+        "if spec.kind is VariableKind.METRIC or spec.shard is not None:",
+        "if spec.kind is VariableKind.METRIC:",
+        (
+            "tests/test_placement.py::"
+            "test_by_path_places_the_shards_a_replicated_rule_matches_on_its_devices",
+        ),
+    ),
+    Mutant(
+        "wrapper-own-variables-unseen",
+        "a wrapper made outside any scope is adopted though it has a variable of its own, of no "
+        "strategy (fit then fails on it)",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    for v in model.variables:  # the model's own variables, of no sub-layer\n",
+        "    for v in ():  # the model's own variables, of no sub-layer\n",
+        (
+            "tests/test_errors.py::"
+            "test_a_wrapper_made_outside_any_scope_with_a_variable_of_its_own_is_refused",
+        ),
+    ),
+    Mutant(
+        "jit-predict-hybrid-only",
+        "an unbuilt model's predict runs without XLA under hybrid() only: a by_path policy "
+        "answering REPLICATED gets an XLA step that cannot read the copies",
+        "dpkeras/_patches/jit_predict.py",
+        "    return placement.is_hybrid(extended.placement_policy) or any(\n"
+        "        isinstance(v, ReplicatedVariable) for v in extended.variables()\n    )\n",
+        "    return placement.is_hybrid(extended.placement_policy)\n",
+        (
+            "tests/test_jit_predict.py::"
+            "test_jit_predict_of_a_model_built_in_its_first_step[by_path]",
+        ),
+    ),
+    Mutant(
+        "hybrid-saved-model-home",
+        "a SavedModel loaded in a hybrid scope goes to the first parameter device only, not "
+        "spread as tables are",
+        "dpkeras/_extended/creator.py",
+        "            return self.place(dataclasses.replace(spec, table=True))\n",
+        "            return self._home or self.place(dataclasses.replace(spec, table=True))\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",
+        ),
+    ),
+    Mutant(
+        "docs-share-a-backup-by-keyword",
+        "two docs examples share one BackupAndRestore directory, one given as backup_dir=",
+        "docs/cluster.md",
+        'BackupAndRestore("backup-train")',
+        'BackupAndRestore(backup_dir="backup-mlp")',
+        ("tests/test_docs_examples.py::test_no_two_blocks_share_a_backup_directory",),
+    ),
 )
 
 
