@@ -1291,6 +1291,15 @@ MUTANTS = (
         'BackupAndRestore(backup_dir="backup-mlp")',
         ("tests/test_docs_examples.py::test_no_two_blocks_share_a_backup_directory",),
     ),
+    Mutant(
+        "env-hides-level-2",
+        "dpkeras env tells the user's TF_CPP_MIN_LOG_LEVEL from its own by the value: a user's "
+        "2 is not reported",
+        "dpkeras/_quiet.py",
+        "    return None if name in _SET_HERE else os.environ.get(name)",
+        "    return None if os.environ.get(name) == QUIET_LEVEL else os.environ.get(name)",
+        ("tests/test_quiet.py::test_dpkeras_env_reports_the_environment_as_the_user_gave_it",),
+    ),
 )
 
 
