@@ -1300,6 +1300,15 @@ MUTANTS = (
         "    return None if os.environ.get(name) == QUIET_LEVEL else os.environ.get(name)",
         ("tests/test_quiet.py::test_dpkeras_env_reports_the_environment_as_the_user_gave_it",),
     ),
+    Mutant(
+        "all-reduce-captured-per-replica",
+        "ReplicaContext.all_reduce counts a tensor captured in every replica once per replica "
+        "(its SUM is N times it; MirroredStrategy gives it once)",
+        "dpkeras/_extended/cross_replica.py",
+        "reduce_op, value, self._reduction_device(destinations), from_every_replica=False",
+        "reduce_op, value, self._reduction_device(destinations), from_every_replica=True",
+        ("tests/test_custom_loop.py::test_all_reduce_of_one_captured_tensor_is_that_tensor",),
+    ),
 )
 
 
