@@ -849,8 +849,8 @@ MUTANTS = (
         "fatal-in-dump",
         "a record written while the filter drops a dump is dropped with the dump",
         "dpkeras/_quiet.py",
-        "        if _RECORD.match(text):  # a dump holds no record",
-        "        if False:  # a dump holds no record",
+        "        if _RECORD.match(text):  # a dump or a status holds no record",
+        "        if False:  # a dump or a status holds no record",
         ("tests/test_quiet.py::test_a_fatal_record_is_never_hidden_not_even_in_a_dump",),
     ),
     Mutant(
@@ -1290,6 +1290,101 @@ MUTANTS = (
             "tests/test_quiet.py::"
             "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
         ),
+    ),
+    Mutant(
+        "hybrid-by-name-env-case",
+        'DPKERAS_PARAMETER_DEVICE is "hybrid" only in lower case and without spaces (the '
+        "argument in any case)",
+        "dpkeras/_config.py",
+        "    if _is_hybrid(text):\n        return _hybrid()\n",
+        '    if text == "hybrid":\n        return _hybrid()\n',
+        ("tests/test_placement.py::test_hybrid_by_name_by_function_and_from_the_environment",),
+    ),
+    Mutant(
+        "task-type-without-index",
+        "a task's device with a type but no index ('/job:ps/task:1/gpu') is taken for its CPU:0",
+        "dpkeras/_device_names.py",
+        "if spec.device_type is None and spec.device_index is None and named_task:",
+        "if spec.device_index is None and named_task:",
+        (
+            "tests/test_placement.py::"
+            "test_a_task_named_without_a_device_is_its_cpu_0_wherever_a_device_is_taken",
+        ),
+    ),
+    Mutant(
+        "by-path-replicated-shards",
+        "by_path answers REPLICATED for a partitioned variable's shards too (refused when the "
+        "table is made)",
+        "dpkeras/placement.py",
+        "if spec.kind is VariableKind.METRIC or spec.shard is not None:",
+        "if spec.kind is VariableKind.METRIC:",
+        (
+            "tests/test_placement.py::"
+            "test_by_path_places_the_shards_a_replicated_rule_matches_on_its_devices",
+        ),
+    ),
+    Mutant(
+        "wrapper-own-variables-unseen",
+        "a wrapper made outside any scope is adopted though it has a variable of its own, of no "
+        "strategy (fit then fails on it)",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    for v in model.variables:  # the model's own variables, of no sub-layer\n",
+        "    for v in ():  # the model's own variables, of no sub-layer\n",
+        (
+            "tests/test_errors.py::"
+            "test_a_wrapper_made_outside_any_scope_with_a_variable_of_its_own_is_refused",
+        ),
+    ),
+    Mutant(
+        "jit-predict-hybrid-only",
+        "an unbuilt model's predict runs without XLA under hybrid() only: a by_path policy "
+        "answering REPLICATED gets an XLA step that cannot read the copies",
+        "dpkeras/_patches/jit_predict.py",
+        "    return placement.is_hybrid(extended.placement_policy) or any(\n"
+        "        isinstance(v, ReplicatedVariable) for v in extended.variables()\n    )\n",
+        "    return placement.is_hybrid(extended.placement_policy)\n",
+        (
+            "tests/test_jit_predict.py::"
+            "test_jit_predict_of_a_model_built_in_its_first_step[by_path]",
+        ),
+    ),
+    Mutant(
+        "hybrid-saved-model-home",
+        "a SavedModel loaded in a hybrid scope goes to the first parameter device only, not "
+        "spread as tables are",
+        "dpkeras/_extended/creator.py",
+        "            return self.place(dataclasses.replace(spec, table=True))\n",
+        "            return self._home or self.place(dataclasses.replace(spec, table=True))\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",
+        ),
+    ),
+    Mutant(
+        "docs-share-a-backup-by-keyword",
+        "two docs examples share one BackupAndRestore directory, one given as backup_dir=",
+        "docs/cluster.md",
+        'BackupAndRestore("backup-train")',
+        'BackupAndRestore(backup_dir="backup-mlp")',
+        ("tests/test_docs_examples.py::test_no_two_blocks_share_a_backup_directory",),
+    ),
+    Mutant(
+        "env-hides-level-2",
+        "dpkeras env tells the user's TF_CPP_MIN_LOG_LEVEL from its own by the value: a user's "
+        "2 is not reported",
+        "dpkeras/_quiet.py",
+        "    return None if name in _SET_HERE else os.environ.get(name)",
+        "    return None if os.environ.get(name) == QUIET_LEVEL else os.environ.get(name)",
+        ("tests/test_quiet.py::test_dpkeras_env_reports_the_environment_as_the_user_gave_it",),
+    ),
+    Mutant(
+        "all-reduce-captured-per-replica",
+        "ReplicaContext.all_reduce counts a tensor captured in every replica once per replica "
+        "(its SUM is N times it; MirroredStrategy gives it once)",
+        "dpkeras/_extended/cross_replica.py",
+        "reduce_op, value, self._reduction_device(destinations), from_every_replica=False",
+        "reduce_op, value, self._reduction_device(destinations), from_every_replica=True",
+        ("tests/test_custom_loop.py::test_all_reduce_of_one_captured_tensor_is_that_tensor",),
     ),
 )
 

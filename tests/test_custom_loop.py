@@ -297,6 +297,23 @@ def test_replica_context_all_reduce_and_all_gather(replicas):
         assert g.numpy().tolist() == ids
 
 
+def test_all_reduce_of_one_captured_tensor_is_that_tensor():
+    """A tensor captured in every replica (not per-replica) is one contribution: its SUM is
+    itself, as under MirroredStrategy."""
+    strategy = cpu_strategy(2)
+    captured = tf.constant([1.0, 2.0])
+
+    @tf.function
+    def run():
+        def replica_fn():
+            return tf.distribute.get_replica_context().all_reduce("SUM", captured)
+
+        return strategy.experimental_local_results(strategy.run(replica_fn))
+
+    for result in run():
+        assert result.numpy().tolist() == [1.0, 2.0]
+
+
 def test_reduce_uneven_shapes_without_axis_raises():
     strategy = cpu_strategy(3)
     u = strategy.run(lambda: tf.range(_replica_id() + 1, dtype=tf.float32))

@@ -129,12 +129,19 @@ def test_every_page_has_its_blocks():
     assert found == EXPECTED
 
 
+# BackupAndRestore's directory, given by position or as backup_dir=.
+BACKUP_DIRECTORY = r"BackupAndRestore\(\s*(?:backup_dir\s*=\s*)?[\"']([^\"']+)[\"']"
+
+
 def test_no_two_blocks_share_a_backup_directory():
     """A backup fits one model: two examples run in one directory must not resume each
     other's (`BackupAndRestore` in a directory of another model's backup is refused)."""
     found = {}
     for block in ALL:
-        for directory in re.findall(r"BackupAndRestore\(\s*[\"']([^\"']+)[\"']", block.code):
+        directories = re.findall(BACKUP_DIRECTORY, block.code)
+        calls = len(re.findall(r"BackupAndRestore\(", block.code))
+        assert len(directories) == calls, f"{block.where}: a BackupAndRestore directory unread"
+        for directory in directories:
             found.setdefault(directory, []).append(block.where)
     assert found, "no BackupAndRestore found: the pattern no longer matches the docs"
     shared = {d: where for d, where in found.items() if len(where) > 1}

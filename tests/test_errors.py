@@ -190,6 +190,35 @@ def test_a_model_made_outside_any_scope_with_variables_of_two_strategies_is_refu
         assert not model.compiled
 
 
+class _Scaled(keras.Model):
+    """A subclassed wrapper with a variable of its own, of no sub-layer."""
+
+    def __init__(self, inner):
+        super().__init__(name="scaled")
+        self.inner = inner
+        self.scale = self.add_weight(shape=(), initializer="ones", name="scale")
+
+    def call(self, x):
+        return self.inner(x) * self.scale
+
+
+def test_a_wrapper_made_outside_any_scope_with_a_variable_of_its_own_is_refused():
+    """The wrapper's own variable (made outside any scope, of no strategy) counts as a layer's:
+    refused at compile, naming the model, instead of adopted and failing in fit."""
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3"):
+        trained = _dense()
+    model = _Scaled(trained)
+    model(np.zeros((1, 12), "float32"))
+    with pytest.raises(
+        ValueError,
+        match=r"^Model 'scaled' was made outside any strategy's scope and holds variables of "
+        r"more than one strategy: 'sequential' of ParameterDeviceStrategy\(.*\); 'scaled' of "
+        r"no strategy\.",
+    ):
+        model.compile(optimizer="sgd", loss="mse")
+    assert not model.compiled
+
+
 def test_a_wrapper_made_outside_any_scope_compiled_in_another_strategy_is_refused():
     with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3") as strategy:
         trained = _dense()

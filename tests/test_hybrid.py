@@ -578,6 +578,11 @@ def test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps(
         assert {v.device for v in restored.variables} == {PS}
         assert not any(isinstance(v, dpkeras.ReplicatedVariable) for v in restored.variables)
         np.testing.assert_array_equal(restored.serve(x).numpy(), expected)
+    # hybrid() places them as it places tables: balanced over its parameter devices.
+    with cpu_strategy(2, placement.hybrid(["/cpu:0", "/cpu:3"])).scope():
+        restored = tf.saved_model.load(path)
+    assert {v.device for v in restored.variables} == {PS, PS.replace("CPU:0", "CPU:3")}
+    np.testing.assert_array_equal(restored.serve(x).numpy(), expected)
     reference, _ = _through_a_saved_model(path, None, x, y)
     for strategy in (_hybrid(2), cpu_strategy(2)):
         weights, devices = _through_a_saved_model(path, strategy, x, y)

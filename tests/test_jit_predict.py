@@ -52,13 +52,21 @@ def _built_in_its_first_step(jit):
     return model
 
 
-@pytest.mark.parametrize("policy", ["/cpu:0", "hybrid"])
+# A policy replicating the dense layers: placement.hybrid(), or by_path answering REPLICATED.
+POLICIES = {
+    "/cpu:0": lambda: "/cpu:0",
+    "hybrid": placement.hybrid,
+    "by_path": lambda: placement.by_path({r"embedding": "/cpu:0"}, default=placement.REPLICATED),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
 def test_jit_predict_of_a_model_built_in_its_first_step(policy):
     """No `Input`: Keras builds the model in predict's first step, after the step is made. Under
     hybrid placement its variables will be replicated, which XLA cannot read from one device:
     the step is made without XLA, decided by the policy. Equal to one device; predict_on_batch
     gives what it gives without jit."""
-    strategy = cpu_strategy(2, placement.hybrid() if policy == "hybrid" else policy)
+    strategy = cpu_strategy(2, POLICIES[policy]())
     x = np.random.RandomState(0).rand(10, 4).astype("float32")
     expected = _built_in_its_first_step(True).predict(x, batch_size=4, verbose=0)
     with strategy.scope():

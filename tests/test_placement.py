@@ -5,6 +5,7 @@ import json
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import dpkeras
 from dpkeras import placement
@@ -75,6 +76,9 @@ def test_a_task_named_without_a_device_is_its_cpu_0_wherever_a_device_is_taken(m
     canonical = dpkeras._device_names.canonical_device
     assert canonical("/job:ps/task:1") == "/job:ps/replica:0/task:1/device:CPU:0"
     assert canonical("/job:ps") == "/job:ps/replica:0/task:0/device:CPU:0"
+    for typed in ("/job:ps/task:1/gpu", "/job:ps/task:1/device:GPU:*"):  # a type, no index
+        with pytest.raises(ValueError, match=r"must name a type and an index"):
+            canonical(typed)
     cpu0, cpu3 = canonical("/cpu:0"), canonical("/cpu:3")
     assert canonical("/job:localhost/task:0") == cpu0
     strategy = dpkeras.get_strategy(["/job:localhost/replica:0/task:0", "/cpu:1"], "/cpu:3")
@@ -104,6 +108,22 @@ def test_by_path_answers_replicated_for_a_rule_or_the_default():
         assert {d for p, d in devices.items() if p.startswith("loss/")} == {"/cpu:3"}, devices
 
 
+def test_by_path_places_the_shards_a_replicated_rule_matches_on_its_devices():
+    """The shards of a partitioned variable cannot be replicated: a `REPLICATED` rule or
+    default matching them sends them to the devices the other rules name."""
+    policy = placement.by_path({r"never": SPREAD}, default=placement.REPLICATED)
+    strategy = dpkeras.ParameterDeviceStrategy(
+        REPLICAS,
+        parameter_device=policy,
+        partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2),
+    )
+    with strategy.scope():
+        table = L.Embedding(10, 4)
+        table.build((None, 3))
+    shards = {s.device for s in table.embeddings.value.shards}
+    assert shards == {dpkeras._device_names.canonical_device(d) for d in SPREAD}, shards
+
+
 def test_hybrid_by_name_by_function_and_from_the_environment(monkeypatch):
     """ "hybrid" (argument or `DPKERAS_PARAMETER_DEVICE`) and `placement.hybrid` not called
     are `placement.hybrid()`: the same strategy."""
@@ -111,8 +131,9 @@ def test_hybrid_by_name_by_function_and_from_the_environment(monkeypatch):
     assert dpkeras.get_strategy(hybrid.compute_devices, "hybrid") is hybrid
     assert dpkeras.get_strategy(hybrid.compute_devices, " Hybrid ") is hybrid
     assert dpkeras.get_strategy(hybrid.compute_devices, placement.hybrid) is hybrid
-    monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", "hybrid")
-    assert dpkeras.get_strategy(hybrid.compute_devices) is hybrid
+    for text in ("hybrid", " HYBRID "):  # any case, as the argument
+        monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", text)
+        assert dpkeras.get_strategy(hybrid.compute_devices) is hybrid, text
     assert repr(hybrid.extended.placement_policy) == "hybrid([/cpu:0])"
 
 
