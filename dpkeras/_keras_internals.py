@@ -171,16 +171,14 @@ def built_outside_any_strategy(model):
     return model._distribute_strategy is None
 
 
-def adopt_strategy(model, strategy):
-    """Makes `model` run `fit`/`evaluate`/`predict` under `strategy`, as if made in its scope.
-
-    Keras 3.15's TF trainer runs each step under the strategy it recorded at construction
-    (`_distribute_strategy`, see `built_outside_any_strategy`); no public API sets it.
-    `dpkeras._patches.outside_the_scope` sets it on a model made outside any scope whose
-    variables all belong to one dpkeras strategy (keras-io's end-to-end inference wrapper
-    around a model trained under the strategy).
+def strategy_attribute():
+    """The name of the attribute in which Keras 3.15's TF trainer records the strategy a model
+    runs `fit`/`evaluate`/`predict` under (`_distribute_strategy`, set at construction, see
+    `built_outside_any_strategy`); no public API sets it. `dpkeras._patches.outside_the_scope`
+    sets it on a model made outside any scope whose variables all belong to one dpkeras
+    strategy (keras-io's end-to-end inference wrapper around a model trained under it).
     """
-    model._distribute_strategy = strategy
+    return "_distribute_strategy"
 
 
 # -- saving (used by dpkeras/_patches/__init__.py and dpkeras/_patches/resume.py)

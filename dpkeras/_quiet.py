@@ -134,6 +134,12 @@ class LineFilter:
         self._after_dump = False
         self._in_status = False
 
+    @property
+    def in_record(self):
+        """Whether the lines of a dropped record go on (its dump or its status): the next line
+        is judged with them."""
+        return self._in_dump or self._after_dump or self._in_status
+
     def keep(self, line):
         """Whether to keep `line` (with or without its end)."""
         text = line.rstrip("\r\n")
@@ -199,7 +205,7 @@ def _may_be_noise(start, lines):
     """Whether the start of a line (bytes) may begin what `lines` drops: a record of
     TensorFlow's logging (a severity letter and a digit), a start-up line, or any line while a
     dropped record's dump or status goes on."""
-    if lines._in_dump or lines._after_dump or lines._in_status:
+    if lines.in_record:
         return True
     if start[:1] in (b"I", b"W", b"E", b"F") and (len(start) < 2 or start[1:2].isdigit()):
         return True

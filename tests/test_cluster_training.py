@@ -298,6 +298,57 @@ _RESUMABLE_RUN = """
     """
 
 
+# Before the test that restarts worker 1: TensorFlow's collectives on worker 0 keep the
+# incarnation of every worker they met, so a hybrid client after a worker's restart fails
+# ("exists in cache with a different incarnation") until the other workers restart too.
+def test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name(local):
+    """`/job:ps/task:1` (TF1's spelling: `tf.device`, `replica_device_setter`) is that task's
+    CPU:0 as an argument, a policy's answer and in `DPKERAS_PARAMETER_DEVICE`; a `by_path`
+    answering REPLICATED trains with its table there; `DPKERAS_PARAMETER_DEVICE=hybrid` is
+    `placement.hybrid()`, bound to the cluster's ps tasks."""
+    out = _client(
+        """
+        from dpkeras import placement
+        named = dpkeras.get_strategy(["/job:worker/task:0", "/job:worker/task:1"],
+                                     "/job:ps/task:1", cluster=SPEC)
+        os.environ["DPKERAS_PARAMETER_DEVICE"] = "hybrid"
+        hybrid = dpkeras.get_strategy(cluster=SPEC)
+        os.environ["DPKERAS_PARAMETER_DEVICE"] = "/job:ps/task:1"
+        from_env = dpkeras.get_strategy(cluster=SPEC)
+        del os.environ["DPKERAS_PARAMETER_DEVICE"]
+        policy = placement.by_path({"embedding": "/job:ps/task:1"}, default=placement.REPLICATED)
+        with dpkeras.scope(cluster=SPEC, parameter_device=policy):
+            model = keras.Sequential([
+                keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 4),
+                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+            model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+        rng = np.random.RandomState(0)
+        history = model.fit(rng.randint(0, 50, (32, 4)), rng.rand(32, 2), batch_size=16,
+                            verbose=0)
+        rows = dpkeras.placement_report(model).rows
+        print(json.dumps({
+            "named": [list(named.compute_devices), list(named.extended.parameter_devices)],
+            "hybrid": repr(hybrid.extended.placement_policy),
+            "from_env": list(from_env.extended.parameter_devices),
+            "devices": {r.path: r.device for r in rows},
+            "loss": history.history["loss"],
+        }))
+        """,
+        local.spec,
+    )
+    assert out["named"] == [
+        [f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in (0, 1)],
+        ["/job:ps/replica:0/task:1/device:CPU:0"],
+    ]
+    assert out["hybrid"] == "hybrid([/job:ps/task:0/cpu:0, /job:ps/task:1/cpu:0])"
+    assert out["from_env"] == ["/job:ps/replica:0/task:1/device:CPU:0"]
+    devices = out["devices"]
+    assert {d for p, d in devices.items() if "embedding" in p} == {"/job:ps/task:1/cpu:0"}
+    assert {d for p, d in devices.items() if "/dense" in p} == {"replicated"}, devices
+    assert {d for p, d in devices.items() if p.startswith("loss/")} == {"/job:ps/task:1/cpu:0"}
+    assert np.isfinite(out["loss"]).all()
+
+
 @pytest.mark.parametrize("job", ["ps", "worker"])
 def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp_path, job):
     """The killed task's error names it (not a hang), uncaught in a user's client (TensorFlow's
@@ -403,54 +454,6 @@ def test_devices_a_cluster_does_not_have_are_errors_naming_the_task(local):
         "names /job:trainer/replica:0/task:0, which is not a task of the "
         "cluster"
     )
-
-
-def test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name(local):
-    """`/job:ps/task:1` (TF1's spelling: `tf.device`, `replica_device_setter`) is that task's
-    CPU:0 as an argument, a policy's answer and in `DPKERAS_PARAMETER_DEVICE`; a `by_path`
-    answering REPLICATED trains with its table there; `DPKERAS_PARAMETER_DEVICE=hybrid` is
-    `placement.hybrid()`, bound to the cluster's ps tasks."""
-    out = _client(
-        """
-        from dpkeras import placement
-        named = dpkeras.get_strategy(["/job:worker/task:0", "/job:worker/task:1"],
-                                     "/job:ps/task:1", cluster=SPEC)
-        os.environ["DPKERAS_PARAMETER_DEVICE"] = "hybrid"
-        hybrid = dpkeras.get_strategy(cluster=SPEC)
-        os.environ["DPKERAS_PARAMETER_DEVICE"] = "/job:ps/task:1"
-        from_env = dpkeras.get_strategy(cluster=SPEC)
-        del os.environ["DPKERAS_PARAMETER_DEVICE"]
-        policy = placement.by_path({"embedding": "/job:ps/task:1"}, default=placement.REPLICATED)
-        with dpkeras.scope(cluster=SPEC, parameter_device=policy):
-            model = keras.Sequential([
-                keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 4),
-                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
-            model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
-        rng = np.random.RandomState(0)
-        history = model.fit(rng.randint(0, 50, (32, 4)), rng.rand(32, 2), batch_size=16,
-                            verbose=0)
-        rows = dpkeras.placement_report(model).rows
-        print(json.dumps({
-            "named": [list(named.compute_devices), list(named.extended.parameter_devices)],
-            "hybrid": repr(hybrid.extended.placement_policy),
-            "from_env": list(from_env.extended.parameter_devices),
-            "devices": {r.path: r.device for r in rows},
-            "loss": history.history["loss"],
-        }))
-        """,
-        local.spec,
-    )
-    assert out["named"] == [
-        [f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in (0, 1)],
-        ["/job:ps/replica:0/task:1/device:CPU:0"],
-    ]
-    assert out["hybrid"] == "hybrid([/job:ps/task:0/cpu:0, /job:ps/task:1/cpu:0])"
-    assert out["from_env"] == ["/job:ps/replica:0/task:1/device:CPU:0"]
-    devices = out["devices"]
-    assert {d for p, d in devices.items() if "embedding" in p} == {"/job:ps/task:1/cpu:0"}
-    assert {d for p, d in devices.items() if "/dense" in p} == {"replicated"}, devices
-    assert {d for p, d in devices.items() if p.startswith("loss/")} == {"/job:ps/task:1/cpu:0"}
-    assert np.isfinite(out["loss"]).all()
 
 
 def test_datasets_from_function_run_one_pipeline_per_worker_with_its_input_context(local):

@@ -443,9 +443,10 @@ def test_the_strategy_an_optimizer_was_made_under_is_still_where_dpkeras_reads_i
 
 
 def test_the_strategy_a_model_was_made_under_is_still_where_dpkeras_reads_and_sets_it():
-    """`_keras_internals.built_outside_any_strategy` and `adopt_strategy` read and set a private
-    attribute of Keras's TF trainer; renamed, keras-io's end-to-end wrapper would compile in its
-    strategy's scope and then run fit/evaluate/predict under no strategy at all."""
+    """`_keras_internals.built_outside_any_strategy` and `strategy_attribute` read and name a
+    private attribute of Keras's TF trainer (set by `dpkeras._patches.outside_the_scope`);
+    renamed, keras-io's end-to-end wrapper would compile in its strategy's scope and then run
+    fit/evaluate/predict under no strategy at all."""
     strategy = dpkeras.get_strategy(["/cpu:1", "/cpu:2"], "/cpu:0")
     with strategy.scope():
         inside = keras.Sequential([keras.layers.Dense(2)])
@@ -453,6 +454,6 @@ def test_the_strategy_a_model_was_made_under_is_still_where_dpkeras_reads_and_se
     assert not _keras_internals.built_outside_any_strategy(inside)
     assert _keras_internals.built_outside_any_strategy(outside)
     assert outside.distribute_strategy is tf.distribute.get_strategy()
-    _keras_internals.adopt_strategy(outside, strategy)
+    setattr(outside, _keras_internals.strategy_attribute(), strategy)
     assert outside.distribute_strategy is strategy
     assert not _keras_internals.built_outside_any_strategy(outside)

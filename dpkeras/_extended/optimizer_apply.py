@@ -76,6 +76,11 @@ def summing_first(keras_apply, optimizer, grads, trainable_variables=None):
     return result
 
 
+# Not converted by AutoGraph: `merge_call` converts its function when the replica function was
+# converted (Keras's steps are), and two threads tracing at once raced in AutoGraph's
+# conversion cache ("tf___sum() missing 3 required positional arguments", once in a suite
+# run); dpkeras's code branches on Python values only.
+@tf.autograph.experimental.do_not_convert
 def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_variables):
     if strategy.num_replicas_in_sync > 1 and not any(
         isinstance(g, tf.distribute.DistributedValues) for g in grads

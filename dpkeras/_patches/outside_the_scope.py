@@ -160,7 +160,7 @@ def compiling_in_the_model_scope(original, model, *args, **kwargs):
             )
     if not adopting:
         return original(model, *args, **kwargs)
-    _keras_internals.adopt_strategy(model, strategy)
+    setattr(model, _keras_internals.strategy_attribute(), strategy)  # as if made in its scope
     with strategy.scope():
         return original(model, *args, **kwargs)
 
