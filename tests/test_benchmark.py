@@ -97,6 +97,21 @@ def _default_run():
 # -- transfer counting --------------------------------------------------------------------------
 
 
+def _benchmark(module, *flags, timeout=600):
+    """Runs `python -m benchmarks.<module> flags...` from the checkout; asserts it succeeded and
+    returns the process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def _transfer(src, dst, nbytes, shape=False):
     shape = (nbytes // 4,) if shape is False else shape
     return Transfer(src, dst, "t", "float32", shape, nbytes)
@@ -796,16 +811,7 @@ def test_soak_benchmark_runs_and_summarizes(tmp_path):
 def test_fit_costs_benchmark_compares_per_fit_costs(tmp_path):
     """`benchmarks/fit_costs.py` end to end, briefly: a row per strategy, against none."""
     out = tmp_path / "fit_costs.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fit_costs", "--fits=1", "--strategies=none,dpkeras"]
-        + [f"--out={out}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _benchmark("fit_costs", "--fits=1", "--strategies=none,dpkeras", f"--out={out}")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["strategy"], r["replicas"]) for r in rows] == [("none", 1), ("dpkeras", 2)]
     for r in rows:
@@ -822,16 +828,7 @@ def test_fit_memory_benchmark_reads_every_process_per_fit(tmp_path):
     the client and of every task after each fit, and the client's context functions, which a
     dropped model does not leave behind."""
     out = tmp_path / "fit_memory.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fit_memory", "--fits=2", "--first=1"]
-        + ["--modes=cluster", f"--out={out}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _benchmark("fit_memory", "--fits=2", "--first=1", "--modes=cluster", f"--out={out}")
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["mode"] == "cluster" and [r["fit"] for r in row["records"]] == [1, 2]
     first, last = row["records"]
@@ -955,16 +952,9 @@ def test_a_list_of_parameter_devices_spreads_dpkeras_variables():
 def test_seeds_benchmark_compares_seeded_and_unseeded_epochs(tmp_path):
     """`benchmarks/seeds.py` end to end, briefly: a seeded and an unseeded client's costs."""
     out = tmp_path / "seeds.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.seeds", "--rows=2000", "--turns=1", "--epochs=2"]
-        + ["--steps=2", f"--out={out}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    proc = _benchmark(
+        "seeds", "--rows=2000", "--turns=1", "--epochs=2", "--steps=2", f"--out={out}"
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["seeded"], r["rows"], r["workers"]) for r in rows] == [
         (True, 2000, 2),
