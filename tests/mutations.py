@@ -1386,6 +1386,15 @@ MUTANTS = (
         "reduce_op, value, self._reduction_device(destinations), from_every_replica=True",
         ("tests/test_custom_loop.py::test_all_reduce_of_one_captured_tensor_is_that_tensor",),
     ),
+    Mutant(
+        "cache-keeps-graphs",
+        "the graph cache holds its graphs strongly: every fit's traced steps stay alive as long "
+        "as the strategy (issue 40: ~8 MB per fit in the client)",
+        "dpkeras/_cache.py",
+        "self._graphs = weakref.WeakSet()",
+        "self._graphs = set()",
+        ("tests/test_long_runs.py::test_models_fitted_and_dropped_leave_nothing_behind",),
+    ),
 )
 
 
