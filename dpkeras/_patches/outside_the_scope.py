@@ -61,13 +61,13 @@ def _holders(model):
     """{extended or None: names of `model`'s direct sub-layers holding such variables}, in
     order: which of the layers a model is made of hold variables of which dpkeras strategy
     (None: of no dpkeras strategy)."""
-    holders = {}
+    holders, seen = {}, set()
     for layer in getattr(model, "layers", None) or ():
         for v in layer.variables:
+            seen.add(id(v))
             holders.setdefault(extended_of_variable(v), []).append(layer.name)
-    own = {id(v) for layer in getattr(model, "layers", None) or () for v in layer.variables}
     for v in model.variables:  # the model's own variables, of no sub-layer
-        if id(v) not in own:
+        if id(v) not in seen:
             holders.setdefault(extended_of_variable(v), []).append(model.name)
     return {owner: list(dict.fromkeys(names)) for owner, names in holders.items()}
 
