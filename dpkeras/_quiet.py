@@ -224,30 +224,17 @@ def _write_all(fd, data):
 
 _active = None  # this process's StderrFilter, or None
 
-# The filter's process (`_start_pump`): the directory holding this dpkeras first on its path;
-# it ignores the signals that end its parent (a terminal's Ctrl-C, a scheduler's SIGTERM reach
-# the whole process group: it outlives them, to pass on the parent's last lines) and ends at
-# the end of its input, when every writer has ended.
+# The pump's process: the directory holding this dpkeras first on its path; it ignores the
+# signals that end its parent (a terminal's Ctrl-C reaches the whole process group) and ends
+# at the end of its input, when every writer has ended.
 _PUMP = """
 import signal, sys
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
 sys.path.insert(0, sys.argv[1])
-from dpkeras import _quiet
-_quiet.pump(int(sys.argv[2]), int(sys.argv[3]), _quiet.LineFilter(getattr(_quiet, sys.argv[4])))
+from dpkeras._quiet import pump
+pump(int(sys.argv[2]), int(sys.argv[3]))
 """
-
-
-def _start_pump(read, write, noise):
-    """The process that passes what `LineFilter(noise)` keeps from descriptor `read` on to
-    `write` (`noise` is `is_noise` or `is_client_noise`)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this dpkeras's
-    return subprocess.Popen(
-        [sys.executable, "-c", _PUMP, root, str(read), str(write), noise.__name__],
-        pass_fds=(read, write),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-    )
 
 
 class StderrFilter:
@@ -258,7 +245,13 @@ class StderrFilter:
         sys.stderr.flush()
         self._saved = os.dup(2)
         read, write = os.pipe()
-        self._pump = _start_pump(read, self._saved, is_noise)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self._pump = subprocess.Popen(
+            [sys.executable, "-c", _PUMP, root, str(read), str(self._saved)],
+            pass_fds=(read, self._saved),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         os.close(read)
         os.dup2(write, 2)
         os.close(write)
@@ -305,6 +298,19 @@ def close():
 
 _client_pump = None  # the child process of `filter_client_stderr`, or None
 
+# The child's program: it reads the client's standard error from its own (a pipe) until every
+# writer closed it, and passes on what `LineFilter(is_client_noise)` keeps. Ctrl-C in a
+# terminal, or a scheduler's SIGTERM, reaches every process of the group: the child outlives
+# them, to pass on the client's last lines (its traceback), and ends when the client does.
+_PUMP_PROGRAM = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sys.path.insert(0, sys.argv[1])
+from dpkeras import _quiet
+_quiet.pump(0, 1, _quiet.LineFilter(_quiet.is_client_noise))
+"""
+
 
 def filter_client_stderr():
     """In a process that connects to a cluster, unless `$DPKERAS_VERBOSE`: drops, from its file
@@ -324,10 +330,13 @@ def filter_client_stderr():
     global _client_pump
     if _client_pump is not None or _active is not None or verbose():
         return _client_pump
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this dpkeras's
     sys.stderr.flush()
     read, write = os.pipe()
     try:
-        _client_pump = _start_pump(read, 2, is_client_noise)
+        _client_pump = subprocess.Popen(
+            [sys.executable, "-c", _PUMP_PROGRAM, root], stdin=read, stdout=2, stderr=2
+        )
         os.dup2(write, 2)
     finally:
         os.close(read)

@@ -858,7 +858,13 @@ MUTANTS = (
         "the quiet filter runs in the process it filters (as before): a process that crashes "
         "dies before its FATAL record is passed on",
         "dpkeras/_quiet.py",
-        "        self._pump = _start_pump(read, self._saved, is_noise)\n        os.close(read)\n",
+        "        self._pump = subprocess.Popen(\n"
+        '            [sys.executable, "-c", _PUMP, root, str(read), str(self._saved)],\n'
+        "            pass_fds=(read, self._saved),\n"
+        "            stdin=subprocess.DEVNULL,\n"
+        "            stdout=subprocess.DEVNULL,\n"
+        "        )\n"
+        "        os.close(read)\n",
         "        import threading\n\n"
         "        self._pump = threading.Thread(\n"
         "            target=pump, args=(read, self._saved), daemon=True\n"
@@ -1265,9 +1271,10 @@ MUTANTS = (
         "a client's filter ends on the Ctrl-C or SIGTERM that reaches the whole group: the "
         "client's last lines (its traceback) are lost",
         "dpkeras/_quiet.py",
-        "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
-        "    signal.signal(s, signal.SIG_IGN)\n",
-        "",
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n",
+        "import signal, sys\n",
         (
             "tests/test_quiet.py::"
             "test_a_client_s_filter_outlives_a_signal_to_the_group_and_passes_on_the_last_lines",
