@@ -2,12 +2,13 @@
 #   make install only that install: dpkeras from this checkout (editable) with its dev extras
 #   make bench   the benchmark on the devices found (simulated CPU devices when there is no GPU)
 #   make test    the test suite
+#   make gpu-check   where there are GPUs: the tests that need them and the benchmark on them
 #   make wheel-test  build the sdist and wheel, install the wheel in a fresh venv, smoke-test it
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test wheel-test bench lint format clean mutants keras-suite
+.PHONY: install test wheel-test bench lint format clean mutants keras-suite gpu-check
 
 $(STAMP): pyproject.toml dpkeras/_version.py
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,12 @@ keras-suite: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.compare $(ARGS)
+
+# On a machine with GPUs: the tests that skip without them and the benchmark on the GPUs (one GPU
+# is split into 2 logical GPUs), one results file, results/gpu-check/gpu-check.json; within 8
+# minutes on one GPU. Without GPUs it says so and exits 0 (benchmarks/gpu_check.py).
+gpu-check: $(STAMP)
+	$(VENV)/bin/python -m benchmarks.gpu_check $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dpkeras tests benchmarks

@@ -2,11 +2,19 @@
 
 __all__ = ["comparison_chart", "scaling_chart"]
 
-STRATEGY_ORDER = ("one_device", "dpkeras", "dpkeras_sharded", "mirrored", "central_storage")
+STRATEGY_ORDER = (
+    "one_device",
+    "dpkeras",
+    "dpkeras_hybrid",
+    "dpkeras_sharded",
+    "mirrored",
+    "central_storage",
+)
 COLOURS = {
     "one_device": "#7f7f7f",
     "dpkeras": "#1f77b4",
     "dpkeras_sharded": "#9467bd",
+    "dpkeras_hybrid": "#17becf",
     "mirrored": "#ff7f0e",
     "central_storage": "#2ca02c",
 }

@@ -40,9 +40,10 @@ flags.DEFINE_list(
 )
 flags.DEFINE_list(
     "strategies",
-    [s for s in STRATEGIES if s not in ("dpkeras_sharded", "dpkeras_no_dedup")],
+    [s for s in STRATEGIES if s not in ("dpkeras_sharded", "dpkeras_no_dedup", "dpkeras_hybrid")],
     f"Comma-separated strategies to run, of: {', '.join(STRATEGIES)}. "
-    f"dpkeras_sharded (added by --partition) is dpkeras with large weights in shards. "
+    f"dpkeras_sharded (added by --partition) is dpkeras with large weights in shards; "
+    f"dpkeras_hybrid is dpkeras with placement.hybrid() (dense variables copied per replica). "
     f"one_device is the baseline of the ratios and of the loss check.",
 )
 flags.DEFINE_integer(
@@ -139,6 +140,13 @@ flags.DEFINE_bool(
     "Default: on when --models includes dlrm.",
 )
 flags.DEFINE_bool("chart", True, "Draw the PNG chart (needs matplotlib).")
+flags.DEFINE_integer(
+    "logical_gpus",
+    0,
+    "Split the first GPU into this many logical GPUs (dpkeras.testing.split_gpu), so that "
+    "several replicas run on one GPU; the other GPUs are not used. 0: the GPUs as they are.",
+    lower_bound=0,
+)
 
 DEFAULT_CPU_REPLICAS = 3
 
@@ -164,6 +172,7 @@ class Config:
     devices: str  # "gpu" or "simulated"
     chart: bool = True
     partition: int = 0
+    logical_gpus: int = 0
 
 
 def _choices(values, valid, flag):
@@ -194,6 +203,14 @@ def _numbers(values, kind, flag):
 
 def config_from_flags(f, gpus):
     """Validates the flags against the machine (`gpus`: names of physical GPUs)."""
+    logical_gpus = f.logical_gpus
+    if logical_gpus:
+        if not gpus:
+            raise app.UsageError(
+                f"--logical_gpus={logical_gpus} splits a GPU, but no GPU was found. Without "
+                f"GPUs the benchmark splits the CPU (simulated devices): drop --logical_gpus."
+            )
+        gpus = [f"{gpus[0]} (logical {i})" for i in range(logical_gpus)]
     models = _choices(f.models, list(MODELS), "models")
     if f.scaling and not f["models"].present:
         models = ["mlp"]
@@ -242,6 +259,7 @@ def config_from_flags(f, gpus):
         devices="gpu" if gpus else "simulated",
         chart=f.chart,
         partition=f.partition,
+        logical_gpus=logical_gpus,
     )
     _check_batches(config)
     return config
@@ -278,6 +296,7 @@ def plan(config):
                 repeats=config.repeats,
                 seed=config.seed,
                 devices=config.devices,
+                logical_gpus=config.logical_gpus,
                 parameter_device=config.parameter_device,
             )
             if "one_device" in config.strategies:
@@ -423,8 +442,10 @@ def main(argv):
             f"Unexpected arguments: {' '.join(argv[1:])}. All options are --flags; see --helpfull."
         )
     started = time.perf_counter()
+    config = config_from_flags(FLAGS, machine.find_gpus())
     gpus = machine.find_gpus()
-    config = config_from_flags(FLAGS, gpus)
+    if config.logical_gpus:
+        gpus = [f"{gpus[0]} (logical {i})" for i in range(config.logical_gpus)]
     replicas = max(config.replica_counts)
     info = machine.describe(
         gpus, replicas, config.parameter_device, config.replica_counts if config.scaling else None

@@ -468,7 +468,7 @@ def scaling_tables(records):
         replicas = sorted({r["replicas"] for r in group if r["strategy"] != "one_device"})
         strategies = [
             s
-            for s in ("dpkeras", "dpkeras_sharded", "mirrored", "central_storage")
+            for s in ("dpkeras", "dpkeras_hybrid", "dpkeras_sharded", "mirrored", "central_storage")
             if any(r["strategy"] == s for r in group)
         ]
         one = _find(group, "one_device", model, size)

@@ -34,14 +34,18 @@ STRATEGIES = (
     "one_device",
     "dpkeras_sharded",
     "dpkeras_no_dedup",
+    "dpkeras_hybrid",
 )
 # dpkeras_sharded: dpkeras with large weights cut into shards over the parameter devices
 # (`PairSpec.partition`); run only when asked for (`compare.py --partition`).
 # dpkeras_no_dedup: dpkeras with DPKERAS_DEDUPLICATE=0 (every id of a lookup pulls its row);
 # `compare.py --dedup_baseline`, on by default for dlrm. dpkeras itself runs with the
 # environment's DPKERAS_DEDUPLICATE, or dpkeras's default (on).
+# dpkeras_hybrid: dpkeras with `placement.hybrid()` (dense variables copied on every replica
+# and all-reduced, tables on the parameter device); run only when asked for (make gpu-check
+# asks for it).
 DEDUPLICATION_OFF = {"dpkeras_no_dedup": "0"}
-DPKERAS_STRATEGIES = ("dpkeras", "dpkeras_sharded", "dpkeras_no_dedup")
+DPKERAS_STRATEGIES = ("dpkeras", "dpkeras_sharded", "dpkeras_no_dedup", "dpkeras_hybrid")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,8 @@ class PairSpec:
         repeats: int, timed repeats (Keras epochs of `steps` steps).
         seed: int, seed of the weights, the data and Dropout.
         devices: `"simulated"` (logical CPU devices) or `"gpu"`.
+        logical_gpus: int, with `"gpu"`: split the first GPU into this many logical GPUs
+            (`dpkeras.testing.split_gpu`) before TensorFlow starts; 0: the GPUs as they are.
         parameter_device: str, where dpkeras and central_storage keep variables.
         partition: int, for `dpkeras_sharded`: the most shards a weight is cut into (a
             `MinSizePartitioner` with 256 KiB shards at least); 0 for the other strategies.
@@ -79,6 +85,7 @@ class PairSpec:
     repeats: int = 3
     seed: int = 1234
     devices: str = "simulated"
+    logical_gpus: int = 0
     parameter_device: str = "/cpu:0"
     partition: int = 0
     data_examples: int = 4096
@@ -158,11 +165,10 @@ def make_strategy(spec):
             partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
                 min_shard_bytes=256 << 10, max_shards=max(spec.partition, 2)
             )
-        return dpkeras.ParameterDeviceStrategy(
-            compute,
-            parameter_devices if len(parameter_devices) > 1 else parameter_devices[0],
-            partitioner=partitioner,
-        )
+        where = parameter_devices if len(parameter_devices) > 1 else parameter_devices[0]
+        if spec.strategy == "dpkeras_hybrid":  # tables on `where`, dense variables copied
+            where = dpkeras.placement.hybrid(where)
+        return dpkeras.ParameterDeviceStrategy(compute, where, partitioner=partitioner)
     if spec.strategy == "mirrored":
         return tf.distribute.MirroredStrategy(compute)
     if spec.strategy == "central_storage":  # takes one device: the first
@@ -359,6 +365,8 @@ def _run(spec, progress):
             + [int(d.rsplit(":", 1)[1]) for d in parameter_device_list(spec.parameter_device)]
         )
         dpkeras.simulate_cpu_devices(highest + 1)
+    elif spec.logical_gpus:
+        dpkeras.testing.split_gpu(spec.logical_gpus)
     import keras
     import numpy as np
     import tensorflow as tf

@@ -1,9 +1,11 @@
 """Test base: every test process runs on 4 logical CPU devices; fixtures.
 
 `/cpu:0` is the parameter device; `/cpu:1`..`/cpu:3` run up to 3 replicas
-(`dpkeras.testing.cpu_strategy(n)`). The device split must happen before TensorFlow
-initialises, so it is done here, at import, once per process (pytest and each pytest-xdist
-worker). Tests that need another split run a subprocess (`dpkeras.testing.run_python`).
+(`dpkeras.testing.cpu_strategy(n)`); with `DPKERAS_TEST_LOGICAL_GPUS=n` (`make gpu-check` on
+a machine with one GPU), the GPU is split into `n` logical GPUs too. The device split must
+happen before TensorFlow initialises, so it is done here, at import, once per process (pytest
+and each pytest-xdist worker). Tests that need another split run a subprocess
+(`dpkeras.testing.run_python`).
 Helpers are imported from `dpkeras.testing` and `tests.*` modules, never from this file.
 """
 
@@ -15,6 +17,8 @@ import dpkeras  # noqa: E402
 
 NUM_CPUS = 4
 dpkeras.simulate_cpu_devices(NUM_CPUS)
+if os.environ.get("DPKERAS_TEST_LOGICAL_GPUS"):  # make gpu-check on a one-GPU machine
+    dpkeras.testing.split_gpu(int(os.environ["DPKERAS_TEST_LOGICAL_GPUS"]))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

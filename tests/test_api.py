@@ -1,12 +1,12 @@
 """The public API: names, types, defaults and configuration precedence."""
 
 import keras
-import pytest
 import tensorflow as tf
 
 import dpkeras
 from dpkeras import _tf_internals
 from dpkeras.testing import cpu_strategy, run_python
+from tests.gpu import needs_gpus
 from tests.models import build_model, make_data
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
@@ -142,7 +142,7 @@ def test_keras_workflow_unchanged_inside_and_outside_the_scope(tmp_path):
     assert (tmp_path / "m.keras").exists()
 
 
-@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs a GPU")
+@needs_gpus(1)
 def test_gpus_are_the_default_compute_devices():
     strategy = dpkeras.ParameterDeviceStrategy()
     gpus = tf.config.list_logical_devices("GPU")

@@ -22,6 +22,7 @@ from benchmarks import compare, machine, results, worker  # noqa: E402
 from benchmarks.models import MODELS  # noqa: E402
 from dpkeras._transfers import Transfer, TransferReport  # noqa: E402
 from dpkeras.testing import run_python  # noqa: E402
+from tests.gpu import needs_gpus  # noqa: E402
 
 
 def _record(strategy, model="mlp", replicas=3, sps=10.0, loss=1.0, status="ok", **extra):
@@ -191,9 +192,7 @@ def test_a_cpu_reports_no_peak_memory_whatever_its_allocator_says(monkeypatch):
     assert worker.peak_memory_by_device(["/cpu:0", "/cpu:1"]) == {"/cpu:0": None, "/cpu:1": None}
 
 
-@pytest.mark.skipif(
-    not __import__("tensorflow").config.list_physical_devices("GPU"), reason="needs a GPU"
-)
+@needs_gpus(1)
 def test_a_gpu_reports_its_peak_memory():
     assert isinstance(worker.peak_memory_by_device(["/gpu:0"])["/gpu:0"], int)
 
@@ -482,7 +481,9 @@ def _flags(present=(), **kw):
     values = dict(
         models=list(MODELS),
         strategies=[
-            s for s in worker.STRATEGIES if s not in ("dpkeras_sharded", "dpkeras_no_dedup")
+            s
+            for s in worker.STRATEGIES
+            if s not in ("dpkeras_sharded", "dpkeras_no_dedup", "dpkeras_hybrid")
         ],
         replicas=None,
         steps=None,
@@ -501,6 +502,7 @@ def _flags(present=(), **kw):
         chart=False,
         partition=0,
         dedup_baseline=False,
+        logical_gpus=0,
     )
     values.update(kw)
     return _Flags(values, present)

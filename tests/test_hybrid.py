@@ -20,6 +20,7 @@ from dpkeras import placement
 from dpkeras._extended import all_reduce
 from dpkeras.layers import DynamicEmbedding
 from dpkeras.testing import assert_weights_close, cpu_strategy
+from tests.gpu import needs_gpus
 from tests.models import assert_copies_identical, build_model, make_data, train
 
 
@@ -474,11 +475,9 @@ def test_no_device_joins_the_all_reduce_before_every_replica_has_its_gradients()
         assert {f"gradient_{i}" for i in range(len(devices))} <= ancestors, collective.device
 
 
-@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs 2 GPUs")
+@needs_gpus(2)
 def test_on_gpus_dense_layers_all_reduce_with_nccl():
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    if len(gpus) < 2:
-        pytest.skip("needs 2 GPUs")
     strategy = dpkeras.get_strategy(gpus[:2], placement.hybrid())
     expected = train("embedding")[0]
     model = train("embedding", strategy)[0]

@@ -16,6 +16,7 @@ import tensorflow as tf
 from dpkeras import _tf_internals
 from dpkeras._extended.input import InputPlan
 from dpkeras.testing import cpu_strategy
+from tests.gpu import needs_gpus
 from tests.models import build_model, make_data
 
 HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -145,9 +146,7 @@ def test_only_replicas_on_this_machines_cpus_read_whole_batches():
     assert not InputPlan([(HOST, cpus), (worker, [worker])]).reads_whole_batches()
 
 
-@pytest.mark.skipif(
-    len(tf.config.list_logical_devices("GPU")) < 2, reason="needs 2 GPUs (none on this machine)"
-)
+@needs_gpus(2)
 def test_on_gpus_fit_keeps_the_distributed_iterator_and_equals_one_device():
     import dpkeras
 

@@ -16,12 +16,15 @@ with testing.LocalCluster(ps=1, workers=2, cpus=2) as cluster:  # real servers o
   (a process splits its CPU once, before TensorFlow starts); `cpu_strategy`, the dpkeras
   strategy over simulated CPU devices, cached; `assert_weights_close`, two models' weights,
   array by array, within a tolerance;
+- `_gpus`: `split_gpu`, one GPU split into several logical GPUs (the GPU's
+  `simulate_cpu_devices`, for `make gpu-check` on a one-GPU machine);
 - `_wire`: `TrafficMeter` and `tcp_traffic`, bytes on the wire per process from the kernel's
   TCP counters.
 """
 
 from dpkeras.cluster._local import free_port, free_ports
 from dpkeras.testing._cluster import LocalCluster, serve_command, server_env
+from dpkeras.testing._gpus import split_gpu
 from dpkeras.testing._process import assert_weights_close, cpu_strategy, run_python
 from dpkeras.testing._wire import TrafficMeter, tcp_traffic
 
@@ -35,5 +38,6 @@ __all__ = [
     "run_python",
     "serve_command",
     "server_env",
+    "split_gpu",
     "tcp_traffic",
 ]
