@@ -190,6 +190,8 @@ def _components(variable):
     value = variable.value if isinstance(variable, keras.Variable) else variable
     if isinstance(value, tf.distribute.DistributedValues):
         return list(value.values)
+    if hasattr(value, "copies"):  # a dpkeras.ReplicatedVariable: one copy per replica
+        return list(value.copies)
     return list(getattr(value, "shards", [value]))  # a sharded dpkeras variable: its shards
 
 

@@ -1395,6 +1395,22 @@ MUTANTS = (
         "self._graphs = set()",
         ("tests/test_long_runs.py::test_models_fitted_and_dropped_leave_nothing_behind",),
     ),
+    Mutant(
+        "gpu-check-no-split",
+        "make gpu-check runs one GPU as one replica instead of splitting it into logical GPUs",
+        "dpkeras/testing/_gpus.py",
+        "return split if len(physical_gpus) == 1 and split > 1 else 0",
+        "return 0",
+        ("tests/test_gpu_check.py::test_one_gpu_is_split_several_are_used_as_they_are",),
+    ),
+    Mutant(
+        "bench-hybrid-not-hybrid",
+        "the benchmark's dpkeras_hybrid runs dpkeras with every variable on the parameter device",
+        "benchmarks/worker.py",
+        "where = dpkeras.placement.hybrid(where)",
+        "where = where",
+        ("tests/test_gpu_check.py::test_on_cpu_devices_it_runs_every_gpu_test_and_the_benchmark",),
+    ),
 )
 
 

@@ -102,6 +102,10 @@ def test_on_cpu_devices_it_runs_every_gpu_test_and_the_benchmark(tmp_path):
     assert sorted(r["strategy"] for r in records) == sorted(gpu_check.STRATEGIES)
     assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
     assert {r["replicas"] for r in records if r["strategy"] != "one_device"} == {2}
+    by_strategy = {r["strategy"]: r["variable_bytes_by_device"] for r in records}
+    assert set(by_strategy["dpkeras"]) == {"/cpu:0"}
+    hybrid = by_strategy["dpkeras_hybrid"]  # the MLP's dense weights: a copy on each replica
+    assert hybrid["/cpu:1"] == hybrid["/cpu:2"] > 100 * hybrid.get("/cpu:0", 0)
     assert (tmp_path / "out" / "tests.xml").exists()
     assert (tmp_path / "out" / "bench" / "bench.md").exists()
 
