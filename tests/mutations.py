@@ -1411,6 +1411,17 @@ MUTANTS = (
         "where = where",
         ("tests/test_gpu_check.py::test_on_cpu_devices_it_runs_every_gpu_test_and_the_benchmark",),
     ),
+    Mutant(
+        "tables-shared-by-name",
+        "DynamicEmbedding's hash tables shared by TensorFlow's per-process name: a client after "
+        "a killed one on the same ps is given the dead client's tables",
+        "dpkeras/_dynamic/tables.py",
+        "experimental_is_anonymous=True,",
+        "experimental_is_anonymous=False,",
+        (
+            "tests/test_cluster_reshard.py::test_a_client_after_a_killed_one_starts_with_its_own_tables",
+        ),
+    ),
 )
 
 

@@ -30,6 +30,11 @@ class ShardedHashTable:
                         value_dtype,
                         default_value=default_value,
                         name=name if i == 0 else f"{name}_{i}",
+                        # Not shared by name: an eager table's shared name is "table_<n>", n
+                        # counted per process, so a client that made its tables in the same
+                        # order as a killed client before it, on the same ps task, was given
+                        # that client's table (its ids, counts and rows) instead of a new one.
+                        experimental_is_anonymous=True,
                     )
                 )
 
