@@ -203,6 +203,27 @@ def _resolve_devices(compute_devices=None, parameter_device=None, source="argume
     return tuple(canonical), policy, home, reason
 
 
+def already_split(kind, n, call):
+    """Whether TensorFlow already runs with `n` logical devices of `kind` ("CPU", "GPU"), so
+    that `call` (the split asked for, as written) has nothing to do; False if TensorFlow has
+    not initialised its devices yet.
+
+    Raises:
+        RuntimeError: if TensorFlow has initialised with another count of them.
+    """
+    if not _tf_internals.context_initialized():
+        return False
+    current = tf.config.list_logical_devices(kind)
+    if len(current) == n:
+        return True
+    raise RuntimeError(
+        f"{call} must be called before TensorFlow initialises its devices; this process "
+        f"already runs with {len(current)} logical {kind} device(s). Call it first thing in "
+        f"the program, before any TensorFlow op or model is created (in tests: one process "
+        f"per device configuration)."
+    )
+
+
 def simulate_cpu_devices(n):
     """Splits the physical CPU into `n` logical devices, `/cpu:0` ... `/cpu:{n-1}`.
 
@@ -233,16 +254,8 @@ def simulate_cpu_devices(n):
             f"Received: n={n!r}"
         )
     cpu = tf.config.list_physical_devices("CPU")[0]
-    if _tf_internals.context_initialized():
-        current = tf.config.list_logical_devices("CPU")
-        if len(current) == n:
-            return
-        raise RuntimeError(
-            f"simulate_cpu_devices({n}) must be called before TensorFlow initialises its "
-            f"devices; this process already runs with {len(current)} logical CPU device(s). "
-            f"Call it first thing in the program, before any TensorFlow op or model is "
-            f"created (in tests: one process per device configuration)."
-        )
+    if already_split("CPU", n, f"simulate_cpu_devices({n})"):
+        return
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
     )

@@ -9,7 +9,7 @@ the test suite reads `DPKERAS_TEST_LOGICAL_GPUS` (tests/conftest.py) and the ben
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals
+from dpkeras._extended.devices import already_split
 
 DEFAULT_MEMORY_MB = 1536  # per logical GPU: the benchmark's models and the tests fit in it
 
@@ -49,15 +49,8 @@ def split_gpu(n, memory_mb=DEFAULT_MEMORY_MB):
             f"(tf.config.list_physical_devices('GPU') is empty). Without GPUs, "
             f"dpkeras.simulate_cpu_devices splits the CPU instead."
         )
-    if _tf_internals.context_initialized():
-        current = tf.config.list_logical_devices("GPU")
-        if len(current) == n:
-            return
-        raise RuntimeError(
-            f"split_gpu({n}) must be called before TensorFlow initialises its devices; this "
-            f"process already runs with {len(current)} logical GPU(s). Call it first thing in "
-            f"the program (in tests: one process per device configuration)."
-        )
+    if already_split("GPU", n, f"split_gpu({n})"):
+        return
     tf.config.set_visible_devices(gpus[:1], "GPU")
     tf.config.set_logical_device_configuration(
         gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * n
