@@ -17,7 +17,7 @@ import tensorflow as tf
 # a dataset made on the client must be serialised and rebuilt on each input host, as TF's own
 # distributed datasets do (`input_lib`); there is no public call. dpkeras also reads and edits
 # that graph before rebuilding it (`pipeline_graph`, `dataset_from_graph`), to give a random op
-# or dataset that has no seed the same seeds on every host (`dpkeras.cluster._seeds`): with
+# or dataset that has no seed the same seeds on every host (`dpkeras._input.seeds`): with
 # `replicate`'s own class (`_RemoteDataset`) and serialisation options (ExternalStatePolicy).
 from tensorflow.python.data.experimental.ops.distribute import _RemoteDataset, replicate
 
@@ -74,7 +74,7 @@ from tensorflow.python.eager import context as _context
 # variable (`variable_accessed`); there is no public way to add an edge to the tape.
 from tensorflow.python.eager.record import record_operation
 
-# Which inputs of a dataset op are its seeds (`op_inputs`, for `dpkeras.cluster._seeds`): the
+# Which inputs of a dataset op are its seeds (`op_inputs`, for `dpkeras._input.seeds`): the
 # op's registered definition; `tf.raw_ops` gives only a Python function.
 from tensorflow.python.framework import op_def_registry
 
@@ -188,7 +188,7 @@ def restore_variable(variable, restored_tensors):
 
 # -- tf.data pipelines: which transformations a dataset is made of --------------------------
 # dpkeras cuts a dataset's elements to the input hosts of a cluster before its per-element maps
-# (dpkeras/cluster/_input.py); tf.data offers no public way to see a dataset's transformations
+# (dpkeras/_input/sharding.py); tf.data offers no public way to see a dataset's transformations
 # or to apply one of them again to another input. These read the Python dataset objects'
 # private attributes (TensorFlow 2.21's `dataset_ops`); tests/test_input_sharding.py fails if a
 # standard pipeline is no longer recognised.
@@ -309,7 +309,7 @@ class MapStage:
         )
 
 
-# ---- Iterators on input hosts that feed only their own CPU (dpkeras/_extended/input.py) ----
+# ---- Iterators on input hosts that feed only their own CPU (dpkeras/_input/plan.py) ----
 # TensorFlow's distributed datasets make a `MultiDeviceIterator` per input host for every
 # iterator (every epoch) unless the replication mode is PER_REPLICA without
 # `experimental_fetch_to_device`: then `input_lib._SingleWorkerOwnedDatasetIterator` holds a
