@@ -629,7 +629,7 @@ MUTANTS = (
         "iterators-at-iter",
         "an epoch's iterator makes every worker's iterator when Keras makes it, as TensorFlow "
         "does: the iterator Keras throws away at each epoch's end costs two remote ops a worker",
-        "dpkeras/_tf_internals.py",
+        "dpkeras/_input/at_first_use.py",
         "        if self._dpkeras_shared:\n            return None\n",
         "        if True:\n            return None\n",
         (
@@ -644,8 +644,10 @@ MUTANTS = (
         "a dataset that reshuffles each iteration also makes its iterators at first use: the "
         "iterator Keras throws away no longer draws its seeds, and each later epoch's order "
         "differs from one device's",
-        "dpkeras/_tf_internals.py",
-        "            self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)\n",
+        "dpkeras/_input/at_first_use.py",
+        "            self._dpkeras_shared = any(\n"
+        "                _tf_internals.state_shared_by_iterators(p) for p in pipelines\n"
+        "            )\n",
         "            self._dpkeras_shared = False\n",
         (
             "tests/test_iterators_at_first_use.py::"

@@ -7,6 +7,9 @@ as TensorFlow's rebatching cuts it. Above `cluster/` (which task is which), belo
 
 - `plan`: `InputPlan`, which input host feeds which replicas, and the strategy's input methods
   (`experimental_distribute_dataset`, `distribute_datasets_from_function`, values);
+- `at_first_use`: TensorFlow's distributed datasets, whose epoch iterators make the input hosts'
+  iterators when first read (subclasses of TensorFlow's private classes, their overridden
+  members listed and checked in tests/test_architecture.py);
 - `sharding`: what each input host's pipeline reads and yields on a cluster, by the dataset's
   `auto_shard_policy`;
 - `seeds`: the same seeds on every input host for a pipeline's unseeded random ops;

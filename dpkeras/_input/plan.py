@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
-from dpkeras._input import seeds, sharding
+from dpkeras._input import at_first_use, seeds, sharding
 from dpkeras.cluster import _connect
 from dpkeras.cluster._spec import task_name
 
@@ -176,7 +176,7 @@ class InputPlan:
                 self.num_replicas,
             )
         if len(hosts.hosts) == 1:
-            return _tf_internals.distributed_dataset(
+            return at_first_use.distributed_dataset(
                 dataset,
                 hosts.input_workers(options),
                 strategy,
@@ -225,7 +225,7 @@ class InputPlan:
         called with its `InputContext`.
 
         An epoch's iterator makes the hosts' iterators when first read (see
-        `_tf_internals.distributed_datasets_from_function`), so the iterator Keras makes at
+        `dpkeras._input.at_first_use`), so the iterator Keras makes at
         the end of each epoch and throws away costs nothing; not for a pipeline whose
         iterators share state (a `shuffle` that reshuffles each iteration), checked on
         `source` (the dataset the hosts' pipelines copy) or else on each host's pipeline.
@@ -241,7 +241,7 @@ class InputPlan:
             )
             for i in range(len(self.hosts))
         ]
-        return _tf_internals.distributed_datasets_from_function(
+        return at_first_use.distributed_datasets_from_function(
             dataset_fn,
             self.input_workers(options),
             contexts,
