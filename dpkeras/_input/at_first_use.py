@@ -70,7 +70,8 @@ class _AtFirstUse:
     """`__iter__` of TensorFlow's distributed datasets (`input_lib`, as
     `DistributedDataset.__iter__` makes an iterator) with the hosts' iterators made at first
     use, unless the hosts' pipelines share state between iterators. Mixed into each of
-    TensorFlow's classes, which name their hosts' pipelines differently (`_per_host`)."""
+    TensorFlow's classes, which name their hosts' pipelines differently (`_per_host`); only
+    pipelines made by a function can be made anew each epoch (`_per_host_remade`)."""
 
     def __init__(self, *args, source=None, remake=None, **kwargs):
         self._dpkeras_source, self._dpkeras_shared = source, None
@@ -82,6 +83,9 @@ class _AtFirstUse:
             return super().__iter__()  # in a traced function, or not built: TensorFlow's own
         iterator = self._dpkeras_iter(self._per_host())
         return super().__iter__() if iterator is None else iterator
+
+    def _per_host_remade(self, dataset_fn):
+        raise NotImplementedError("only pipelines made by a function are made anew each epoch")
 
     def _dpkeras_iter(self, per_host):
         remake = self._dpkeras_remake
@@ -98,10 +102,8 @@ class _AtFirstUse:
 
         def make():
             hosts = per_host
-            if remake is not None:  # as TensorFlow's `__init__` makes them from `dataset_fn`
-                hosts = _tf_internals.datasets_from_function(
-                    self._input_contexts, input_workers, remake()
-                )
+            if remake is not None:
+                hosts = self._per_host_remade(remake())
             return _tf_internals.iterators_per_host(hosts, input_workers, options, self._strategy)
 
         return _IteratorAtFirstUse(
@@ -124,6 +126,12 @@ class _DatasetAtFirstUse(_AtFirstUse, _tf_internals.DistributedDataset):
 class _DatasetsFromFunctionAtFirstUse(_AtFirstUse, _tf_internals.DistributedDatasetsFromFunction):
     def _per_host(self):
         return self._datasets
+
+    def _per_host_remade(self, dataset_fn):
+        """The hosts' pipelines made by `dataset_fn`, as TensorFlow's `__init__` makes them."""
+        return _tf_internals.datasets_from_function(
+            self._input_contexts, self._input_workers, dataset_fn
+        )
 
 
 def distributed_dataset(dataset, input_workers, strategy, num_replicas_in_sync, options):
