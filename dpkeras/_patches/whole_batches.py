@@ -10,6 +10,10 @@ yields whole global batches on the host, and each replica's step runs on its sha
 (`dpkeras._input.shares.cut_whole_batch`), the rows TensorFlow's rebatching would have given it.
 Replicas on GPUs keep TensorFlow's distributed iterator, which prefetches each share into its
 device's memory.
+
+This wrapper is the entry's seam into Keras only: it finds the strategy's `InputPlan`
+(`extended_of`, which stands above `dpkeras._input`); the decision and the cut are input's
+(`InputPlan.reads_whole_batches`, `InputPlan.whole_batches`, `dpkeras._input.shares`).
 """
 
 from dpkeras._extended.extended import extended_of
