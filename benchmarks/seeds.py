@@ -3,7 +3,7 @@ r"""What an unseeded pipeline costs per epoch on a cluster, against a seeded one
 On a cluster, a pipeline whose random ops have no seed (Keras's `shuffle=True` on NumPy arrays
 without `keras.utils.set_random_seed`) gets the same fresh seeds on every worker each epoch:
 its copies on the workers are rebuilt each epoch, so the arrays travel to each worker once per
-epoch instead of once per `fit` (`dpkeras.cluster._seeds`, docs/cluster.md). This measures that
+epoch instead of once per `fit` (`dpkeras._input.seeds`, docs/cluster.md). This measures that
 cost: on a loopback cluster of 1 ps + `--workers` one-CPU workers, a small model fitted for
 `--epochs` short epochs on arrays of `--rows` x 32 float32, in turns seeded and unseeded (a
 client process each), the client's CPU and the wall time per epoch.

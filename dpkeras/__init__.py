@@ -24,7 +24,7 @@ The package, from the top down (each imports only what stands below it):
   on-cluster loop, the optimizer summing first, the `tf.gather` dispatcher, refusing a model
   compiled or trained outside its strategy), checked and reversible (`uninstall()`);
 - `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
-  variable creator, reductions, the optimizer on the sum, Keras steps, input); beside it
+  variable creator, reductions, the optimizer on the sum, Keras steps); beside it
   `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
 - `layers` and `_dynamic/`: `DynamicEmbedding`, its hash index, admission and eviction,
   new rows' initial values and optimizer slots (above `_keras_internals`, and `_variables`'s
@@ -32,8 +32,11 @@ The package, from the top down (each imports only what stands below it):
 - `_variables/`: `ParameterVariable`, `ShardedParameterVariable` and `ReplicatedVariable`,
   how replicas read and write them, lookups (each distinct id once), partitioning;
 - `placement`: placement policies; `_transfers`: counting what a step sends;
+- `_input/`: feeding the replicas (which input host feeds which replicas, each host's
+  pipeline on a cluster, the same seeds on every host, the split of a global batch into the
+  replicas' shares, the hosts' iterators made at first use), above `cluster/`;
 - at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
-  `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop, input),
+  `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop),
   `_tf_internals` and `_keras_internals` (every private TensorFlow and Keras use, each with
   its reason), `_cache` (the graph-keyed cache), `_quiet` (TensorFlow's log noise kept out of
   the commands' output), `_lazy` (this module's names imported when first used),

@@ -83,7 +83,7 @@ def replicas_by_task(devices):
     `['/job:worker/task:0/device:GPU:0', '/job:worker/task:0/device:GPU:1',
     '/job:worker/task:1/device:GPU:0']` -> `[([0, 1], '/job:worker/replica:0/task:0/device:CPU:0'),
     ([2], '/job:worker/replica:0/task:1/device:CPU:0')]`. A strategy's replicas are in task
-    order (`dpkeras._extended.input.InputPlan.by_task`), so each task is one pair.
+    order (`dpkeras._input.plan.InputPlan.by_task`), so each task is one pair.
     """
     runs = []
     for replica, device in enumerate(devices):

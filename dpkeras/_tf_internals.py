@@ -6,18 +6,22 @@ private. Keeping those uses here means a TensorFlow upgrade breaks one file, and
 `pyproject.toml` pins the TensorFlow minor version this file was checked against. Each import
 below says why no public API does it; `tests/test_architecture.py` checks that no other module
 imports TensorFlow's private modules or reads private attributes of its objects.
+
+dpkeras's classes that derive from the private classes exported here live with their concept:
+the extended class in `_extended/`, the variables in `_variables/`, input's distributed datasets
+in `_input/at_first_use.py`. What each overrides of TensorFlow's, a method or an instance
+attribute its base sets, is listed with the reason in `tests/test_architecture.py`, which fails
+if the installed TensorFlow no longer has it.
 """
 
 # ruff: noqa: F401
-import collections
-
 import tensorflow as tf
 
 # On a cluster each input host (a worker task's CPU) runs its own copy of the input pipeline:
 # a dataset made on the client must be serialised and rebuilt on each input host, as TF's own
 # distributed datasets do (`input_lib`); there is no public call. dpkeras also reads and edits
 # that graph before rebuilding it (`pipeline_graph`, `dataset_from_graph`), to give a random op
-# or dataset that has no seed the same seeds on every host (`dpkeras.cluster._seeds`): with
+# or dataset that has no seed the same seeds on every host (`dpkeras._input.seeds`): with
 # `replicate`'s own class (`_RemoteDataset`) and serialisation options (ExternalStatePolicy).
 from tensorflow.python.data.experimental.ops.distribute import _RemoteDataset, replicate
 
@@ -26,10 +30,11 @@ from tensorflow.python.data.experimental.ops.distribute import _RemoteDataset, r
 from tensorflow.python.data.ops.multi_device_iterator_ops import OwnedMultiDeviceIterator
 from tensorflow.python.data.ops.options import ExternalStatePolicy
 
-# An epoch's iterator that makes its input hosts' iterators at first use (see
-# `distributed_dataset`) derives from TensorFlow's own distributed dataset and iterator
-# classes, so `tf.function` and Keras take it as theirs, and makes the hosts' iterators as they
-# do (`_create_iterators_per_worker`).
+# An epoch's iterator that makes its input hosts' iterators at first use
+# (`dpkeras._input.at_first_use`) derives from TensorFlow's own distributed dataset and
+# iterator classes, so `tf.function` and Keras take it as theirs, and makes the hosts' datasets
+# and iterators as they do (`datasets_from_function`, `iterators_per_host`). The members of
+# these classes it overrides and reads are listed in tests/test_architecture.py.
 from tensorflow.python.distribute import input_lib as _input_lib
 
 # A strategy's extended class must derive from StrategyExtendedV1: `Strategy.run` and
@@ -54,7 +59,12 @@ from tensorflow.python.distribute.distribute_utils import regroup
 
 # Distributed datasets (rebatching a global batch into per-replica batches, prefetching to the
 # compute devices, DistributedIterator) have no public constructor.
-from tensorflow.python.distribute.input_lib import InputWorkers
+from tensorflow.python.distribute.input_lib import (
+    DistributedDataset,
+    DistributedDatasetsFromFunction,
+    DistributedIterator,
+    InputWorkers,
+)
 
 # `Strategy.run` in TF's strategies is a thread per replica, lock-stepped at `merge_call`; it
 # also turns a `tf.function` replica fn into one function holding all replicas, which Keras's
@@ -74,7 +84,7 @@ from tensorflow.python.eager import context as _context
 # variable (`variable_accessed`); there is no public way to add an edge to the tape.
 from tensorflow.python.eager.record import record_operation
 
-# Which inputs of a dataset op are its seeds (`op_inputs`, for `dpkeras.cluster._seeds`): the
+# Which inputs of a dataset op are its seeds (`op_inputs`, for `dpkeras._input.seeds`): the
 # op's registered definition; `tf.raw_ops` gives only a Python function.
 from tensorflow.python.framework import op_def_registry
 
@@ -188,7 +198,7 @@ def restore_variable(variable, restored_tensors):
 
 # -- tf.data pipelines: which transformations a dataset is made of --------------------------
 # dpkeras cuts a dataset's elements to the input hosts of a cluster before its per-element maps
-# (dpkeras/cluster/_input.py); tf.data offers no public way to see a dataset's transformations
+# (dpkeras/_input/sharding.py); tf.data offers no public way to see a dataset's transformations
 # or to apply one of them again to another input. These read the Python dataset objects'
 # private attributes (TensorFlow 2.21's `dataset_ops`); tests/test_input_sharding.py fails if a
 # standard pipeline is no longer recognised.
@@ -309,7 +319,7 @@ class MapStage:
         )
 
 
-# ---- Iterators on input hosts that feed only their own CPU (dpkeras/_extended/input.py) ----
+# ---- Iterators on input hosts that feed only their own CPU (dpkeras/_input/plan.py) ----
 # TensorFlow's distributed datasets make a `MultiDeviceIterator` per input host for every
 # iterator (every epoch) unless the replication mode is PER_REPLICA without
 # `experimental_fetch_to_device`: then `input_lib._SingleWorkerOwnedDatasetIterator` holds a
@@ -342,162 +352,29 @@ def host_iterator_kinds(distributed_iterator):
     ]
 
 
-# ---- An epoch's iterator that makes its input hosts' iterators at first use ----
-# Keras makes an epoch's iterator at each epoch's start and another at its end, which the next
-# epoch throws away (`EpochIterator._enumerate_iterator` with `steps_per_epoch=None`), and the
-# same for validation. TensorFlow's distributed datasets make every input host's iterator in
-# `__iter__`: on a cluster two ops on each worker per iterator, the largest part of the client's
-# per-epoch cost that grows with the workers (issue 31). An iterator that makes them when first
-# read makes none for the iterator Keras throws away. This is exact only where making an
-# iterator changes nothing a later one reads: tf.data makes no element before the first
-# `get_next` (maps, prefetch and interleave start at the first read), but a `shuffle` that
-# reshuffles each iteration, and `Dataset.random` that rerandomizes, draw their seeds from a
-# generator shared by the dataset's iterators when an iterator is made
-# (`state_shared_by_iterators`). tests/test_iterators_at_first_use.py fails if TensorFlow's
-# distributed datasets change in a way this relies on.
-
-_NOT_YET = object()
-_made = collections.Counter()  # "hosts": input hosts' iterators made at first use
+# ---- What `dpkeras._input.at_first_use` reuses of TensorFlow's distributed datasets ----
+# Its distributed datasets derive from TensorFlow's classes (exported above) and make each input
+# host's dataset and iterator as TensorFlow's own `__init__` and `__iter__` do; `input_lib` has
+# no public way to make them. tests/test_iterators_at_first_use.py fails if these change.
 
 
-class _IteratorAtFirstUse(_input_lib.DistributedIterator):
-    """TensorFlow's `DistributedIterator`, whose input hosts' iterators (`_iterators`, read by
-    `get_next` and by `tf.function` through its type spec's components) are made when first
-    read."""
-
-    def __init__(self, make, element_spec, **kwargs):
-        self._dpkeras_make = make
-        self._dpkeras_made = None
-        super().__init__(iterators=_NOT_YET, **kwargs)
-        self._element_spec = element_spec
-
-    @property
-    def _iterators(self):
-        if self._dpkeras_made is None:
-            # `async_scope`: each host's two ops (make an iterator, initialise it) are sent
-            # without waiting for the host to run them, and the scope waits once for all, as
-            # TensorFlow's `__iter__` waits before a multi-device function reads them (on a
-            # cluster a third less client CPU per iterator and half the time, measured at 4
-            # workers).
-            with _ops.init_scope(), tf.experimental.async_scope():
-                self._dpkeras_made = self._dpkeras_make()
-            self._dpkeras_make = None
-            _made.update(hosts=len(self._dpkeras_made))
-        return self._dpkeras_made
-
-    @_iterators.setter
-    def _iterators(self, value):
-        if value is not _NOT_YET:
-            self._dpkeras_made = value
-
-
-class _AtFirstUse:
-    """`__iter__` of TensorFlow's distributed datasets (`input_lib`, as
-    `DistributedDataset.__iter__` makes an iterator) with the hosts' iterators made at first
-    use, unless the hosts' pipelines share state between iterators. Mixed into each of
-    TensorFlow's classes, which name their hosts' pipelines differently (`_per_host`)."""
-
-    def __init__(self, *args, source=None, remake=None, **kwargs):
-        self._dpkeras_source, self._dpkeras_shared = source, None
-        self._dpkeras_remake = remake
-        super().__init__(*args, **kwargs)
-
-    def __iter__(self):
-        if not (_context.executing_eagerly() and self._built):
-            return super().__iter__()  # in a traced function, or not built: TensorFlow's own
-        iterator = self._dpkeras_iter(self._per_host())
-        return super().__iter__() if iterator is None else iterator
-
-    def _dpkeras_iter(self, per_host):
-        remake = self._dpkeras_remake
-        if remake is not None:  # each epoch's pipelines are new: they share no state
-            self._dpkeras_shared = False
-        if self._dpkeras_shared is None:
-            pipelines = [self._dpkeras_source] if self._dpkeras_source is not None else per_host
-            self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)
-        if self._dpkeras_shared:
-            return None
-        canonicalize = getattr(self._strategy, "_canonicalize_devices", True)
-        input_workers, options = self._input_workers, self._options
-
-        def make():
-            hosts = per_host
-            if remake is not None:  # as TensorFlow's `__init__` makes them from `dataset_fn`
-                hosts, _ = _input_lib._create_datasets_from_function_with_input_context(
-                    self._input_contexts, input_workers, remake()
-                )
-            return _input_lib._create_iterators_per_worker(
-                hosts, input_workers, options=options, canonicalize_devices=canonicalize
-            )
-
-        return _IteratorAtFirstUse(
-            make,
-            self._element_spec,
-            input_workers=input_workers,
-            strategy=self._strategy,
-            cardinality=self._cardinality,
-            enable_get_next_as_optional=self._enable_get_next_as_optional,
-            options=options,
-            replica_order=self._replica_order,
-        )
-
-
-class _DatasetAtFirstUse(_AtFirstUse, _input_lib.DistributedDataset):
-    def _per_host(self):
-        return self._cloned_datasets
-
-
-class _DatasetsFromFunctionAtFirstUse(_AtFirstUse, _input_lib.DistributedDatasetsFromFunction):
-    def _per_host(self):
-        return self._datasets
-
-
-def distributed_dataset(dataset, input_workers, strategy, num_replicas_in_sync, options):
-    """TensorFlow's distributed dataset of `dataset` (`input_util.get_distributed_dataset`, as
-    TF's own strategies make it), whose iterators make their input hosts' iterators at first
-    use unless its pipeline's iterators share state (`state_shared_by_iterators`)."""
-    return _DatasetAtFirstUse(
-        input_workers,
-        strategy,
-        dataset,
-        num_replicas_in_sync=num_replicas_in_sync,
-        options=options,
-        source=dataset,
+def datasets_from_function(input_contexts, input_workers, dataset_fn):
+    """Each input host's dataset from `dataset_fn`, as TensorFlow's
+    `DistributedDatasetsFromFunction.__init__` makes them."""
+    datasets, _ = _input_lib._create_datasets_from_function_with_input_context(
+        input_contexts, input_workers, dataset_fn
     )
+    return datasets
 
 
-def distributed_datasets_from_function(
-    dataset_fn, input_workers, input_contexts, strategy, options, source=None, remake=None
-):
-    """TensorFlow's distributed dataset of one pipeline per input host
-    (`input_util.get_distributed_datasets_from_function`), whose iterators make their input
-    hosts' iterators at first use unless the pipelines' iterators share state: checked on
-    `source`, the dataset the hosts' pipelines copy (their copies cannot be walked), or else on
-    each host's pipeline. With `remake`, each iterator made eagerly reads pipelines made anew,
-    at first use, by the `dataset_fn` that `remake()` returns (TensorFlow's own iterator, in a
-    traced function, reads those `dataset_fn` made)."""
-    return _DatasetsFromFunctionAtFirstUse(
-        input_workers,
-        strategy,
-        input_contexts=input_contexts,
-        dataset_fn=dataset_fn,
-        options=options,
-        source=source,
-        remake=remake,
+def iterators_per_host(per_host, input_workers, options, strategy):
+    """Each input host's iterator of its dataset (`per_host`), as TensorFlow's distributed
+    datasets' `__iter__` makes them (`_create_iterators_per_worker`), with the strategy's
+    device canonicalisation (`_canonicalize_devices`, True when the strategy has none)."""
+    canonicalize = getattr(strategy, "_canonicalize_devices", True)
+    return _input_lib._create_iterators_per_worker(
+        per_host, input_workers, options=options, canonicalize_devices=canonicalize
     )
-
-
-def host_iterators_made(distributed_iterator):
-    """Whether a distributed iterator's input hosts' iterators exist yet."""
-    if isinstance(distributed_iterator, _IteratorAtFirstUse):
-        return distributed_iterator._dpkeras_made is not None
-    return True
-
-
-def host_iterators_made_at_first_use():
-    """How many input hosts' iterators this process has made at first use (a count over every
-    epoch's iterator, for tests)."""
-    return _made["hosts"]
 
 
 def state_shared_by_iterators(dataset):

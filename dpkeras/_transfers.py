@@ -9,7 +9,7 @@ import tensorflow as tf
 from dpkeras import _sizes as sizes
 from dpkeras import _tf_internals
 from dpkeras._device_names import canonical_device, short_device
-from dpkeras._extended import keras_steps
+from dpkeras._input import shares
 from dpkeras.cluster import _loop
 
 _COLLECTIVE_OPS = (
@@ -24,10 +24,10 @@ _COLLECTIVE_OPS = (
 )
 
 
-# A step's batch: the replicas' shares (`keras_steps.BATCH_SHARE_SCOPE`, made unique by a
+# A step's batch: the replicas' shares (`shares.BATCH_SHARE_SCOPE`, made unique by a
 # suffix), or what the step's iterator yields.
 _BATCH = re.compile(
-    rf"(^|/)({keras_steps.BATCH_SHARE_SCOPE}(_\d+)?/|(IteratorGetNext|OptionalGetValue)(_\d+)?$)"
+    rf"(^|/)({shares.BATCH_SHARE_SCOPE}(_\d+)?/|(IteratorGetNext|OptionalGetValue)(_\d+)?$)"
 )
 
 

@@ -283,8 +283,8 @@ MUTANTS = (
     Mutant(
         "auto-shard",
         "on a cluster, AUTO does not split the input: every worker maps every element (exact)",
-        "dpkeras/_extended/input.py",
-        "        pipelines = _input.host_pipelines(dataset, ranges, self.num_replicas)\n",
+        "dpkeras/_input/plan.py",
+        "        pipelines = sharding.host_pipelines(dataset, ranges, self.num_replicas)\n",
         "        pipelines = None\n",
         (
             "tests/test_cluster_loop.py::"
@@ -295,7 +295,7 @@ MUTANTS = (
         "last-group",
         "the workers' pipelines end before the last, short batch: with 4 steps and K=3, the "
         "last group of steps is dropped",
-        "dpkeras/cluster/_input.py",
+        "dpkeras/_input/sharding.py",
         "    last = 0 if full is None or cut.drop_remainder else cut.elements % b\n",
         "    last = 0\n",
         ("tests/test_cluster_loop.py::test_every_steps_per_execution_equals_one_process[3]",),
@@ -340,7 +340,7 @@ MUTANTS = (
     Mutant(
         "python-on-workers",
         "a pipeline that calls Python is sent to the workers, which have no Python for it",
-        "dpkeras/_extended/input.py",
+        "dpkeras/_input/plan.py",
         "        if len(self.hosts) > 1 and _tf_internals.runs_python(dataset):\n",
         "        if False:\n",
         (
@@ -351,7 +351,7 @@ MUTANTS = (
     Mutant(
         "cluster-sparse-slices",
         "on a cluster, a global batch's SparseTensor is sliced with [lo:hi] (which it refuses)",
-        "dpkeras/_extended/batch_rows.py",
+        "dpkeras/_input/batch_rows.py",
         "    if isinstance(x, tf.SparseTensor):\n        lo, hi =",
         "    if False:\n        lo, hi =",
         ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[sparse]",),
@@ -359,7 +359,7 @@ MUTANTS = (
     Mutant(
         "cluster-none-rows",
         "on a cluster, a global batch's rows are counted on its first component, even None",
-        "dpkeras/cluster/_input.py",
+        "dpkeras/_input/sharding.py",
         "rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)",
         "rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]",
         ("tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[none]",),
@@ -529,7 +529,7 @@ MUTANTS = (
         "cluster-epoch-iterators",
         "on a cluster of one-CPU workers, each epoch's iterator is a MultiDeviceIterator per "
         "worker again (six functions traced per worker per iterator, on the client)",
-        "dpkeras/_extended/input.py",
+        "dpkeras/_input/plan.py",
         "        if not self.feeds_only_its_own_cpu():\n            return options\n",
         "        if True:\n            return options\n",
         (
@@ -629,7 +629,7 @@ MUTANTS = (
         "iterators-at-iter",
         "an epoch's iterator makes every worker's iterator when Keras makes it, as TensorFlow "
         "does: the iterator Keras throws away at each epoch's end costs two remote ops a worker",
-        "dpkeras/_tf_internals.py",
+        "dpkeras/_input/at_first_use.py",
         "        if self._dpkeras_shared:\n            return None\n",
         "        if True:\n            return None\n",
         (
@@ -644,8 +644,10 @@ MUTANTS = (
         "a dataset that reshuffles each iteration also makes its iterators at first use: the "
         "iterator Keras throws away no longer draws its seeds, and each later epoch's order "
         "differs from one device's",
-        "dpkeras/_tf_internals.py",
-        "            self._dpkeras_shared = any(state_shared_by_iterators(p) for p in pipelines)\n",
+        "dpkeras/_input/at_first_use.py",
+        "            self._dpkeras_shared = any(\n"
+        "                _tf_internals.state_shared_by_iterators(p) for p in pipelines\n"
+        "            )\n",
         "            self._dpkeras_shared = False\n",
         (
             "tests/test_iterators_at_first_use.py::"
@@ -656,7 +658,7 @@ MUTANTS = (
         "input-filter-per-element",
         "each worker picks its rows of a dense source with a predicate per element again: a "
         "function call on every worker for every element of the dataset",
-        "dpkeras/cluster/_input.py",
+        "dpkeras/_input/sharding.py",
         "    if _batchable(cut.source.element_spec):\n",
         "    if False:\n",
         (
@@ -753,7 +755,7 @@ MUTANTS = (
         "host-split-last-as-full",
         "a host feeding several replicas cuts the last, partial, global batch as if it were full: "
         "its replicas' rows are wrong (2, 0 for 1, 1), their concatenation still right",
-        "dpkeras/cluster/_input.py",
+        "dpkeras/_input/sharding.py",
         "rows = b if full is None else tf.where(index < full, b, last)",
         "rows = b",
         (
@@ -765,9 +767,9 @@ MUTANTS = (
         "whole-batch-last-replicas",
         "the whole-batch cut of a batch of known rows gives the extra rows to the last replicas "
         "(3, 4 for 7 rows over 2)",
-        "dpkeras/_extended/keras_steps.py",
-        "bounds = [_input.replica_start(r, total, n) for r in range(n + 1)]",
-        "bounds = [total - _input.replica_start(n - r, total, n) for r in range(n + 1)]",
+        "dpkeras/_input/shares.py",
+        "bounds = [replica_start(r, total, n) for r in range(n + 1)]",
+        "bounds = [total - replica_start(n - r, total, n) for r in range(n + 1)]",
         (
             "tests/test_whole_batches.py::"
             "test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch",
@@ -776,9 +778,9 @@ MUTANTS = (
     Mutant(
         "whole-batch-last-replicas-in-graph",
         "the same break for a batch whose rows are known only when it is read (the epoch loop)",
-        "dpkeras/_extended/keras_steps.py",
-        "bounds = [_input.replica_start_in_graph(r, total, n) for r in range(n + 1)]",
-        "bounds = [total - _input.replica_start_in_graph(n - r, total, n) for r in range(n + 1)]",
+        "dpkeras/_input/shares.py",
+        "bounds = [replica_start_in_graph(r, total, n) for r in range(n + 1)]",
+        "bounds = [total - replica_start_in_graph(n - r, total, n) for r in range(n + 1)]",
         (
             "tests/test_whole_batches.py::"
             "test_the_first_replicas_take_the_extra_rows_of_an_uneven_batch",
@@ -942,7 +944,7 @@ MUTANTS = (
         "unseeded-copies",
         "each input host's copy of a pipeline with unseeded random ops draws its own seeds (the "
         "cause of issue 40's lost errors: workers shuffle Keras's arrays differently)",
-        "dpkeras/_extended/input.py",
+        "dpkeras/_input/plan.py",
         "copy = source.copy(hosts[i], graph_def)",
         "copy = source.copy(hosts[i])",
         (
@@ -956,8 +958,8 @@ MUTANTS = (
         "unseeded-source-cut",
         "AUTO cuts a pipeline whose source shuffles without a seed: each host maps the elements "
         "of its own order",
-        "dpkeras/cluster/_input.py",
-        "if cut is None or _seeds.Pipeline.of(cut.source).ops:",
+        "dpkeras/_input/sharding.py",
+        "if cut is None or seeds.Pipeline.of(cut.source).ops:",
         "if cut is None:",
         (
             "tests/test_cluster_step_errors.py::"
@@ -968,7 +970,7 @@ MUTANTS = (
         "unseeded-once-per-fit",
         "an unseeded pipeline's copies share seeds drawn once per fit: Keras's arrays in one "
         "order every epoch",
-        "dpkeras/_extended/input.py",
+        "dpkeras/_input/plan.py",
         "remake=each_epoch if unseeded else None",
         "remake=None",
         (
@@ -979,7 +981,7 @@ MUTANTS = (
     Mutant(
         "unseeded-same-every-epoch",
         "an unseeded pipeline gets the same seeds every epoch: Keras's arrays in one order",
-        "dpkeras/cluster/_seeds.py",
+        "dpkeras/_input/seeds.py",
         "return random.SystemRandom().randrange(1, 2**62)",
         "return 12345",
         (

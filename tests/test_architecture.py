@@ -1,11 +1,13 @@
 """The shape of the package: no import cycles, private TF/Keras only in the internals
 modules (imports, attributes and overridden hooks), small modules and classes, one formatter.
 
-Parsed from the source with `ast`, except the check of overridden TensorFlow and Keras hooks,
-which imports dpkeras to see its classes' bases.
+Parsed from the source with `ast`, except the checks of TensorFlow and Keras members that
+dpkeras's classes override or read, which import dpkeras to see its classes' bases (and parse
+the bases' source for the instance attributes they set).
 """
 
 import ast
+import inspect
 import os
 import re
 import shutil
@@ -276,6 +278,61 @@ PRIVATE_HOOKS_OVERRIDDEN = {
         },
         _CHECKPOINT_PROTOCOL,
     ),
+    "_IteratorAtFirstUse": (
+        {"_iterators", "_element_spec"},
+        "TensorFlow's DistributedIterator keeps its input hosts' iterators in the instance "
+        "attribute `_iterators` (read by `get_next` and by `tf.function` through its type spec): "
+        "a property in its place makes them when first read. `_element_spec` is set after "
+        "`__init__`, as TensorFlow's `DistributedDataset.__iter__` sets it on its iterator",
+    ),
+}
+
+# TensorFlow and Keras private members that dpkeras classes read through `self` without
+# overriding them (the state TensorFlow's `__init__` leaves, methods of the base), each with its
+# reason; each must still be TensorFlow's.
+_AT_FIRST_USE = (
+    "`__iter__` makes the iterator TensorFlow's own `__iter__` would make, from what TensorFlow's "
+    "`__init__` keeps: the hosts' pipelines, input hosts, options, strategy and spec"
+)
+PRIVATE_MEMBERS_READ = {
+    "ParameterDeviceExtended": (
+        {"_container_strategy", "_local_results"},
+        "StrategyExtendedV1's own answers: the strategy this extended class belongs to, and a "
+        "distributed value's per-replica components",
+    ),
+    "ReplicatedVariable": (
+        {"_handle"},
+        "each copy's resource handle, the one TensorFlow's resource variable reads and writes",
+    ),
+    "_DatasetAtFirstUse": (
+        {
+            "_built",
+            "_cardinality",
+            "_cloned_datasets",
+            "_element_spec",
+            "_enable_get_next_as_optional",
+            "_input_workers",
+            "_options",
+            "_replica_order",
+            "_strategy",
+        },
+        _AT_FIRST_USE,
+    ),
+    "_DatasetsFromFunctionAtFirstUse": (
+        {
+            "_built",
+            "_cardinality",
+            "_datasets",
+            "_element_spec",
+            "_enable_get_next_as_optional",
+            "_input_contexts",
+            "_input_workers",
+            "_options",
+            "_replica_order",
+            "_strategy",
+        },
+        _AT_FIRST_USE,
+    ),
 }
 
 
@@ -299,22 +356,91 @@ def _dpkeras_classes_over_tf_and_keras():
 PRIVATE_OWNERS = ("tensorflow", "keras")
 
 
-def test_overridden_private_hooks_are_listed_and_still_exist():
+def _on_self(cls, assigned):
+    """Names of `self.x` in `cls`'s own source: those assigned (`self._x = ...`, instance
+    attributes, which `vars(cls)` does not show) or, with `assigned=False`, all of them. Empty
+    when the source cannot be read (a class written in C)."""
+    try:
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return set()
+    nodes = ast.walk(tree)
+    if assigned:
+        nodes = [
+            node
+            for statement in ast.walk(tree)
+            if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+            for target in getattr(statement, "targets", [getattr(statement, "target", None)])
+            for node in ast.walk(target)
+        ]
+    return {
+        node.attr
+        for node in nodes
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+
+
+def _members(cls):
+    """A class's own members: its attributes and the instance attributes its source sets."""
+    return set(vars(cls)) | _on_self(cls, assigned=True)
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__") and name != "_abc_impl"
+
+
+def _listed(table):
     listed = {}
-    for owner, (names, _reason) in PRIVATE_HOOKS_OVERRIDDEN.items():
+    for owner, (names, _reason) in table.items():
         listed.setdefault(owner.strip(), set()).update(names)
+    return listed
+
+
+def test_overridden_private_hooks_are_listed_and_still_exist():
     overridden = {}
     for class_name, (cls, bases) in _dpkeras_classes_over_tf_and_keras().items():
         own = [k for k in cls.__mro__ if k.__module__.startswith("dpkeras")]  # mixins too
-        for attribute in {a for k in own for a in vars(k)}:
-            if attribute.startswith("_") and not attribute.startswith("__"):
-                if attribute != "_abc_impl" and any(attribute in vars(b) for b in bases):
-                    overridden.setdefault(class_name, set()).add(attribute)
+        theirs = {a for b in bases for a in _members(b)}
+        for attribute in {a for k in own for a in _members(k)}:
+            if _private(attribute) and attribute in theirs:
+                overridden.setdefault(class_name, set()).add(attribute)
+    listed = _listed(PRIVATE_HOOKS_OVERRIDDEN)
     assert overridden == listed, (
         "dpkeras overrides a private TensorFlow/Keras member that is not listed (list it, with "
         "the reason), or a listed one is no longer overridden or no longer exists in the "
         f"installed TensorFlow/Keras: overridden {overridden}, listed {listed}"
     )
+
+
+def test_private_members_read_through_self_are_listed_and_still_exist():
+    read, gone = {}, {}
+    for class_name, (cls, bases) in _dpkeras_classes_over_tf_and_keras().items():
+        own = [k for k in cls.__mro__ if k.__module__.startswith("dpkeras")]  # mixins too
+        ours = {a for k in own for a in _members(k)}
+        theirs = {a for b in bases for a in _members(b)}
+        for attribute in {a for k in own for a in _on_self(k, assigned=False)} - ours:
+            if _private(attribute):
+                read.setdefault(class_name, set()).add(attribute)
+                if attribute not in theirs:
+                    gone.setdefault(class_name, set()).add(attribute)
+    listed = _listed(PRIVATE_MEMBERS_READ)
+    assert read == listed and not gone, (
+        "a dpkeras class reads a private TensorFlow/Keras member through `self` that is not "
+        "listed (list it, with the reason), a listed one is no longer read, or one is no longer "
+        f"TensorFlow's: read {read}, listed {listed}, no longer TensorFlow's {gone}"
+    )
+
+
+def test_the_hook_checks_see_instance_attributes():
+    """TensorFlow's DistributedIterator sets `_iterators` in `__init__`: not in `vars()`."""
+    from dpkeras import _tf_internals
+
+    iterator = _tf_internals.DistributedIterator
+    assert "_iterators" not in vars(iterator)
+    assert "_iterators" in _members(iterator)
+    assert "_iterators" in _on_self(iterator, assigned=False)
 
 
 # -- the public API: stated once ------------------------------------------------------------

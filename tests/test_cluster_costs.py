@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 from dpkeras import _tf_internals
+from dpkeras._input import at_first_use
 from dpkeras.testing import LocalCluster, server_env
 
 CLIENT_TIMEOUT = 300
@@ -29,6 +30,7 @@ import json
 import numpy as np
 import dpkeras, keras, tensorflow as tf
 from dpkeras import _tf_internals
+from dpkeras._input import at_first_use
 
 SPEC = json.loads({spec!r})
 strategy = dpkeras.get_strategy(cluster=SPEC)
@@ -49,7 +51,7 @@ class Count(keras.callbacks.Callback):
 
     def mark(self):
         self.at_begin.append(
-            (_tf_internals.function_names(), _tf_internals.host_iterators_made_at_first_use()))
+            (_tf_internals.function_names(), at_first_use.host_iterators_made_at_first_use()))
 
     def on_epoch_begin(self, epoch, logs=None):
         self.mark()
@@ -134,7 +136,7 @@ def test_the_plain_iterator_options_give_a_plain_iterator():
     contexts = [_tf_internals.InputContext(1, 0, 1)]
 
     def kinds(options):
-        distributed = _tf_internals.distributed_datasets_from_function(
+        distributed = at_first_use.distributed_datasets_from_function(
             lambda _: tf.data.Dataset.range(6).batch(2), workers, contexts, strategy, options
         )
         iterator = iter(distributed)

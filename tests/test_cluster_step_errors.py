@@ -6,7 +6,7 @@ training, in 1-3 of 8-10 fits. The cause was not a lost error: Keras's `shuffle=
 default) on NumPy arrays, with no `keras.utils.set_random_seed`, shuffled each worker's copy
 of the arrays in another order, so each worker's slice of a "global batch" came from another
 permutation: some rows were trained twice in an epoch and others not at all, the failing row
-among them. `dpkeras.cluster._seeds` now gives each epoch's copies the same fresh seeds.
+among them. `dpkeras._input.seeds` now gives each epoch's copies the same fresh seeds.
 
 One client process runs every case (`results`); the module starts one cluster. Nothing here
 sets a global seed: the unseeded pipeline is what is tested.

@@ -1,4 +1,4 @@
-"""Each input host's share of the input (`dpkeras.cluster._input`), checked on one machine.
+"""Each input host's share of the input (`dpkeras._input.sharding`), checked on one machine.
 
 Each host's pipeline is run here as its worker task would run it; concatenated in replica
 order, the hosts' per-replica batches must be the global batches, and under AUTO each host
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from dpkeras import _tf_internals
-from dpkeras.cluster import _input
+from dpkeras._input import sharding
 
 Policy = tf.data.experimental.AutoShardPolicy
 
@@ -25,7 +25,7 @@ def _with_policy(dataset, policy):
 def _pipelines(make, ranges, replicas):
     """Input host h's pipeline, each from a dataset of its own (as each worker task
     deserialises its own copy), or None for the whole-pipeline fallback."""
-    built = [_input.host_pipelines(make(), ranges, replicas) for _ in ranges]
+    built = [sharding.host_pipelines(make(), ranges, replicas) for _ in ranges]
     return None if built[0] is None else [built[w][w] for w in range(len(ranges))]
 
 
@@ -164,7 +164,7 @@ def test_data_keeps_each_hosts_slices_of_the_whole_pipeline():
     batch, 3 rows, is 1, 1, 1, 0."""
     make = lambda: _elements(23).batch(10)  # noqa: E731
     ranges = [(0, 1), (1, 4)]
-    pipelines = [_input.host_slices(make(), first, end, 4) for first, end in ranges]
+    pipelines = [sharding.host_slices(make(), first, end, 4) for first, end in ranges]
     assert _assert_slices_make_the_global_batches(make, ranges, 4, pipelines) == 3
 
 
@@ -192,11 +192,11 @@ def test_file_gives_each_worker_its_files_and_its_share_of_each_step(tmp_path):
 
 def test_file_without_files_and_hint_are_clear_errors():
     with pytest.raises(ValueError, match=r"auto_shard_policy=FILE needs a dataset that reads"):
-        _input.host_pipelines(
+        sharding.host_pipelines(
             _with_policy(_elements(30).batch(4), Policy.FILE), [(0, 1), (1, 2)], 2
         )
     with pytest.raises(NotImplementedError, match=r"auto_shard_policy=HINT is not supported"):
-        _input.host_pipelines(
+        sharding.host_pipelines(
             _with_policy(_elements(30).batch(4), Policy.HINT), [(0, 1), (1, 2)], 2
         )
 

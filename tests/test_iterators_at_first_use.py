@@ -1,5 +1,5 @@
 """An epoch's iterator makes its input hosts' iterators when first read
-(`_tf_internals.distributed_dataset` and `distributed_datasets_from_function`).
+(`dpkeras._input.at_first_use`).
 
 Keras makes an iterator at each epoch's start and another at its end that the next epoch throws
 away, for training and for validation. On a cluster, each worker's iterator is two remote ops
@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from dpkeras import _tf_internals
+from dpkeras._input import at_first_use
 from dpkeras.testing import cpu_strategy
 
 DEVICES = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in (1, 2)]
@@ -39,20 +40,20 @@ def _values(element):
 def test_nothing_is_made_before_the_first_read_and_the_elements_are_tensorflows():
     strategy = cpu_strategy(2)
     distributed = strategy.experimental_distribute_dataset(_dataset())
-    before = _tf_internals.host_iterators_made_at_first_use()
+    before = at_first_use.host_iterators_made_at_first_use()
     thrown_away = iter(distributed)  # as Keras's end-of-epoch iterator
     iterator = iter(distributed)
-    assert not _tf_internals.host_iterators_made(thrown_away)
-    assert not _tf_internals.host_iterators_made(iterator)
-    assert _tf_internals.host_iterators_made_at_first_use() == before
+    assert not at_first_use.host_iterators_made(thrown_away)
+    assert not at_first_use.host_iterators_made(iterator)
+    assert at_first_use.host_iterators_made_at_first_use() == before
 
     mirrored = tf.distribute.MirroredStrategy(DEVICES)
     reference = iter(mirrored.experimental_distribute_dataset(_dataset()))
     for _ in range(3):
         assert _values(next(iterator)) == _values(next(reference))
-    assert _tf_internals.host_iterators_made(iterator)
-    assert not _tf_internals.host_iterators_made(thrown_away)
-    assert _tf_internals.host_iterators_made_at_first_use() == before + 1  # one input host
+    assert at_first_use.host_iterators_made(iterator)
+    assert not at_first_use.host_iterators_made(thrown_away)
+    assert at_first_use.host_iterators_made_at_first_use() == before + 1  # one input host
     with pytest.raises(StopIteration):
         next(iterator)
 
@@ -73,15 +74,15 @@ def test_a_tf_function_takes_it_as_tensorflows_iterator_without_retracing():
         return sum(float(v) for v in strategy.experimental_local_results(step(iterator)))
 
     iterator = iter(strategy.experimental_distribute_dataset(_dataset()))
-    assert not _tf_internals.host_iterators_made(iterator)
+    assert not at_first_use.host_iterators_made(iterator)
     first, second = total(iterator), total(iterator)
-    assert _tf_internals.host_iterators_made(iterator)
+    assert at_first_use.host_iterators_made(iterator)
     x = np.arange(48, dtype="float32").reshape(12, 4)
     assert (first, second) == (x[:4].sum() + x[:4, 0].sum(), x[4:8].sum() + x[4:8, 0].sum())
 
     once = _dataset().shuffle(12, seed=1, reshuffle_each_iteration=True)
     made_at_once = iter(strategy.experimental_distribute_dataset(once))
-    assert _tf_internals.host_iterators_made(made_at_once)
+    assert at_first_use.host_iterators_made(made_at_once)
     total(made_at_once)
     assert len(traces) == 1
 

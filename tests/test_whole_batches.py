@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from dpkeras import _tf_internals
-from dpkeras._extended.input import InputPlan
+from dpkeras._input.plan import InputPlan
 from dpkeras.testing import cpu_strategy
 from tests.gpu import needs_gpus
 from tests.models import build_model, make_data

@@ -7,10 +7,9 @@
 - `cross_replica`: `CrossReplicaHooks`, TensorFlow's reduce, broadcast and update hooks, each
   where its value is consumed;
 - `keras_steps`: what a Keras step needs around it (model check, uneven batches, "finite?");
-- `batch_rows`: a batch's rows, whatever its components (dense, ragged, sparse, None);
 - `optimizer_apply`: the optimizer applies the summed gradient once (once per copy of the
   replicated variables);
-- `all_reduce`: replicated variables' gradients summed among the compute devices;
-- `input`: feeding the replicas, one input pipeline per input host (what each host's pipeline
-  reads on a cluster is `dpkeras.cluster._input`).
+- `all_reduce`: replicated variables' gradients summed among the compute devices.
+
+Feeding the replicas is `dpkeras._input`, one floor below.
 """

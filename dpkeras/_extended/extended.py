@@ -18,8 +18,9 @@ from dpkeras._device_names import canonical_device, short_device
 from dpkeras._extended import devices, keras_steps, optimizer_apply
 from dpkeras._extended.creator import VariableCreator
 from dpkeras._extended.cross_replica import CrossReplicaHooks
-from dpkeras._extended.input import InputPlan
 from dpkeras._extended.reductions import ReductionLedger
+from dpkeras._input import shares
+from dpkeras._input.plan import InputPlan
 from dpkeras._variables import replica_step
 from dpkeras._variables.replicated import ReplicatedVariable
 from dpkeras._variables.sharded import PLACED_TYPES, ShardedParameterVariable
@@ -236,7 +237,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         replica's input tensors, so writes without a data dependency wait for them. A Keras
         step given one whole batch (`train_on_batch` and its kin, or Keras's epoch loop on CPU
         replicas, `dpkeras._patches.whole_batches`) runs each replica on its share of it
-        (`keras_steps.shares_of_a_whole_batch`). A predict step does not run the model on a
+        (`dpkeras._input.shares.cut_whole_batch`). A predict step does not run the model on a
         replica's empty share of a batch (`keras_steps.safe_with_an_empty_share`). After
         Keras's LossScaleOptimizer asks each replica whether its gradients are finite, the
         answer is made global (Keras reads replica 0's answer only).
@@ -246,9 +247,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         if model is not None:
             keras_steps.check_model_variables(model, self)
             if n > 1 and keras_steps.is_whole_batch(args, kwargs):
-                args, kwargs = keras_steps.shares_of_a_whole_batch(
-                    args, kwargs, n, self._input.local_host
-                )
+                args, kwargs = shares.cut_whole_batch(args, kwargs, n, self._input.local_host)
         state = replica_step.StepState(
             gradient_weights=(
                 keras_steps.gradient_weights(args, self._local_results, n, self._parameter_device)

@@ -7,9 +7,13 @@ TensorFlow's distributed iterator traces functions for every device it feeds as 
 where no strategy pays ~0.01 s for `iter(dataset)`. When the replicas are this machine's CPUs
 (`InputPlan.reads_whole_batches`), the epoch iterator keeps the dataset itself: its iterator
 yields whole global batches on the host, and each replica's step runs on its share of the batch
-(`keras_steps.shares_of_a_whole_batch`), the rows TensorFlow's rebatching would have given it.
+(`dpkeras._input.shares.cut_whole_batch`), the rows TensorFlow's rebatching would have given it.
 Replicas on GPUs keep TensorFlow's distributed iterator, which prefetches each share into its
 device's memory.
+
+This wrapper is the entry's seam into Keras only: it finds the strategy's `InputPlan`
+(`extended_of`, which stands above `dpkeras._input`); the decision and the cut are input's
+(`InputPlan.reads_whole_batches`, `InputPlan.whole_batches`, `dpkeras._input.shares`).
 """
 
 from dpkeras._extended.extended import extended_of

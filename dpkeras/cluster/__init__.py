@@ -15,8 +15,6 @@ The package, one concept a module:
   without connecting;
 - `_task`: joining a cluster (`join`): this process's role under `TF_CONFIG`, and serving it;
 - `_loop`: the on-cluster loop (a step function coordinated by a task);
-- `_input`: each input host's pipeline, by the dataset's `auto_shard_policy`;
-- `_seeds`: the same seeds on every input host for a pipeline's unseeded random ops;
 - `_local`: a cluster's tasks as processes of this machine (free ports, children).
 """
 

@@ -8,10 +8,9 @@ cluster each worker task's host CPU for that task's replicas, so batches do not 
 the client; a pipeline that calls Python (`py_function`, `numpy_function`, `from_generator`)
 runs in this process, where its Python is, and feeds every replica.
 
-Input is two modules, one concept each: this one is the strategy's side (which input host
-feeds which replicas, the `tf.distribute` input methods, TensorFlow's distributed datasets);
-`dpkeras.cluster._input` is what each input host's pipeline reads and yields on a cluster, by
-the dataset's `auto_shard_policy`.
+This module is the strategy's side of input (which input host feeds which replicas, the
+`tf.distribute` input methods); what each host's pipeline yields on a cluster is
+`dpkeras._input.sharding`.
 """
 
 import contextlib
@@ -22,7 +21,8 @@ import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
-from dpkeras.cluster import _connect, _input, _seeds
+from dpkeras._input import at_first_use, seeds, sharding
+from dpkeras.cluster import _connect
 from dpkeras.cluster._spec import task_name
 
 _log = logging.getLogger("dpkeras")
@@ -82,7 +82,7 @@ class InputPlan:
     def whole_batches(self):
         """In the block, `distribute_dataset` on this thread checks the dataset and returns it
         as it is: its iterator yields whole global batches, and a Keras step handed one whole
-        batch runs each replica on its share (`keras_steps.shares_of_a_whole_batch`)."""
+        batch runs each replica on its share (`dpkeras._input.shares.cut_whole_batch`)."""
         saved = getattr(_state, "whole", False)
         _state.whole = True
         try:
@@ -157,7 +157,7 @@ class InputPlan:
         On one input host, TensorFlow rebatches the global batch over the replicas. On several
         (a cluster), each input host runs a pipeline that feeds its own replicas their
         contiguous slices of each global batch: by default each host maps only the elements
-        of its slices (see `dpkeras.cluster._input` for the policies). TensorFlow's own
+        of its slices (see `dpkeras._input.sharding` for the policies). TensorFlow's own
         multi-worker rebatching interleaves the hosts' slices (rows 0-1 and 4-5 to worker 0,
         2-3 and 6-7 to worker 1), so `predict` would return rows out of order.
         """
@@ -176,7 +176,7 @@ class InputPlan:
                 self.num_replicas,
             )
         if len(hosts.hosts) == 1:
-            return _tf_internals.distributed_dataset(
+            return at_first_use.distributed_dataset(
                 dataset,
                 hosts.input_workers(options),
                 strategy,
@@ -188,10 +188,10 @@ class InputPlan:
         for _, devices in self.hosts:
             firsts.append(firsts[-1] + len(devices))
         ranges = list(zip(firsts, firsts[1:]))
-        pipelines = _input.host_pipelines(dataset, ranges, self.num_replicas)
+        pipelines = sharding.host_pipelines(dataset, ranges, self.num_replicas)
         source = graph_def = None
         if pipelines is None:  # each host runs a copy of the whole pipeline, keeps its slices
-            source = _seeds.Pipeline.of(dataset)
+            source = seeds.Pipeline.of(dataset)
             # Random ops without seeds would decide differently on each host: the hosts'
             # copies get the same seeds, fresh ones each epoch (`remake`).
             graph_def = source.seeded() if source.ops else None
@@ -204,7 +204,7 @@ class InputPlan:
             i = context.input_pipeline_id
             if pipelines is None:
                 copy = source.copy(hosts[i], graph_def)
-                mine = _input.host_slices(copy, *ranges[i], self.num_replicas)
+                mine = sharding.host_slices(copy, *ranges[i], self.num_replicas)
             else:
                 mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
             return mine.prefetch(1) if buffered else mine
@@ -225,7 +225,7 @@ class InputPlan:
         called with its `InputContext`.
 
         An epoch's iterator makes the hosts' iterators when first read (see
-        `_tf_internals.distributed_datasets_from_function`), so the iterator Keras makes at
+        `dpkeras._input.at_first_use`), so the iterator Keras makes at
         the end of each epoch and throws away costs nothing; not for a pipeline whose
         iterators share state (a `shuffle` that reshuffles each iteration), checked on
         `source` (the dataset the hosts' pipelines copy) or else on each host's pipeline.
@@ -241,7 +241,7 @@ class InputPlan:
             )
             for i in range(len(self.hosts))
         ]
-        return _tf_internals.distributed_datasets_from_function(
+        return at_first_use.distributed_datasets_from_function(
             dataset_fn,
             self.input_workers(options),
             contexts,

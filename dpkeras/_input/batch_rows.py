@@ -2,9 +2,10 @@
 
 A Keras batch may hold a `tf.RaggedTensor` (multi-hot ids), a `tf.SparseTensor`, an optional
 input given as None, and scalars beside dense tensors. Counting a replica's examples
-(`keras_steps.gradient_weights`) and cutting a global batch into the replicas' slices on a
-cluster (`dpkeras.cluster._input`) both need each component's rows: this module is the one
-answer to "how many rows, and rows lo..hi" for every kind.
+(`keras_steps.gradient_weights`) and cutting a global batch into the replicas' slices
+(`dpkeras._input.shares`, and each input host's pipeline, `dpkeras._input.sharding`) all need
+each component's rows: this module is the one answer to "how many rows, and rows lo..hi" for
+every kind.
 """
 
 import tensorflow as tf

@@ -23,9 +23,8 @@ MultiWorkerMirroredStrategy:
   elements are not those of one process's global batches, so training is not exact; the
   hosts' files must hold the same number of batches, or the dataset must repeat.
 
-Input is two modules, one concept each: this one is what each input host's pipeline reads
-and yields; `dpkeras._extended.input` is the strategy's side (which host feeds which
-replicas, TensorFlow's distributed datasets).
+Which input host feeds which replicas is `dpkeras._input.plan`; the split of a global batch into
+the replicas' slices, `dpkeras._input.shares`.
 """
 
 import dataclasses
@@ -34,8 +33,7 @@ import functools
 import tensorflow as tf
 
 from dpkeras import _tf_internals
-from dpkeras._extended import batch_rows
-from dpkeras.cluster import _seeds
+from dpkeras._input import batch_rows, seeds, shares
 
 AutoShardPolicy = tf.data.experimental.AutoShardPolicy
 
@@ -44,19 +42,6 @@ def policy_of(dataset):
     """The dataset's `auto_shard_policy` (AUTO when unset)."""
     policy = dataset.options().experimental_distribute.auto_shard_policy
     return AutoShardPolicy.AUTO if policy is None else policy
-
-
-def replica_start(replica, rows, num_replicas):
-    """First row of `replica`'s slice of a batch of `rows` rows: TensorFlow's split (sizes
-    differ by at most one, larger first: 10 rows over 4 replicas are 3, 3, 2, 2)."""
-    per, extra = rows // num_replicas, rows % num_replicas
-    return replica * per + min(replica, extra)
-
-
-def replica_start_in_graph(replica, rows, num_replicas):
-    """`replica_start` of integer tensors (one dtype), in a pipeline's or a step's functions."""
-    per, extra = rows // num_replicas, rows % num_replicas
-    return replica * per + tf.minimum(replica, extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +137,9 @@ def _host_pipeline(cut, first, end, num_replicas):
     last = 0 if full is None or cut.drop_remainder else cut.elements % b
 
     def bounds(rows):
-        return replica_start(first, rows, num_replicas), replica_start(end, rows, num_replicas)
+        return shares.replica_start(first, rows, num_replicas), shares.replica_start(
+            end, rows, num_replicas
+        )
 
     lo, hi = bounds(b)
     last_lo, last_hi = bounds(last)
@@ -177,7 +164,7 @@ def _host_pipeline(cut, first, end, num_replicas):
         rows = tf.cast(rows, tf.int64)
 
         def start(replica):
-            return replica_start_in_graph(tf.cast(replica, tf.int64), rows, num_replicas)
+            return shares.replica_start_in_graph(tf.cast(replica, tf.int64), rows, num_replicas)
 
         def piece(k):
             offset = start(first)
@@ -218,7 +205,7 @@ def host_pipelines(dataset, ranges, num_replicas):
     if policy != AutoShardPolicy.AUTO:
         return None
     cut = _plan_cut(dataset)
-    if cut is None or _seeds.Pipeline.of(cut.source).ops:
+    if cut is None or seeds.Pipeline.of(cut.source).ops:
         # Which host maps an element depends on the source's order: a source whose order is
         # drawn without a seed (an unseeded `shuffle`) is read whole by every host, with the
         # same seeds (`_seeds`).
@@ -258,7 +245,7 @@ def _slicer(num_replicas):
         rows = batch_rows.rows(batch_rows.first_in_batch(batch), tf.int64)
 
         def start(replica):
-            return replica_start_in_graph(replica, rows, num_replicas)
+            return shares.replica_start_in_graph(replica, rows, num_replicas)
 
         def cut(replica):
             lo, hi = start(replica), start(replica + 1)
@@ -306,9 +293,12 @@ def _by_files(dataset, host, hosts, first, end, num_replicas):
             f"auto_shard_policy=FILE needs a batched dataset, to know the global batch size. "
             f"Received: {dataset!r}."
         )
-    share = replica_start(end, batch, num_replicas) - replica_start(first, batch, num_replicas)
+    share = shares.replica_start(end, batch, num_replicas) - shares.replica_start(
+        first, batch, num_replicas
+    )
     sizes = [
-        replica_start(r + 1, batch, num_replicas) - replica_start(r, batch, num_replicas)
+        shares.replica_start(r + 1, batch, num_replicas)
+        - shares.replica_start(r, batch, num_replicas)
         for r in range(first, end)
     ]
     starts = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
