@@ -41,9 +41,9 @@ MUTANTS = (
     Mutant(
         "sum",
         "gradients averaged instead of summed on the parameter device",
-        "dpkeras/_extended/optimizer_apply.py",
-        '"SUM", grad, sharded.device',
-        '"MEAN", grad, sharded.device',
+        "dpkeras/_variables/variables.py",
+        '"SUM", grad, self.device',
+        '"MEAN", grad, self.device',
         (
             "tests/test_equivalence.py::test_training_actually_moves_the_weights",
             "tests/test_equivalence.py::test_replicas_equal_one_device[dense-sgd-2]",
@@ -52,9 +52,9 @@ MUTANTS = (
     Mutant(
         "sum-clipped",
         "the same break, seen where clipping is active on some steps only, and in bfloat16",
-        "dpkeras/_extended/optimizer_apply.py",
-        '"SUM", grad, sharded.device',
-        '"MEAN", grad, sharded.device',
+        "dpkeras/_variables/variables.py",
+        '"SUM", grad, self.device',
+        '"MEAN", grad, self.device',
         (
             "tests/test_optimizer_apply.py::test_equals_one_device[clipnorm-some-steps]",
             "tests/test_optimizer_apply.py::test_equals_one_device[global_clipnorm-some-steps]",
@@ -567,10 +567,9 @@ MUTANTS = (
     Mutant(
         "ps-writes-every-pass",
         "a variable on a parameter device is written in every optimizer pass, not once",
-        "dpkeras/_variables/writes.py",
-        "            if replica_step.pass_index(self._extended):\n"
-        "                return self._skipped_write(kwargs)\n",
-        "            if False:\n                return self._skipped_write(kwargs)\n",
+        "dpkeras/_variables/pieces.py",
+        "    return bool(copy_index(extended))\n",
+        "    return False\n",
         (
             "tests/test_hybrid.py::"
             "test_optimizer_state_on_the_parameter_device_beside_replicated_weights",
@@ -1353,8 +1352,8 @@ MUTANTS = (
         "a SavedModel loaded in a hybrid scope goes to the first parameter device only, not "
         "spread as tables are",
         "dpkeras/_extended/creator.py",
-        "            return self.place(dataclasses.replace(spec, table=True))\n",
-        "            return self._home or self.place(dataclasses.replace(spec, table=True))\n",
+        "            return self.place(loaded)\n",
+        "            return self._home or self.place(loaded)\n",
         (
             "tests/test_hybrid.py::"
             "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",
