@@ -303,7 +303,7 @@ MUTANTS = (
     Mutant(
         "jit-predict",
         "predict with jit_compile=True compiles each replica's step (Keras's way), not the whole",
-        "dpkeras/_patches/jit_predict.py",
+        "dpkeras/_patches/xla.py",
         "        or not model.jit_compile\n",
         "        or True\n",
         ("tests/test_jit_predict.py::test_jit_predict_equals_one_device",),
@@ -389,9 +389,9 @@ MUTANTS = (
     Mutant(
         "cluster-jit",
         "on a cluster, a model compiled with jit_compile=True gets XLA-compiled steps",
-        "dpkeras/_patches/cluster_loop.py",
-        "        if spec is not None and model.jit_compile and not model.run_eagerly:\n",
-        "        if False:\n",
+        "dpkeras/_variables/placed.py",
+        "    if extended.cluster_spec is None:\n        return None\n",
+        "    if True:\n        return None\n",
         ("tests/test_cluster_inputs.py::test_jit_compiled_predict_and_fit_equal_one_device",),
     ),
     Mutant(
@@ -677,7 +677,7 @@ MUTANTS = (
     Mutant(
         "xla-warning-once",
         "the runs-without-XLA warning is given once per process: a second model is not told",
-        "dpkeras/_patches/jit_predict.py",
+        "dpkeras/_patches/xla.py",
         "    if model not in _warned:\n",
         "    if not _warned:\n",
         ("tests/test_hybrid.py::test_jit_compile_runs_without_xla_and_says_so_once",),
@@ -1208,9 +1208,9 @@ MUTANTS = (
     Mutant(
         "jit-predict-before-build",
         "whether a model has replicated variables is decided before predict's first step builds it",
-        "dpkeras/_patches/jit_predict.py",
-        "    if extended is None or model.built:\n        return False\n",
-        "    if True:\n        return False\n",
+        "dpkeras/_patches/xla.py",
+        "    if model.built:\n        return None\n",
+        "    if True:\n        return None\n",
         ("tests/test_jit_predict.py::test_jit_predict_of_a_model_built_in_its_first_step[hybrid]",),
     ),
     Mutant(
@@ -1338,10 +1338,9 @@ MUTANTS = (
         "jit-predict-hybrid-only",
         "an unbuilt model's predict runs without XLA under hybrid() only: a by_path policy "
         "answering REPLICATED gets an XLA step that cannot read the copies",
-        "dpkeras/_patches/jit_predict.py",
-        "    return placement.is_hybrid(extended.placement_policy) or any(\n"
-        "        isinstance(v, ReplicatedVariable) for v in extended.variables()\n    )\n",
-        "    return placement.is_hybrid(extended.placement_policy)\n",
+        "dpkeras/_patches/xla.py",
+        "    return _variables_say(extended.variables())\n",
+        "    return None\n",
         (
             "tests/test_jit_predict.py::"
             "test_jit_predict_of_a_model_built_in_its_first_step[by_path]",
