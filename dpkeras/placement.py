@@ -389,7 +389,8 @@ class _Hybrid(Policy):
         return _Hybrid(list(device_list), None if self._tables is None else self._tables.pattern)
 
     def is_table(self, spec):
-        """Whether `spec` is a table (kept on the parameter devices)."""
+        """Whether `spec` is a table (kept on the parameter devices): the one decision of
+        table-ness, from what the creator saw (`spec.table`), a shard, or `tables=`."""
         return bool(
             spec.table
             or spec.shard is not None
@@ -454,6 +455,19 @@ def hybrid(device_list=None, tables=None):
 def is_hybrid(policy):
     """Whether `policy` is a `hybrid()` policy."""
     return isinstance(policy, _Hybrid)
+
+
+def cuts(policy, spec):
+    """Whether the strategy's partitioner may cut the variable `spec` describes under `policy`:
+    any variable, except under `hybrid()`, which cuts tables only (the rest is replicated)."""
+    return not isinstance(policy, _Hybrid) or policy.is_table(spec)
+
+
+def as_loaded(policy, spec):
+    """The spec `policy` places a variable made without an initial value under (a SavedModel
+    being loaded), when it would replicate it: `hybrid()` places it as a table; None for every
+    other policy (the creator then uses the home parameter device)."""
+    return dataclasses.replace(spec, table=True) if isinstance(policy, _Hybrid) else None
 
 
 def bind_to(policy, device_list):

@@ -41,9 +41,9 @@ MUTANTS = (
     Mutant(
         "sum",
         "gradients averaged instead of summed on the parameter device",
-        "dpkeras/_extended/optimizer_apply.py",
-        '"SUM", grad, sharded.device',
-        '"MEAN", grad, sharded.device',
+        "dpkeras/_variables/variables.py",
+        '"SUM", grad, self.device',
+        '"MEAN", grad, self.device',
         (
             "tests/test_equivalence.py::test_training_actually_moves_the_weights",
             "tests/test_equivalence.py::test_replicas_equal_one_device[dense-sgd-2]",
@@ -52,9 +52,9 @@ MUTANTS = (
     Mutant(
         "sum-clipped",
         "the same break, seen where clipping is active on some steps only, and in bfloat16",
-        "dpkeras/_extended/optimizer_apply.py",
-        '"SUM", grad, sharded.device',
-        '"MEAN", grad, sharded.device',
+        "dpkeras/_variables/variables.py",
+        '"SUM", grad, self.device',
+        '"MEAN", grad, self.device',
         (
             "tests/test_optimizer_apply.py::test_equals_one_device[clipnorm-some-steps]",
             "tests/test_optimizer_apply.py::test_equals_one_device[global_clipnorm-some-steps]",
@@ -303,7 +303,7 @@ MUTANTS = (
     Mutant(
         "jit-predict",
         "predict with jit_compile=True compiles each replica's step (Keras's way), not the whole",
-        "dpkeras/_patches/jit_predict.py",
+        "dpkeras/_patches/xla.py",
         "        or not model.jit_compile\n",
         "        or True\n",
         ("tests/test_jit_predict.py::test_jit_predict_equals_one_device",),
@@ -389,9 +389,9 @@ MUTANTS = (
     Mutant(
         "cluster-jit",
         "on a cluster, a model compiled with jit_compile=True gets XLA-compiled steps",
-        "dpkeras/_patches/cluster_loop.py",
-        "        if spec is not None and model.jit_compile and not model.run_eagerly:\n",
-        "        if False:\n",
+        "dpkeras/_variables/placed.py",
+        "    if extended.cluster_spec is None:\n        return None\n",
+        "    if True:\n        return None\n",
         ("tests/test_cluster_inputs.py::test_jit_compiled_predict_and_fit_equal_one_device",),
     ),
     Mutant(
@@ -567,10 +567,9 @@ MUTANTS = (
     Mutant(
         "ps-writes-every-pass",
         "a variable on a parameter device is written in every optimizer pass, not once",
-        "dpkeras/_variables/writes.py",
-        "            if replica_step.pass_index(self._extended):\n"
-        "                return self._skipped_write(kwargs)\n",
-        "            if False:\n                return self._skipped_write(kwargs)\n",
+        "dpkeras/_variables/pieces.py",
+        "    return bool(copy_index(extended))\n",
+        "    return False\n",
         (
             "tests/test_hybrid.py::"
             "test_optimizer_state_on_the_parameter_device_beside_replicated_weights",
@@ -680,7 +679,7 @@ MUTANTS = (
     Mutant(
         "xla-warning-once",
         "the runs-without-XLA warning is given once per process: a second model is not told",
-        "dpkeras/_patches/jit_predict.py",
+        "dpkeras/_patches/xla.py",
         "    if model not in _warned:\n",
         "    if not _warned:\n",
         ("tests/test_hybrid.py::test_jit_compile_runs_without_xla_and_says_so_once",),
@@ -1211,9 +1210,9 @@ MUTANTS = (
     Mutant(
         "jit-predict-before-build",
         "whether a model has replicated variables is decided before predict's first step builds it",
-        "dpkeras/_patches/jit_predict.py",
-        "    if extended is None or model.built:\n        return False\n",
-        "    if True:\n        return False\n",
+        "dpkeras/_patches/xla.py",
+        "    if model.built:\n        return None\n",
+        "    if True:\n        return None\n",
         ("tests/test_jit_predict.py::test_jit_predict_of_a_model_built_in_its_first_step[hybrid]",),
     ),
     Mutant(
@@ -1341,10 +1340,9 @@ MUTANTS = (
         "jit-predict-hybrid-only",
         "an unbuilt model's predict runs without XLA under hybrid() only: a by_path policy "
         "answering REPLICATED gets an XLA step that cannot read the copies",
-        "dpkeras/_patches/jit_predict.py",
-        "    return placement.is_hybrid(extended.placement_policy) or any(\n"
-        "        isinstance(v, ReplicatedVariable) for v in extended.variables()\n    )\n",
-        "    return placement.is_hybrid(extended.placement_policy)\n",
+        "dpkeras/_patches/xla.py",
+        "    return _variables_say(extended.variables())\n",
+        "    return None\n",
         (
             "tests/test_jit_predict.py::"
             "test_jit_predict_of_a_model_built_in_its_first_step[by_path]",
@@ -1355,8 +1353,8 @@ MUTANTS = (
         "a SavedModel loaded in a hybrid scope goes to the first parameter device only, not "
         "spread as tables are",
         "dpkeras/_extended/creator.py",
-        "            return self.place(dataclasses.replace(spec, table=True))\n",
-        "            return self._home or self.place(dataclasses.replace(spec, table=True))\n",
+        "            return self.place(loaded)\n",
+        "            return self._home or self.place(loaded)\n",
         (
             "tests/test_hybrid.py::"
             "test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps",

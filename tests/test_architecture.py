@@ -253,15 +253,19 @@ PRIVATE_HOOKS_OVERRIDDEN = {
         },
         _EXTENDED_HOOKS,
     ),
-    "ParameterVariable": (
+    "WholeVariable": (
         {"_read_variable_op", "_strided_slice_assign"},
         "every dense read of a resource variable goes through `_read_variable_op` (the replica "
         "read cache hooks in there); slice assignment writes through `_strided_slice_assign`, "
         "which must drop that cache",
     ),
+    "ParameterVariable": (
+        {"_read_variable_op", "_strided_slice_assign"},
+        "a WholeVariable (its reads and slice assignment as there)",
+    ),
     "ReplicatedVariable": (
         {"_read_variable_op", "_strided_slice_assign", "_restore_from_tensors"},
-        "a ParameterVariable (its reads and slice assignment as there); a checkpoint restores "
+        "a WholeVariable (its reads and slice assignment as there); a checkpoint restores "
         "through `_restore_from_tensors`, which must write every copy, not only the current one",
     ),
     "ShardedParameterVariable": (

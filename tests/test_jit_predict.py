@@ -1,5 +1,5 @@
 """`predict` and `predict_on_batch` of a model compiled with `jit_compile=True`
-(`dpkeras._patches.jit_predict`): Keras compiles predict's step per replica, where XLA cannot
+(`dpkeras._patches.xla`): Keras compiles predict's step per replica, where XLA cannot
 read variables that live on the parameter device; dpkeras compiles the whole step, as Keras
 does for `fit`. 2 replicas on simulated CPU devices against one device."""
 

@@ -2,8 +2,9 @@
 
 It validates the request, describes it as a `placement.VariableSpec`, asks the placement
 policy for a device (optimizer slots follow their variable instead), creates the variable there
-with the creators below it, and wraps it as a `ParameterVariable`. Nothing else places
-variables.
+with the creators below it, and wraps it as a `ParameterVariable` (one copy), a
+`ReplicatedVariable` (a copy on every compute device) or a `ShardedParameterVariable` (its
+rows in shards). Nothing else places variables.
 """
 
 import dataclasses
@@ -16,11 +17,8 @@ import tensorflow as tf
 from dpkeras import _keras_internals, _tf_internals, placement
 from dpkeras._compat_scopes import refuse_tf_variable_scope
 from dpkeras._device_names import canonical_device, short_device
-from dpkeras._variables import partitioning
-from dpkeras._variables.replicated import ReplicatedVariable
+from dpkeras._variables import partitioning, placed
 from dpkeras._variables.shard_updates import ROW_WISE_OPTIMIZERS
-from dpkeras._variables.sharded import ShardedParameterVariable
-from dpkeras._variables.variables import ParameterVariable
 from dpkeras.placement import VariableKind
 
 VALID_AGGREGATIONS = (
@@ -78,8 +76,29 @@ class VariableCreator:
         self._wrap = wrap
         self._wrap_sharded = wrap_sharded
         self._lock = threading.Lock()
-        self._variables = weakref.WeakValueDictionary()  # creation order -> ParameterVariable
+        self._variables = weakref.WeakValueDictionary()  # creation order -> PlacedVariable
         self._order = itertools.count()
+
+    def _register(self, variables):
+        """Records `variables` (in creation order) among those `variables()` lists."""
+        with self._lock:
+            for variable in variables:
+                self._variables[next(self._order)] = variable
+
+    def _create_below(self, next_creator, kwargs, device, name, placed_as_is=False):
+        """The variable the creators below this one make on `device`: a resource variable
+        (with `placed_as_is`, a variable a dpkeras strategy already placed is returned as is;
+        otherwise it is refused too)."""
+        with _tf_internals.no_colocation(), tf.device(device):
+            variable = next_creator(**kwargs)
+        if placed_as_is and placed.of(variable) is not None:
+            return variable
+        if not _tf_internals.is_resource_variable(variable) or placed.of(variable) is not None:
+            raise TypeError(
+                f"dpkeras places resource variables only; the variable creators below "
+                f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
+            )
+        return variable
 
     def variables(self):
         """Every live variable created here, in creation order."""
@@ -154,10 +173,10 @@ class VariableCreator:
         if rows is not None:
             return self._create_sharded(next_creator, kwargs, spec, rows, colocate_with)
         # Optimizer slots are created under colocate_vars_with(variable): they follow it.
-        if isinstance(colocate_with, ReplicatedVariable):
-            device = placement.REPLICATED
+        if colocate_with is not None:
+            device = colocate_with.slot_device
         else:
-            device = self.place(spec) if colocate_with is None else colocate_with.device
+            device = self.place(spec)
             if device is placement.REPLICATED and kwargs.get("initial_value") is None:
                 device = self._loaded_device(spec)
         if device is placement.REPLICATED:
@@ -168,22 +187,15 @@ class VariableCreator:
                     f"variable); ON_READ state lives on a parameter device."
                 )
             return self._create_replicated(next_creator, kwargs, spec, name, dtype)
-        with _tf_internals.no_colocation(), tf.device(device):
-            variable = next_creator(**kwargs)
-        if isinstance(variable, ParameterVariable):
+        variable = self._create_below(next_creator, kwargs, device, name, placed_as_is=True)
+        if placed.of(variable) is not None:
             return variable  # a creator below returned a variable already placed
-        if not _tf_internals.is_resource_variable(variable):
-            raise TypeError(
-                f"dpkeras places resource variables only; the variable creators below "
-                f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
-            )
         if dtype is None:
             _check_aggregation_dtype(name, aggregation, variable.dtype)
         if spec.shape is None:
             spec = dataclasses.replace(spec, shape=tuple(variable.shape.as_list()))
         wrapped = self._wrap(variable, spec)
-        with self._lock:
-            self._variables[next(self._order)] = wrapped
+        self._register([wrapped])
         return wrapped
 
     def _loaded_device(self, spec):
@@ -196,11 +208,12 @@ class VariableCreator:
         variable's handle once, at load, so a replicated variable's copies could not be read
         replica by replica (every replica would read copy 0, and only copy 0 would have a
         gradient). It lives on a parameter device, as every variable does under all-on-ps:
-        `hybrid()` places it as it places a table (balanced over its parameter devices),
-        another policy on the home parameter device.
+        `hybrid()` places it as it places a table (balanced over its parameter devices,
+        `placement.as_loaded`), another policy on the home parameter device.
         """
-        if placement.is_hybrid(self.policy):
-            return self.place(dataclasses.replace(spec, table=True))
+        loaded = placement.as_loaded(self.policy, spec)
+        if loaded is not None:
+            return self.place(loaded)
         if self._home is None:
             raise ValueError(
                 f"Variable {spec.path!r} has no initial value (a SavedModel being loaded) and "
@@ -211,7 +224,7 @@ class VariableCreator:
 
     def _rows_per_shard(self, spec, kwargs, colocate_with):
         """Rows per shard for the variable `spec` describes, or None to keep it whole."""
-        if isinstance(colocate_with, ShardedParameterVariable):
+        if colocate_with is not None and colocate_with.slot_rows is not None:
             optimizer = _keras_internals.creating_optimizer()
             full = tuple(colocate_with.shape.as_list())
             if optimizer is None and spec.shape is not None and tuple(spec.shape) != full:
@@ -233,7 +246,7 @@ class VariableCreator:
                     f"subclasses). Received a slot {spec.path!r} of shape {spec.shape} for a "
                     f"variable of shape {full}."
                 )
-            return list(colocate_with.rows)
+            return colocate_with.slot_rows
         if colocate_with is not None:
             return None
         scoped, partitioner, explicit = partitioning.current_partitioner()
@@ -248,7 +261,7 @@ class VariableCreator:
             or kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ
         ):
             return None
-        if not explicit and placement.is_hybrid(self.policy) and not self.policy.is_table(spec):
+        if not explicit and not placement.cuts(self.policy, spec):
             return None  # hybrid(): the strategy's partitioner cuts tables, the rest replicates
         return partitioning.row_split(partitioner, spec.shape, spec.dtype, spec.path, explicit)
 
@@ -265,7 +278,7 @@ class VariableCreator:
             for i, r in enumerate(rows)
         ]
         if colocate_with is not None:
-            devices = [s.device for s in colocate_with.shards]
+            devices = [s.device for s in colocate_with.parts]
         else:
             devices = [self.place(s) for s in specs]  # every device is known before creating
         name = (kwargs.get("name") or "Variable").split(":")[0]
@@ -283,18 +296,10 @@ class VariableCreator:
         for i, (piece, device) in enumerate(zip(pieces, devices)):
             shard_kwargs = dict(kwargs, initial_value=piece, name=f"{name}/part_{i}")
             shard_kwargs.update(trainable=False, shape=None, dtype=value.dtype)
-            with _tf_internals.no_colocation(), tf.device(device):
-                variable = next_creator(**shard_kwargs)
-            if not _tf_internals.is_resource_variable(variable):
-                raise TypeError(
-                    f"dpkeras places resource variables only; the variable creators below "
-                    f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
-                )
+            variable = self._create_below(next_creator, shard_kwargs, device, name)
             shards.append(self._wrap(variable, specs[i]))
         sharded = self._wrap_sharded(shards, spec, kwargs)
-        with self._lock:
-            for shard in shards:
-                self._variables[next(self._order)] = shard
+        self._register(shards)
         return sharded
 
     def _create_replicated(self, next_creator, kwargs, spec, name, dtype):
@@ -310,21 +315,11 @@ class VariableCreator:
             copy_kwargs = dict(kwargs, initial_value=value, shape=None, dtype=value.dtype)
             if i:
                 copy_kwargs["name"] = f"{name.split(':')[0]}/replica_{i}"
-            with _tf_internals.no_colocation(), tf.device(device):
-                variable = next_creator(**copy_kwargs)
-            if not _tf_internals.is_resource_variable(variable) or isinstance(
-                variable, ParameterVariable
-            ):
-                raise TypeError(
-                    f"dpkeras places resource variables only; the variable creators below "
-                    f"dpkeras.scope() returned {type(variable).__name__} for {name!r}."
-                )
-            copies.append(variable)
+            copies.append(self._create_below(next_creator, copy_kwargs, device, name))
         if dtype is None:
             _check_aggregation_dtype(name, kwargs.get("aggregation"), copies[0].dtype)
         if spec.shape is None:
             spec = dataclasses.replace(spec, shape=tuple(copies[0].shape.as_list()))
         wrapped = self._wrap_replicated(copies, spec)
-        with self._lock:
-            self._variables[next(self._order)] = wrapped
+        self._register([wrapped])
         return wrapped

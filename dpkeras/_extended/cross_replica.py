@@ -6,21 +6,19 @@ import tensorflow as tf
 from dpkeras import _tf_internals
 from dpkeras._device_names import canonical_device
 from dpkeras._extended.reductions import normalize_op
-from dpkeras._variables import replica_step
-from dpkeras._variables.replicated import ReplicatedVariable
-from dpkeras._variables.shard_updates import update_by_shard
-from dpkeras._variables.sharded import ShardedParameterVariable
-from dpkeras._variables.variables import ParameterVariable
+from dpkeras._variables import pieces, placed
 
 
 class CrossReplicaHooks:
     """The cross-replica hooks of `ParameterDeviceExtended` (tf.distribute's names).
 
     Reductions happen on the device that consumes them: a variable's own device for its
-    update, the parameter device otherwise. Updates run on the variable's device, once, with
-    replica 0's component of any per-replica argument (the ledger moves a reduction to the
-    variable's device if it was made elsewhere). A mixin of `ParameterDeviceExtended`, which
-    provides `_ledger`, `_parameter_device`, `_num_replicas_in_sync` and `_local_results`.
+    update, the parameter device otherwise. Each kind of variable updates itself
+    (`PlacedVariable.update`): on its device, once, with replica 0's component of any
+    per-replica argument (the ledger moves a reduction to the variable's device if it was
+    made elsewhere); shard by shard; or copy by copy, each with its own component. A mixin of
+    `ParameterDeviceExtended`, which provides `_ledger`, `_parameter_device`,
+    `_num_replicas_in_sync` and `_local_results`.
     """
 
     @property
@@ -100,60 +98,20 @@ class CrossReplicaHooks:
         return copies[0] if len(copies) == 1 else _tf_internals.Mirrored(copies)
 
     def _update(self, var, fn, args, kwargs, group):
+        """Each kind of variable updates itself (`PlacedVariable.update`), as TensorFlow's
+        MirroredExtended asks each of its variables for `_update_replica`."""
         if isinstance(var, keras.Variable):
             var = var.value
-        index = replica_step.pass_index(self)
-        if isinstance(var, ReplicatedVariable):
-            return self._update_copies(var, fn, args, kwargs, group, index)
-        if index:  # the optimizer's pass for copy index > 0: parameter devices update in pass 0
-            return None if group or tf.executing_eagerly() else tf.no_op()
-        if isinstance(var, ShardedParameterVariable):
-            select = self._ledger.select_single_value
-            results = update_by_shard(var, fn, select(args, var.device), select(kwargs, var.device))
-            return (None if tf.executing_eagerly() else tf.group(*results)) if group else results
-        if not isinstance(var, ParameterVariable):
+        if placed.of(var) is None:
+            if pieces.writes_skipped(self):
+                return placed.skipped_update(group)
             raise ValueError(
                 f"Variable {getattr(var, 'name', var)!r} was not created under this "
                 f"strategy's scope, so dpkeras cannot update it on the parameter device. "
                 f"Create the model (and compile it) inside `with dpkeras.scope():`. "
                 f"Received a {type(var).__name__}."
             )
-        select = self._ledger.select_single_value
-        with tf.device(var.device), _tf_internals.UpdateContext(var.device):
-            result = fn(var, *select(args, var.device), **select(kwargs, var.device))
-        return result if group else tf.nest.map_structure(self._local_results, result)
-
-    def _update_copies(self, var, fn, args, kwargs, group, index):
-        """`fn` on copy `index` of replicated `var` (in the optimizer's pass for it), else on
-        every copy, each with its own component of a per-replica argument."""
-        n = len(var.copies)
-        results = []
-        for i in [index] if index is not None else reversed(range(n)):
-            device = var.copies[i].device
-
-            def select(x, i=i):
-                if isinstance(x, tf.distribute.DistributedValues):
-                    parts = self._local_results(x)
-                    x = parts[i] if len(parts) == n else parts[0]
-                return x
-
-            with (
-                replica_step.optimizer_pass(self, i),
-                tf.device(device),
-                _tf_internals.UpdateContext(device),
-            ):
-                results.append(
-                    fn(
-                        var,
-                        *tf.nest.map_structure(select, args),
-                        **tf.nest.map_structure(select, kwargs),
-                    )
-                )
-        result = results[-1]  # copy `index`'s, or copy 0's
-        if group:
-            ops = [r for r in tf.nest.flatten(results) if r is not None]
-            return result if tf.executing_eagerly() or not ops else tf.group(*ops)
-        return tf.nest.map_structure(self._local_results, result)
+        return var.update(fn, args, kwargs, group)
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         device = colocate_with if isinstance(colocate_with, str) else colocate_with.device

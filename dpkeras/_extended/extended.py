@@ -2,7 +2,8 @@
 
 It holds the devices and answers TensorFlow's questions; the work is done by one module per
 concept: `creator` (placing variables), `reductions` (cross-replica sums and where they
-happen), `keras_steps` (what a Keras step needs around it), `replica_step` (the state a
+happen), `cross_replica` (reductions, broadcasts, and updates, which each kind of variable
+makes itself), `keras_steps` (what a Keras step needs around it), `replica_step` (the state a
 replica's variables read), and `input` (feeding the replicas).
 """
 
@@ -21,9 +22,9 @@ from dpkeras._extended.cross_replica import CrossReplicaHooks
 from dpkeras._extended.reductions import ReductionLedger
 from dpkeras._input import shares
 from dpkeras._input.plan import InputPlan
-from dpkeras._variables import replica_step
+from dpkeras._variables import placed, replica_step
 from dpkeras._variables.replicated import ReplicatedVariable
-from dpkeras._variables.sharded import PLACED_TYPES, ShardedParameterVariable
+from dpkeras._variables.sharded import ShardedParameterVariable
 from dpkeras._variables.variables import ParameterVariable
 from dpkeras.cluster import _health
 
@@ -59,7 +60,7 @@ def extended_of_variable(variable):
     `keras.Variable`), or None (made outside every dpkeras strategy, or not yet created)."""
     if isinstance(variable, keras.Variable):
         variable = _keras_internals.underlying_variable(variable)
-    return variable.extended if isinstance(variable, PLACED_TYPES) else None
+    return variable.extended if placed.of(variable) is not None else None
 
 
 class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV1):
@@ -217,7 +218,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         return self._config.deduplicate
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
-        if not isinstance(colocate_with_variable, (ParameterVariable, ShardedParameterVariable)):
+        if placed.of(colocate_with_variable) is None:
             raise ValueError(
                 f"colocate_vars_with() needs a variable created under this strategy's scope. "
                 f"Received: {colocate_with_variable!r}"

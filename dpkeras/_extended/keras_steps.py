@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from dpkeras import _keras_internals
 from dpkeras._input import batch_rows
-from dpkeras._variables.sharded import PLACED_TYPES
+from dpkeras._variables import placed
 
 _STEPS = ("train_step", "test_step", "predict_step")
 
@@ -80,7 +80,7 @@ def check_model_variables(model, extended):
     """Raises ValueError naming the first variable of `model` not created under `extended`."""
     for v in model.variables:
         value = getattr(v, "value", v)
-        if not (isinstance(value, PLACED_TYPES) and value.extended is extended):
+        if placed.of(value) is None or value.extended is not extended:
             raise ValueError(
                 f"Model {model.name!r} has variable {getattr(v, 'path', v.name)!r} that was "
                 f"not created under this strategy's scope ({type(value).__name__} on "

@@ -1,16 +1,12 @@
 """The optimizer runs once, where the variables live, on the summed gradient."""
 
-import functools
 import weakref
 
 import keras
 import tensorflow as tf
 
 from dpkeras._extended import all_reduce
-from dpkeras._variables import dedup, replica_step
-from dpkeras._variables.replicated import ReplicatedVariable
-from dpkeras._variables.shard_updates import sum_by_shard
-from dpkeras._variables.sharded import ShardedParameterVariable
+from dpkeras._variables import dedup, pieces, placed, replica_step
 
 _attached = weakref.WeakKeyDictionary()  # optimizer -> the extended it sums for
 _IN_EACH_REPLICA = object()  # the merge's answer when no gradient is per-replica
@@ -89,7 +85,7 @@ def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_v
     variables = (
         trainable_variables if trainable_variables is not None else optimizer.trainable_variables
     )
-    replicated = [isinstance(_tf_variable(v), ReplicatedVariable) for v in variables]
+    replicated = [_copied(v) for v in variables]
     summed = [
         None if r else _sum(extended, optimizer, g, v)
         for g, v, r in zip(grads, variables, replicated)
@@ -139,10 +135,10 @@ def _apply_in_passes(
     The replicated variables' gradients are all-reduced among the compute devices
     (`all_reduce.sum_per_copy`); pass j gives Keras device j's sums (and the parameter
     devices' sums of the other variables, the same tensors in every pass) and runs in
-    `replica_step.optimizer_pass(j)`: the replicated variables read and write their copy j, so
+    `pieces.copy(extended, j)`: the replicated variables read and write their copy j, so
     clipping, weight decay, accumulation, EMA and the iteration count run on device j with
-    device j's numbers, and every copy receives the same update. A variable on a parameter
-    device is updated only in pass 0, which runs last, so every pass reads what pass 0 reads.
+    device j's numbers, and every copy receives the same update. The other variables are
+    written in pass 0 only (`pieces.writes_skipped`), which runs last.
     """
     devices = extended.worker_devices
     indices = [i for i, v in enumerate(variables) if summed[i] is None and grads[i] is not None]
@@ -163,7 +159,7 @@ def _apply_in_passes(
             by_variable[i][j] if i in by_variable else summed[i] for i in range(len(variables))
         ]
         with (
-            replica_step.optimizer_pass(extended, j),
+            pieces.copy(extended, j),
             _pass_device(devices[j]),
             state.after_inputs(j),
         ):
@@ -216,14 +212,18 @@ def _sum(extended, optimizer, grad, variable):
     if grad is None:
         return None
     sum_repeats = dedup.sums_gradient_rows(extended.deduplicate, optimizer)
-    sharded = _tf_variable(variable)
-    if isinstance(sharded, ShardedParameterVariable):
-        components = extended.reductions.components(grad, from_every_replica=False)
-        reduce = functools.partial(extended.reductions.reduce_components, sum_repeats=sum_repeats)
-        return sum_by_shard(sharded, components, reduce)
+    variable = _tf_variable(variable)
+    if placed.of(variable) is not None:
+        return variable.sum_gradient(extended.reductions, grad, sum_repeats)
     return extended.aggregate(
-        "SUM", grad, sharded.device, from_every_replica=False, sum_repeats=sum_repeats
+        "SUM", grad, variable.device, from_every_replica=False, sum_repeats=sum_repeats
     )
+
+
+def _copied(variable):
+    """Whether `variable` (a Keras or TensorFlow variable) has a copy per compute device."""
+    ours = placed.of(_tf_variable(variable))
+    return ours is not None and bool(ours.copy_devices)
 
 
 def _tf_variable(variable):

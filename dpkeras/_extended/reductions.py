@@ -81,6 +81,10 @@ class ReductionLedger:
         """How many live graphs it keeps reductions of (it must not grow over a long run)."""
         return len(self._made)
 
+    def local_results(self, value):
+        """The per-replica components of `value` (a value that is not per-replica: itself)."""
+        return self._local_results(value)
+
     def check_same_shapes(self, value):
         """Raises ValueError if the components of per-replica `value` differ in shape."""
         shapes = [getattr(c, "shape", None) for c in self._local_results(value)]

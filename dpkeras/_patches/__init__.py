@@ -16,7 +16,9 @@ other module of dpkeras changes Keras, TensorFlow or keras-rs (tests/test_keras_
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
-- `jit_predict`: `predict` with `jit_compile=True` compiles the whole step, as `fit` does;
+- `xla`: with `jit_compile=True`, one decision whether XLA can compile a model's steps (its
+  variables answer), one warning when it cannot; `predict` compiles the whole step, as `fit`
+  does;
 - `whole_batches`: on one machine of CPU replicas, Keras's epoch loop reads whole batches on
   the host and each replica's step cuts its share (no distributed iterator per epoch);
 - `keras_rs`: keras-rs tables placed on "sparsecore" refused by name (no TPU here);

@@ -19,7 +19,7 @@ import tensorflow as tf
 from dpkeras import _keras_internals
 from dpkeras._extended.extended import extended_of
 from dpkeras._patches import atomic_files
-from dpkeras._variables.sharded import PLACED_TYPES
+from dpkeras._variables import placed
 from dpkeras.placement import VariableKind
 
 _log = logging.getLogger("dpkeras")
@@ -48,7 +48,7 @@ def _seed_variables(model):
     found = []
     for v in model.variables:
         underlying = _keras_internals.underlying_variable(v)
-        if isinstance(underlying, PLACED_TYPES) and underlying.kind == VariableKind.SEED:
+        if placed.of(underlying) is not None and underlying.kind == VariableKind.SEED:
             found.append((v.path, v))
     return found
 

@@ -19,13 +19,13 @@ from dpkeras import _keras_internals, _tf_internals
 from dpkeras._extended import optimizer_apply
 from dpkeras._patches import (
     cluster_loop,
-    jit_predict,
     keras_rs,
     outside_the_scope,
     resume,
     symbolic_build,
     task_failures,
     whole_batches,
+    xla,
 )
 from dpkeras._patches.entries import Attribute, Dispatcher, OptionalAttribute
 from dpkeras._variables import lookups
@@ -108,13 +108,13 @@ def _step_function(step):
     if step != "predict":
 
         def make_function(original, model, *args, **kwargs):
-            compiled = functools.partial(jit_predict.without_xla_if_replicated, original)
+            compiled = functools.partial(xla.without_xla_if_it_cannot, original)
             return on_the_cluster(compiled, model, *args, **kwargs)
 
         return make_function
 
     def make_predict_function(original, model, *args, **kwargs):
-        compiled = functools.partial(jit_predict.whole_step_compiled, original)
+        compiled = functools.partial(xla.whole_step_compiled, original)
         return on_the_cluster(compiled, model, *args, **kwargs)
 
     return make_predict_function
@@ -229,8 +229,9 @@ ENTRIES = (
     ),
     # On a cluster, the step functions run on a task, so the client is out of the per-step
     # path (dpkeras._patches.cluster_loop).
-    # predict_function: also, with jit_compile=True, XLA compiles the whole step; and a model
-    # with replicated variables runs its steps without XLA (dpkeras._patches.jit_predict).
+    # With jit_compile=True, a model whose variables XLA cannot read from one device (replicated,
+    # or on other tasks) runs its steps without XLA, and predict's whole step is compiled
+    # (dpkeras._patches.xla).
     *(
         Attribute(
             _keras_internals.tensorflow_trainer,

@@ -15,8 +15,7 @@ import tensorflow as tf
 from dpkeras import _sizes as sizes
 from dpkeras._device_names import short_device
 from dpkeras._strategy.strategy import ParameterDeviceStrategy
-from dpkeras._variables.replicated import ReplicatedVariable
-from dpkeras._variables.sharded import PLACED_TYPES, ShardedParameterVariable
+from dpkeras._variables import placed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +84,14 @@ class PlacementReport:
 
 def _row(variable, path=None):
     value = variable.value if isinstance(variable, keras.Variable) else variable
-    kind = value.kind if isinstance(value, PLACED_TYPES) else "-"
+    ours = placed.of(value)
+    kind = "-" if ours is None else ours.kind
     shape = tuple(value.shape.as_list())
     dtype = tf.as_dtype(value.dtype)
     size = sizes.nbytes(value.shape, dtype)
-    copies = ()
-    if isinstance(value, ReplicatedVariable):
-        device, copies = "replicated", tuple(short_device(c.device) for c in value.copies)
+    copies = () if ours is None else tuple(short_device(d) for d in ours.copy_devices)
+    if copies:
+        device = "replicated"
     else:
         device = short_device(value.device) if value.device else "-"
     return PlacementRow(
@@ -108,10 +108,11 @@ def _row(variable, path=None):
 def _rows(variable):
     """One row, or one per shard (path `<path>/part_<i>`) for a sharded variable."""
     value = variable.value if isinstance(variable, keras.Variable) else variable
-    if not isinstance(value, ShardedParameterVariable):
+    ours = placed.of(value)
+    if ours is None or ours.parts == (ours,):
         return [_row(variable)]
     path = getattr(variable, "path", None) or value.name.split(":")[0]
-    return [_row(shard, f"{path}/part_{i}") for i, shard in enumerate(value.shards)]
+    return [_row(part, f"{path}/part_{i}") for i, part in enumerate(ours.parts)]
 
 
 def _model_variables(model):

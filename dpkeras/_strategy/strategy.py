@@ -12,14 +12,19 @@ from dpkeras.cluster._task import client_of
 
 
 class ParameterDeviceStrategy(tf.distribute.Strategy):
-    """Keeps every variable once on a parameter device; runs each step on several replicas.
+    """Keeps variables on parameter devices (by default every variable, once); runs each step
+    on several replicas.
 
     Each step runs the same Keras computation on every compute device (a replica) on its share
-    of the global batch. Every variable (layer weights, optimizer slots, metric state, RNG
-    seeds, loss-scale state) lives once on the parameter device, and each replica reads each
-    variable once per step. Gradients are summed on the parameter device and the optimizer
-    updates there, once. This is TF1's "variables on the CPU, towers on the GPUs" recipe, as a
-    `tf.distribute.Strategy` that Keras 3 trains under unchanged.
+    of the global batch. By default every variable (layer weights, optimizer slots, metric
+    state, RNG seeds, loss-scale state) lives once on the parameter device, and each replica
+    reads each variable once per step. Gradients are summed on the parameter device and the
+    optimizer updates there, once. This is TF1's "variables on the CPU, towers on the GPUs"
+    recipe, as a `tf.distribute.Strategy` that Keras 3 trains under unchanged. A placement
+    policy may instead cut a table into shards over several parameter devices, or replicate a
+    variable on every compute device (`placement.hybrid()` replicates everything but tables and
+    metric state): its copies' gradients are then all-reduced among the compute devices and
+    every copy is updated alike (`dpkeras.ReplicatedVariable`).
 
     ```python
     import dpkeras, keras

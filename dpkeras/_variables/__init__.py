@@ -1,8 +1,16 @@
 """The variables dpkeras gives Keras, and how a replica reads and writes them.
 
+Three kinds, each answering for itself what the strategy asks of it (`placed.PlacedVariable`:
+update, sum its gradient, write, where it lives, whether XLA can compile a step that reads it).
+
+- `placed`: `PlacedVariable`, the protocol every kind implements, and `of`, the one test of
+  "is this a dpkeras variable?";
+- `pieces`: one piece at a time: the optimizer's update of shard i, its pass for copy j, and
+  the rule that a variable that is not replicated is written in pass 0 only;
 - `replica_step`: the step a replica is running (its id, device, gradient weight, inputs);
-- `variables`: `ParameterVariable`, one copy on a parameter device, read once per replica;
-  `writes`: its writes inside a replica, by the variable's kind;
+- `variables`: `WholeVariable`, a variable kept whole, read once per replica, and
+  `ParameterVariable`, one copy on a parameter device; `writes`: its writes inside a replica,
+  by the variable's kind;
 - `replicated`: `ReplicatedVariable`, a copy on every compute device (`placement.REPLICATED`);
 - `partitioning`: TensorFlow's partitioners, validated, and the row split of a variable
   (rows per shard, and a tensor's or ids' part in each shard);

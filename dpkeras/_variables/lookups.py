@@ -2,8 +2,7 @@
 
 import tensorflow as tf
 
-from dpkeras._variables import replica_step
-from dpkeras._variables.sharded import PLACED_TYPES
+from dpkeras._variables import placed, replica_step
 
 
 def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
@@ -21,7 +20,7 @@ def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name
     """
     table = params.value  # the tf.Variable itself unless Keras autocasts this variable
     if (
-        isinstance(table, PLACED_TYPES)
+        placed.of(table) is not None
         and batch_dims == 0
         and tf.get_static_value(axis if axis is not None else 0) == 0
         and replica_step.current(table.extended) is not None

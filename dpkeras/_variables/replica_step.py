@@ -2,7 +2,6 @@
 
 import contextlib
 import dataclasses
-import threading
 
 import tensorflow as tf
 
@@ -122,31 +121,3 @@ def current(extended):
         gradient_weight=None if weights is None else weights[replica_id],
         state=state,
     )
-
-
-_passes = threading.local()
-
-
-@contextlib.contextmanager
-def optimizer_pass(extended, index):
-    """Declares that the optimizer applies the summed gradients to copy `index` of every
-    replicated variable of `extended` (`dpkeras._extended.optimizer_apply`).
-
-    Inside it, a replicated variable reads and writes its copy `index`, and a variable on a
-    parameter device is written only in pass 0 (the last one run). Thread-local: the passes
-    run in the thread that merges the replicas.
-    """
-    stack = getattr(_passes, "stack", ())
-    _passes.stack = stack + ((id(extended), index),)
-    try:
-        yield
-    finally:
-        _passes.stack = stack
-
-
-def pass_index(extended):
-    """The copy the optimizer is updating in this thread for `extended`, or None."""
-    for key, index in reversed(getattr(_passes, "stack", ())):
-        if key == id(extended):
-            return index
-    return None

@@ -8,7 +8,7 @@ compute devices and updates every copy with the same sum (`dpkeras._extended.opt
 
 Which copy an operation touches:
 - inside replica i of the strategy: copy i;
-- inside the optimizer's pass for copy j (`replica_step.optimizer_pass`): copy j;
+- inside the optimizer's pass for copy j (`pieces.copy`): copy j;
 - elsewhere (cross-replica: `model.get_weights`, a checkpoint, `numpy()`): reads see copy 0
   and writes go to every copy (`assign`, `set_weights`, loading a `.keras` file, restoring a
   checkpoint), so the copies stay identical.
@@ -31,9 +31,9 @@ parameter device: checkpoints restore into either placement.
 
 import tensorflow as tf
 
-from dpkeras import _tf_internals
-from dpkeras._variables import replica_step
-from dpkeras._variables.variables import ParameterVariable, record_lookup
+from dpkeras import _tf_internals, placement
+from dpkeras._variables import pieces, replica_step
+from dpkeras._variables.variables import ParameterVariable, WholeVariable, record_lookup
 
 _BASE = _tf_internals.BaseResourceVariable
 _NONE = tf.VariableAggregation.NONE
@@ -47,12 +47,12 @@ def _same_graph(tensor):
     )
 
 
-class ReplicatedVariable(ParameterVariable):
+class ReplicatedVariable(WholeVariable):
     """A variable with one copy per compute device of its strategy; see the module docstring.
 
-    Users do not construct it: `placement.REPLICATED` makes one. It is a `ParameterVariable`
-    (a full `tf.Variable` to Keras, checkpoints and SavedModel) whose handle is the copy the
-    current context touches.
+    Users do not construct it: `placement.REPLICATED` makes one. It is a `WholeVariable` (a
+    full `tf.Variable` to Keras, checkpoints and SavedModel, read once per replica and step)
+    whose handle is the copy the current context touches.
 
     Args:
         extended: the `ParameterDeviceExtended` that created it.
@@ -70,8 +70,61 @@ class ReplicatedVariable(ParameterVariable):
         """The resource variables, one per compute device, in replica order."""
         return self._copies
 
+    @property
+    def copy_devices(self):
+        return tuple(c.device for c in self._copies)
+
+    @property
+    def slot_device(self):
+        """A slot created beside it is replicated too."""
+        return placement.REPLICATED
+
+    def why_not_xla(self):
+        return (
+            f"XLA compiles a step for one device, and replicated variable {self.name!r} "
+            f"(placement.REPLICATED) has a copy on every compute device"
+        )
+
+    def sum_gradient(self, reductions, grad, sum_repeats):
+        """None: the optimizer all-reduces it among the compute devices, per copy."""
+        return None
+
+    def update(self, fn, args, kwargs, group):
+        """`fn` on copy j in the optimizer's pass for it (`pieces.copy`), else on every copy,
+        each with its own component of a per-replica argument."""
+        index = pieces.copy_index(self._extended)
+        local_results = self._extended.reductions.local_results
+        n = len(self._copies)
+        results = []
+        for i in [index] if index is not None else reversed(range(n)):
+            device = self._copies[i].device
+
+            def select(x, i=i):
+                if isinstance(x, tf.distribute.DistributedValues):
+                    parts = local_results(x)
+                    x = parts[i] if len(parts) == n else parts[0]
+                return x
+
+            with (
+                pieces.copy(self._extended, i),
+                tf.device(device),
+                _tf_internals.UpdateContext(device),
+            ):
+                results.append(
+                    fn(
+                        self,
+                        *tf.nest.map_structure(select, args),
+                        **tf.nest.map_structure(select, kwargs),
+                    )
+                )
+        result = results[-1]  # copy `index`'s, or copy 0's
+        if group:
+            ops = [r for r in tf.nest.flatten(results) if r is not None]
+            return result if tf.executing_eagerly() or not ops else tf.group(*ops)
+        return tf.nest.map_structure(local_results, result)
+
     def _copy_index(self):
-        index = replica_step.pass_index(self._extended)
+        index = pieces.copy_index(self._extended)
         if index is not None:
             return index
         ctx = tf.distribute.get_replica_context()
@@ -125,7 +178,7 @@ class ReplicatedVariable(ParameterVariable):
     def _route(self, method, args, kwargs):
         base = getattr(_BASE, method)
         extended = self._extended
-        index = replica_step.pass_index(extended)
+        index = pieces.copy_index(extended)
         if index is not None:
             return self._write_copy(index, base, args, kwargs)
         step = replica_step.current(extended)
@@ -149,7 +202,7 @@ class ReplicatedVariable(ParameterVariable):
         """The same write on every copy (copy 0's result is returned)."""
         result = None
         for index in reversed(range(len(self._copies))):
-            with replica_step.optimizer_pass(self._extended, index):
+            with pieces.copy(self._extended, index):
                 result = self._write_copy(index, base, args, kwargs)
         return result
 
@@ -197,9 +250,14 @@ class ReplicatedVariable(ParameterVariable):
         self._invalidate_reads()
         ops = []
         for index in range(len(self._copies)):
-            with replica_step.optimizer_pass(self._extended, index):
+            with pieces.copy(self._extended, index):
                 ops.append(_tf_internals.restore_variable(self, restored_tensors))
         return ops[0] if tf.executing_eagerly() else tf.group(*ops)
 
     def _where(self):
         return f"copies={len(self._copies)}"
+
+
+# `isinstance(v, dpkeras.ParameterVariable)` held for a replicated variable when this class
+# was a subclass of that one: it still holds.
+ParameterVariable.register(ReplicatedVariable)

@@ -6,40 +6,12 @@ The optimizer's path, one of three write modules (one concept each): `writes` is
 `partitioning`'s.
 """
 
-import contextlib
-import threading
-
 import keras
 import tensorflow as tf
 
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
-from dpkeras._variables import partitioning
-
-_focus = threading.local()
-
-
-@contextlib.contextmanager
-def shard_focus(variable, index):
-    """Sharded variables cut like `variable` act as their shard `index` in this block.
-
-    The optimizer updates a sharded variable shard by shard, on each shard's device: inside
-    this block every sharded variable of the same row split (the variable and its optimizer
-    slots, which are sharded like it) reads and writes shard `index`, so Keras's update step,
-    weight decay and EMA run unchanged on shard-sized tensors.
-    """
-    saved = getattr(_focus, "current", None)
-    _focus.current = (variable.rows, index, variable)
-    try:
-        yield
-    finally:
-        _focus.current = saved
-
-
-def current_focus():
-    """`(rows, index, variable)` of the innermost `shard_focus` on this thread, or None."""
-    return getattr(_focus, "current", None)
-
+from dpkeras._variables import partitioning, pieces
 
 _sums = GraphCache()  # name of a summed gradient -> (rows per shard, the per-shard sums)
 
@@ -120,7 +92,7 @@ def update_by_shard(variable, fn, args, kwargs):
 
     Full-shape tensors and gradients in `args`/`kwargs` are cut to the shard's rows
     (`shard_arguments`), and inside, `variable` and every variable sharded like it (its
-    optimizer slots) act as that shard (`shard_focus`), so Keras's update step, weight decay
+    optimizer slots) act as that shard (`pieces.shard`), so Keras's update step, weight decay
     and EMA run unchanged on shard-sized tensors.
 
     Returns:
@@ -133,7 +105,7 @@ def update_by_shard(variable, fn, args, kwargs):
         with (
             tf.device(shard.device),
             _tf_internals.UpdateContext(shard.device),
-            shard_focus(variable, i),
+            pieces.shard(variable, i),
         ):
             results.append(fn(variable, *shard_args, **shard_kwargs))
     return tuple(r for r in tf.nest.flatten(results) if isinstance(r, (tf.Tensor, tf.Operation)))

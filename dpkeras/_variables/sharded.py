@@ -5,20 +5,21 @@ saved; its reads (`sharded_reads`) and writes (`sharded_writes`) are mixins, a m
 the optimizer sums and updates it shard by shard in `shard_updates`.
 """
 
+import functools
 import itertools
 
 import tensorflow as tf
 
 from dpkeras._cache import GraphCache
-from dpkeras._variables import partitioning, shard_updates
+from dpkeras._variables import partitioning, pieces, placed, shard_updates
+from dpkeras._variables.placed import PlacedVariable
 from dpkeras._variables.sharded_reads import ShardedReads
 from dpkeras._variables.sharded_writes import ShardedWrites
-from dpkeras._variables.variables import ParameterVariable
 
 _ids = itertools.count()
 
 
-class ShardedParameterVariable(ShardedReads, ShardedWrites, tf.Variable):
+class ShardedParameterVariable(PlacedVariable, ShardedReads, ShardedWrites, tf.Variable):
     """A variable of the full shape whose rows live in `shards`, on several devices.
 
     Users do not construct it: a partitioned variable created under `dpkeras.scope()` is one,
@@ -110,21 +111,6 @@ class ShardedParameterVariable(ShardedReads, ShardedWrites, tf.Variable):
         return self._offsets
 
     @property
-    def spec(self):
-        """The whole variable's `dpkeras.placement.VariableSpec`."""
-        return self._spec
-
-    @property
-    def extended(self):
-        """The `ParameterDeviceExtended` that created it."""
-        return self._extended
-
-    @property
-    def kind(self):
-        """The whole variable's `dpkeras.placement.VariableKind`."""
-        return self._spec.kind
-
-    @property
     def device(self):
         """The first shard's device."""
         return self._shards[0].device
@@ -189,11 +175,40 @@ class ShardedParameterVariable(ShardedReads, ShardedWrites, tf.Variable):
 
     _in_graph_mode = False  # eager, as its shards are
 
+    # -- what the strategy asks of every kind (`PlacedVariable`) ------------------------------
+
+    def update(self, fn, args, kwargs, group):
+        """Shard by shard, where each shard lives (`shard_updates.update_by_shard`)."""
+        if pieces.writes_skipped(self._extended):
+            return placed.skipped_update(group)
+        select = self._extended.reductions.select_single_value
+        results = shard_updates.update_by_shard(
+            self, fn, select(args, self.device), select(kwargs, self.device)
+        )
+        return (None if tf.executing_eagerly() else tf.group(*results)) if group else results
+
+    def sum_gradient(self, reductions, grad, sum_repeats):
+        """Shard by shard, where each shard lives (`shard_updates.sum_by_shard`)."""
+        components = reductions.components(grad, from_every_replica=False)
+        reduce = functools.partial(reductions.reduce_components, sum_repeats=sum_repeats)
+        return shard_updates.sum_by_shard(self, components, reduce)
+
+    @property
+    def parts(self):
+        return self._shards
+
+    @property
+    def slot_rows(self):
+        return list(self._rows)
+
+    def why_not_xla(self):
+        return next(filter(None, (s.why_not_xla() for s in self._shards)), None)
+
     # -- inside an optimizer update: one shard ------------------------------------------------
 
     def _focused(self):
-        """The shard this variable acts as inside `shard_focus`, else None."""
-        current = shard_updates.current_focus()
+        """The shard this variable acts as inside `pieces.shard`, else None."""
+        current = pieces.current_shard()
         if current is None:
             return None
         rows, index, owner = current
@@ -234,9 +249,6 @@ class ShardedParameterVariable(ShardedReads, ShardedWrites, tf.Variable):
             f"dtype={self._dtype.name} shards={list(self._rows)} devices=[{devices}]>"
         )
 
-
-# What a variable created under a dpkeras strategy is: whole, or cut into shards.
-PLACED_TYPES = (ParameterVariable, ShardedParameterVariable)
 
 tf.register_tensor_conversion_function(
     ShardedParameterVariable,

@@ -20,7 +20,7 @@ class ShardedReads:
     the tape against the whole variable's `handle`, so its gradient is one full-shape gradient
     (sparse for a lookup).
 
-    Inside `shard_updates.shard_focus` (the optimizer's update of shard i) they read shard i.
+    Inside `pieces.shard` (the optimizer's update of shard i) they read shard i.
     A mixin of `ShardedParameterVariable`, which provides `_focused()`, `_extended`,
     `_shards`, `_offsets`, `_shape`, `_name`, `_trainable`, `_handle` and `_reads`.
     """

@@ -14,7 +14,7 @@ class ShardedWrites:
     """The writes of a `ShardedParameterVariable`: `assign` sends each shard its rows,
     `scatter_*` each shard its ids (made local to the shard).
 
-    Inside `shard_updates.shard_focus` (the optimizer's update of shard i) they write shard i.
+    Inside `pieces.shard` (the optimizer's update of shard i) they write shard i.
     A mixin of `ShardedParameterVariable`, which provides `_focused()`, `_shards`, `_offsets`,
     `_shape`, `_dtype`, `_name`, `_reads` and `value()`.
     """

@@ -1,4 +1,5 @@
-"""`ParameterVariable`: the variable dpkeras gives Keras, and how a replica reads it."""
+"""`WholeVariable`, how a replica reads a variable kept whole, and `ParameterVariable`, one
+copy on a parameter device."""
 
 import tensorflow as tf
 
@@ -6,7 +7,8 @@ from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals
 from dpkeras._cache import GraphCache
 from dpkeras._config import Deduplicate
-from dpkeras._variables import replica_step, task_pulls
+from dpkeras._variables import pieces, placed, replica_step, task_pulls
+from dpkeras._variables.placed import PlacedVariable
 from dpkeras._variables.writes import ReplicaWrites
 from dpkeras.placement import VariableKind
 
@@ -50,18 +52,18 @@ def record_lookup(value, indices, handle, shape, weight):
     )
 
 
-class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
-    """A variable on the parameter device of a `dpkeras.ParameterDeviceStrategy`.
-
-    Users do not construct it: every variable created under `dpkeras.scope()` is one. It is a
-    full `tf.Variable` (checkpoints, SavedModel, `assign`, `scatter_*`, `numpy()` work as
-    usual) sharing the handle of the variable the creator chain made. Outside a replica of its
-    strategy it is that variable. Inside one, reads and writes change:
+class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVariable):
+    """A variable of a dpkeras strategy kept whole (not cut into shards): a full `tf.Variable`
+    (checkpoints, SavedModel, `assign`, `scatter_*`, `numpy()` work as usual) over a resource
+    variable the creator chain made, whose handle it shares. Two kinds: `ParameterVariable`
+    (one copy, on a parameter device) and `ReplicatedVariable` (a copy on every compute
+    device). Outside a replica of its strategy it is that variable. Inside one, reads and
+    writes change:
 
     Reads. Each replica gets the value once per traced step: the first read in a graph makes
-    one `ReadVariableOp` on the parameter device for that replica; later reads reuse it, and
+    one `ReadVariableOp` where the variable lives for that replica; later reads reuse it, and
     TensorFlow sends it to the replica's device once (or not at all if the replica does not use
-    it). Embedding lookups (`sparse_read`) gather on the parameter device and send only the
+    it). Embedding lookups (`sparse_read`) gather where the variable lives and send only the
     rows. The cached tensor is registered on the GradientTape as a read of the variable, and
     any write to the variable drops the cache, so a read after a write sees the new value.
 
@@ -81,21 +83,6 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
         self._spec = spec
         self._kind = spec.kind
         self._replica_reads = GraphCache()  # replica id (or a task's host) -> its read
-
-    @property
-    def kind(self):
-        """The `dpkeras.placement.VariableKind` it was created as."""
-        return self._kind
-
-    @property
-    def spec(self):
-        """The `dpkeras.placement.VariableSpec` the placement policy saw."""
-        return self._spec
-
-    @property
-    def extended(self):
-        """The `ParameterDeviceExtended` that created it."""
-        return self._extended
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -204,3 +191,31 @@ class ParameterVariable(ReplicaWrites, _tf_internals.BaseResourceVariable):
                 f"dtype={self.dtype.name} {self._where()} kind={self._kind}>"
             )
         return super().__repr__()
+
+
+class ParameterVariable(WholeVariable):
+    """A variable on a parameter device of a `dpkeras.ParameterDeviceStrategy`: one copy, read
+    once per replica and step (see `WholeVariable`), updated once, where it lives.
+
+    Users do not construct it: every variable created under `dpkeras.scope()` that the
+    placement policy puts on a device is one (a sharded variable's shards too).
+    `isinstance(v, dpkeras.ParameterVariable)` also holds for a `dpkeras.ReplicatedVariable`,
+    as it did when that class was a subclass of this one.
+    """
+
+    def update(self, fn, args, kwargs, group):
+        if pieces.writes_skipped(self._extended):
+            return placed.skipped_update(group)
+        reductions = self._extended.reductions
+        select = reductions.select_single_value
+        with tf.device(self.device), _tf_internals.UpdateContext(self.device):
+            result = fn(self, *select(args, self.device), **select(kwargs, self.device))
+        return result if group else tf.nest.map_structure(reductions.local_results, result)
+
+    def sum_gradient(self, reductions, grad, sum_repeats):
+        return reductions.aggregate(
+            "SUM", grad, self.device, from_every_replica=False, sum_repeats=sum_repeats
+        )
+
+    def why_not_xla(self):
+        return placed.why_xla_cannot_reach(self._extended)

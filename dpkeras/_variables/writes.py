@@ -8,7 +8,7 @@ variable's writes cut into its shards (each shard a `ParameterVariable`, writing
 
 import tensorflow as tf
 
-from dpkeras._variables import replica_step
+from dpkeras._variables import pieces, replica_step
 from dpkeras.placement import VariableKind
 
 _ON_READ = tf.VariableSynchronization.ON_READ
@@ -59,8 +59,9 @@ class ReplicaWrites:
       written once.
 
     Writes in cross-replica context (the optimizer's `extended.update`) go straight to the
-    variable. A mixin of `ParameterVariable`, which provides `_extended`, `_kind`,
-    `_replica_read(step)` and `_invalidate_reads()`.
+    variable, once: not in the optimizer's passes for copies j > 0 (`pieces.writes_skipped`).
+    A mixin of `WholeVariable`, which provides `_extended`, `_kind`, `_replica_read(step)` and
+    `_invalidate_reads()`.
     """
 
     def _write(self, method, value, **kwargs):
@@ -68,12 +69,9 @@ class ReplicaWrites:
         step = replica_step.current(self._extended)
         if step is not None and method == "assign" and not tf.executing_eagerly():
             method, value = self._as_assign_add(value, step)
-        write = getattr(super(), method)
         if step is None:
-            if replica_step.pass_index(self._extended):
-                return self._skipped_write(kwargs)
-            self._invalidate_reads()
-            return write(value, **kwargs)
+            return self._cross_replica_write(method, (value,), kwargs)
+        write = getattr(super(), method)
         if step.num_replicas == 1:
             self._invalidate_reads()
             with step.after_inputs(0):
@@ -94,13 +92,16 @@ class ReplicaWrites:
             self._merge_aggregated_write, args=(method, value), kwargs=kwargs
         )
 
-    def _skipped_write(self, kwargs):
-        """A write in the optimizer's pass for copy j > 0 of the replicated variables
-        (`replica_step.optimizer_pass`): a variable on a parameter device is written once, in
-        pass 0. Returns what the write would (the variable, or no op)."""
-        if kwargs.get("read_value", True):
-            return self
-        return None if tf.executing_eagerly() else tf.no_op()
+    def _cross_replica_write(self, method, args, kwargs):
+        """A write outside a replica: to the variable, except where `pieces.writes_skipped`
+        (the optimizer's pass for copy j > 0), which returns what the write would (the
+        variable, or no op)."""
+        if pieces.writes_skipped(self._extended):
+            if kwargs.get("read_value", True):
+                return self
+            return None if tf.executing_eagerly() else tf.no_op()
+        self._invalidate_reads()
+        return getattr(super(), method)(*args, **kwargs)
 
     def _as_assign_add(self, value, step):
         """`("assign_add", x)` for an `assign(read + x)` whose result that gives, else as is.
@@ -197,10 +198,7 @@ class ReplicaWrites:
     def _write_nd(self, method, indices, updates, name):
         step = replica_step.current(self._extended)
         if step is None:
-            if replica_step.pass_index(self._extended):
-                return self._skipped_write({})
-            self._invalidate_reads()
-            return getattr(super(), method)(indices, updates, name=name)
+            return self._cross_replica_write(method, (indices, updates), {"name": name})
         if step.num_replicas == 1 or (self.aggregation == _NONE and step.replica_id == 0):
             self._invalidate_reads()
             with step.after_inputs(0):
