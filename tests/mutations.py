@@ -496,7 +496,7 @@ MUTANTS = (
         "env-client",
         "dpkeras env --cluster shows a task's devices but not the client training on it",
         "dpkeras/_cli/env.py",
-        '        client = f"training: {_lease.describe(record)}"\n',
+        '        client = f"training: {_client_record.describe(record)}"\n',
         '        client = "training"\n',
         (
             "tests/test_cluster_clients.py::"
@@ -507,7 +507,7 @@ MUTANTS = (
         "task-exit-reason",
         "a task does not read that its client finished: TensorFlow's Abort ends it, unexplained",
         "dpkeras/cluster/_task.py",
-        "        if _client_finished(lease, client_name):\n",
+        "        if _client_finished(reader, client_name):\n",
         "        if False:\n",
         (
             "tests/test_launch.py::"
@@ -517,7 +517,7 @@ MUTANTS = (
     Mutant(
         "client-lines",
         "the client writes no record and no line on the tasks at connecting",
-        "dpkeras/cluster/_lease.py",
+        "dpkeras/cluster/_client_record.py",
         "_write(task, record, f\"client {record['client']} {where} connected\")",
         "tf.constant(0)",
         (
@@ -807,10 +807,10 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "lease-unprobed-holder",
+        "record-unprobed-client",
         "a training client whose address cannot be probed from here is taken for dead: a second "
         "client trains beside it",
-        "dpkeras/cluster/_lease.py",
+        "dpkeras/cluster/_client_record.py",
         "        if alive is False:\n",
         "        if not alive:\n",
         (
@@ -819,9 +819,9 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "lease-dead-holder-blocks",
+        "record-dead-client-blocks",
         "the record of a client that died refuses every later client",
-        "dpkeras/cluster/_lease.py",
+        "dpkeras/cluster/_client_record.py",
         "        if alive is False:\n",
         "        if False:\n",
         ("tests/test_cluster_clients.py::test_a_dead_client_s_record_does_not_block_a_new_one",),

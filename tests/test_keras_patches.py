@@ -1,7 +1,7 @@
 """dpkeras/_patches: every change to Keras, TensorFlow and keras-rs is an entry of one table,
 checked, installed by a scope, and reversible.
 
-Each test starts from `uninstall()` (every original in place, nothing leased) and uses
+Each test starts from `uninstall()` (every original in place, nothing held) and uses
 strategies made here, on devices no other test file uses, so no variable of another test keeps
 the entries installed.
 """

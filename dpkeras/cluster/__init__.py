@@ -11,7 +11,7 @@ The package, one concept a module:
 - `_connect`: connecting this process to a cluster as its client;
 - `_devices`: the tasks' devices, and which compute and hold variables by default;
 - `_health`: whether tasks answer, `HealthMonitor`, and naming a failed task;
-- `_lease`: which client each task serves (the record a client leaves on its tasks), read
+- `_client_record`: which client each task serves (the record a client leaves on its tasks), read
   without connecting;
 - `_task`: joining a cluster (`join`): this process's role under `TF_CONFIG`, and serving it;
 - `_loop`: the on-cluster loop (a step function coordinated by a task);

@@ -11,8 +11,8 @@ import weakref
 import tensorflow as tf
 
 from dpkeras import _config, _quiet, _tf_internals
+from dpkeras.cluster._client_record import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._lease import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._local import free_port, port_in_use
 from dpkeras.cluster._spec import resolve, task_name
 
@@ -253,7 +253,7 @@ def _split_local_cpu():
 
 def _at_exit(cluster, record):
     """At the exit of a connected client that did not die of an uncaught exception: tells every
-    task that it finished (`_lease.finish`: each prints it), and ends the tasks when it is
+    task that it finished (`_client_record.finish`: each prints it), and ends the tasks when it is
     their task of `TF_CONFIG`. Bounded: a task that does not answer is not waited for."""
     if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
         return  # the tasks see it gone, and end with a status of their own (`_task`)

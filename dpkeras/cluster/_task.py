@@ -20,15 +20,15 @@ import time
 import tensorflow as tf
 
 from dpkeras import _config, _quiet
+from dpkeras.cluster._client_record import FINISHED, RecordReader
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._lease import FINISHED, Reader
 from dpkeras.cluster._local import port_in_use
 from dpkeras.cluster._spec import Cluster, resolve, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
-_LEASE_INTERVAL = 0.5  # seconds between reads of whether the client finished
+_RECORD_INTERVAL = 0.5  # seconds between reads of whether the client finished
 _FIRST_PROBE_INTERVAL = 0.25
 _PROBE_FAILURES = 3
 
@@ -142,10 +142,10 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
 
     Ends with status 0 on SIGTERM or SIGINT, or when the client finishes training. With
     `client`, `(task name, address)`, the client is watched: the process ends with status 0
-    once the client writes that it finished (`dpkeras.cluster._lease`), with status 75 if the
-    client does not answer within `client_start_timeout` seconds, or stops answering afterwards
-    before it finishes; each with a line saying why. (A client under `TF_CONFIG` ends the tasks
-    that do not end by themselves with TensorFlow's `Abort`, status 0.)
+    once the client writes that it finished (`dpkeras.cluster._client_record`), with status 75
+    if the client does not answer within `client_start_timeout` seconds, or stops answering
+    afterwards before it finishes; each with a line saying why. (A client under `TF_CONFIG`
+    ends the tasks that do not end by themselves with TensorFlow's `Abort`, status 0.)
 
     Args:
         spec: the `tf.train.ClusterSpec`.
@@ -206,7 +206,8 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
 def _watch(client, start_timeout, stop, prefix, name, own_address):
     """0 when stopped by a signal; `CLIENT_GONE` when the client never answers within
     `start_timeout` or stops answering. Ends the process with status 0 when the client writes
-    that it finished training (`dpkeras.cluster._lease`, read from this task's own server)."""
+    that it finished training (its record, `dpkeras.cluster._client_record`, read from this
+    task's own server)."""
     client_name, address = client
     deadline = time.monotonic() + (start_timeout or _config.DEFAULT_CLIENT_START_TIMEOUT)
     while probe(address, timeout=2.0) is not None:
@@ -221,11 +222,11 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
             )
             return CLIENT_GONE
     print(f"{prefix}: {name}: the client {client_name} at {address} is up", flush=True)
-    lease = Reader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
+    reader = RecordReader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
     misses = 0
     rounds = 0
-    while not stop.wait(_LEASE_INTERVAL):
-        if _client_finished(lease, client_name):
+    while not stop.wait(_RECORD_INTERVAL):
+        if _client_finished(reader, client_name):
             print(
                 f"{prefix}: {name}: the client {client_name} finished training; ending with "
                 f"status 0",
@@ -233,7 +234,7 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
             )
             _end(0)
         rounds += 1
-        if rounds % round(_PROBE_INTERVAL / _LEASE_INTERVAL):
+        if rounds % round(_PROBE_INTERVAL / _RECORD_INTERVAL):
             continue
         reason = probe(address, timeout=2.0)
         misses = 0 if reason is None else misses + 1
@@ -248,11 +249,11 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
     return 0
 
 
-def _client_finished(lease, client_name):
+def _client_finished(reader, client_name):
     """Whether this task's record says that `client_name` finished training (a read that
     fails, or times out, says no: the probes then decide)."""
     try:
-        record = lease.record()
+        record = reader.record()
     except Exception:  # this task's own server did not answer in time: probe as before
         return False
     return record is not None and record["client"] == client_name and record["state"] == FINISHED
