@@ -29,7 +29,7 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
             f"""
             import tensorflow as tf
             from dpkeras import cluster
-            spec = cluster.resolve_cluster({cluster.spec!r})
+            spec = cluster.cluster_spec_of({cluster.spec!r})
             cluster.connect(spec, timeout=60)
             with tf.device("/job:worker/replica:0/task:0/device:CPU:1"):
                 x = tf.constant(20.0) + 22.0
@@ -176,7 +176,7 @@ def test_under_tf_config_without_a_chief_serve_watches_worker_0(monkeypatch):
         monkeypatch.setenv(
             "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
         )
-        spec = _spec.resolve_cluster()
+        spec = _spec.cluster_spec_of()
         assert _client_to_watch(spec, job, index, True, None) == (
             "/job:worker/replica:0/task:0",
             "127.0.0.1:2",

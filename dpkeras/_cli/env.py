@@ -142,8 +142,8 @@ def env(argv=None, out=None):
     from dpkeras.cluster import _spec
 
     try:
-        settings = config.resolve()
-        spec = _spec.resolve_cluster(None if args.cluster is None else load_cluster(args.cluster))
+        settings = config.config_in_force()
+        spec = _spec.cluster_spec_of(None if args.cluster is None else load_cluster(args.cluster))
     except ValueError as e:
         parser.error(str(e))
 
@@ -193,7 +193,7 @@ def env(argv=None, out=None):
         _say_cluster_defaults(say, cluster, cluster_devices, settings)
     else:
         try:
-            resolved = devices.resolve_devices(settings, spec)
+            resolved = devices.strategy_devices(settings, spec)
         except ValueError as e:
             say(f"  nothing: {e}")
         else:

@@ -28,7 +28,7 @@ def get_strategy(
     `ParameterDeviceStrategy`.
     """
     as_partitioner(partitioner)
-    config = _config.resolve(
+    config = _config.config_in_force(
         compute_devices=compute_devices, parameter_device=parameter_device, deduplicate=deduplicate
     )
     joined = join(cluster)  # a task that is not the client serves here, and does not return

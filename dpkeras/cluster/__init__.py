@@ -32,7 +32,7 @@ __getattr__, __dir__ = exports(
         "HealthMonitor": "dpkeras.cluster._health",
         "TaskFailedError": "dpkeras.cluster._health",
         "name_failures": "dpkeras.cluster._health",
-        "resolve_cluster": "dpkeras.cluster._spec",
+        "cluster_spec_of": "dpkeras.cluster._spec",
         "join": "dpkeras.cluster._task",
     },
 )
@@ -40,14 +40,14 @@ __getattr__, __dir__ = exports(
 if typing.TYPE_CHECKING:  # what the names are, for readers and tools
     from dpkeras.cluster._connect import connect
     from dpkeras.cluster._health import HealthMonitor, TaskFailedError, name_failures
-    from dpkeras.cluster._spec import resolve_cluster
+    from dpkeras.cluster._spec import cluster_spec_of
     from dpkeras.cluster._task import join
 
 __all__ = [
     "HealthMonitor",
     "TaskFailedError",
+    "cluster_spec_of",
     "connect",
     "join",
     "name_failures",
-    "resolve_cluster",
 ]

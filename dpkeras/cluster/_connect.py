@@ -14,7 +14,7 @@ from dpkeras import _config, _quiet, _tf_internals
 from dpkeras.cluster._client_record import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._local import free_port, port_in_use
-from dpkeras.cluster._spec import resolve, task_name
+from dpkeras.cluster._spec import cluster_of, task_name
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
 DEFAULT_CONNECT_TIMEOUT = _config.DEFAULT_CONNECT_TIMEOUT
@@ -151,7 +151,7 @@ def connect(cluster_spec, timeout=None):
     every remote variable when the cluster changes.
 
     Args:
-        cluster_spec: `tf.train.ClusterSpec`, as returned by `resolve_cluster`.
+        cluster_spec: `tf.train.ClusterSpec`, as returned by `cluster_spec_of`.
         timeout: float, seconds to wait for every task to answer. None: 60, or
             `$DPKERAS_CONNECT_TIMEOUT`.
 
@@ -160,9 +160,9 @@ def connect(cluster_spec, timeout=None):
         RuntimeError: if this process is already connected to a different cluster, or holds
             TensorFlow variables made before connecting (they would read stale values after
             it); names them.
-        ValueError: for an invalid cluster (see `resolve_cluster`) or a timeout <= 0.
+        ValueError: for an invalid cluster (see `cluster_spec_of`) or a timeout <= 0.
     """
-    cluster = resolve(cluster_spec)
+    cluster = cluster_of(cluster_spec)
     if cluster is None:
         raise ValueError("connect() needs a cluster. Received: None.")
     connect_to(cluster, timeout)

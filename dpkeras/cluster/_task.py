@@ -24,7 +24,7 @@ from dpkeras.cluster._client_record import FINISHED, RecordReader
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._local import port_in_use
-from dpkeras.cluster._spec import Cluster, resolve, task_name
+from dpkeras.cluster._spec import Cluster, cluster_of, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
@@ -77,7 +77,7 @@ def join(cluster=None, timeout=None):
     Raises:
         ValueError: for an invalid cluster; TimeoutError: a task that does not answer (named).
     """
-    joined = resolve(cluster)
+    joined = cluster_of(cluster)
     if joined is None:
         return None
     if joined.serves_as is not None:
@@ -95,7 +95,7 @@ def client_of(cluster):
     Returns:
         A `tf.train.ClusterSpec` (this process connected to it), or None.
     """
-    joined = resolve(cluster)
+    joined = cluster_of(cluster)
     if joined is None:
         return None
     if joined.serves_as is not None:
@@ -126,7 +126,7 @@ def _serve_from_here(cluster):
         f"({client[0]}): it stops being a client here, serves, and ends with the client.",
         flush=True,
     )
-    config = _config.resolve()
+    config = _config.config_in_force()
     serve(
         cluster,
         job,
