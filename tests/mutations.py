@@ -1395,6 +1395,30 @@ MUTANTS = (
         "self._graphs = set()",
         ("tests/test_long_runs.py::test_models_fitted_and_dropped_leave_nothing_behind",),
     ),
+    Mutant(
+        "scope-does-not-serve",
+        "dpkeras.scope() takes the client's door (issue 41): in a worker task under TF_CONFIG it "
+        "refuses instead of serving, so one program cannot run in every task",
+        "dpkeras/_strategy/scope.py",
+        "from dpkeras.cluster._task import join\n",
+        "from dpkeras.cluster._task import client_of as join\n",
+        (
+            "tests/test_serve.py::"
+            "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
+        ),
+    ),
+    Mutant(
+        "connect-serves",
+        "dpkeras.cluster.connect takes join's door (issue 41): in a ps task under TF_CONFIG it "
+        "serves and never returns instead of refusing",
+        "dpkeras/cluster/_task.py",
+        '    if client_of(cluster_spec, timeout, "connect as its client") is None:\n',
+        "    if join(cluster_spec, timeout) is None:\n",
+        (
+            "tests/test_serve.py::"
+            "test_connect_in_a_task_that_is_not_the_client_is_refused_naming_join",
+        ),
+    ),
 )
 
 

@@ -1,4 +1,5 @@
-"""Joining a cluster: this process's role under `TF_CONFIG`, and serving it.
+"""Joining a cluster: the one step (`join`) and its doors, this process's role under
+`TF_CONFIG`, and serving it.
 
 One program in every task, as TensorFlow's parameter-server guide and Kubeflow's TFJob run it:
 the same script starts in every task with its `TF_CONFIG`, and `join` (called first by the
@@ -53,8 +54,11 @@ def join(cluster=None, timeout=None):
     - an `evaluator` ends at once with status 0 (dpkeras trains synchronously).
 
     Call it first, before anything that touches TensorFlow's devices (a `tf.data` dataset made
-    before connecting cannot be used after it). `dpkeras.scope()` and `dpkeras.get_strategy()`
-    call it when given a cluster or under `TF_CONFIG`; calling it again is a no-op.
+    before connecting cannot be used after it); calling it again is a no-op. It is the one
+    step behind every door into a cluster: `dpkeras.scope()` and `dpkeras.get_strategy()` take
+    it as it is (a `ps` or `worker` task serves there too); `dpkeras.cluster.connect` and a
+    `dpkeras.ParameterDeviceStrategy(cluster=...)` take it as the client only, and refuse a
+    task that would serve.
 
     ```python
     import dpkeras
@@ -86,11 +90,49 @@ def join(cluster=None, timeout=None):
     return joined
 
 
-def client_of(cluster):
-    """The cluster of a strategy built by this process, which must be its client.
+def connect(cluster_spec, timeout=None):
+    """Connects this process to a cluster as its client: `join`, for the client only.
 
-    A strategy's constructor does not serve: a `ps` or `worker` task under `TF_CONFIG` that
-    builds one is refused, naming its role and the step that serves (`join`).
+    Every task is probed first, so an address that does not answer is an error naming the task
+    after at most `timeout` seconds (TensorFlow's own connection waits longer and does not name
+    the task). The client is job `localhost`, or its own task of the cluster (the `chief` or
+    `master`; without one, worker 0 when `TF_CONFIG` says this process is worker 0). A process
+    connects to one cluster for its lifetime: TensorFlow invalidates every remote variable when
+    the cluster changes; connecting again to the same cluster is a no-op.
+
+    Unlike `join`, it never serves: a process that `TF_CONFIG` makes a `ps` or other `worker`
+    task (with `cluster_spec` None) is refused, naming `join`, where such a task serves.
+
+    ```python
+    dpkeras.cluster.connect({"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]})
+    ```
+
+    Args:
+        cluster_spec: the cluster, as `cluster_spec_of` takes it (a dict of jobs, a JSON string
+            or file, a `tf.train.ClusterSpec` or a cluster resolver); None reads `TF_CONFIG`.
+        timeout: float, seconds to wait for every task to answer. None: 60, or
+            `$DPKERAS_CONNECT_TIMEOUT`.
+
+    Raises:
+        TimeoutError: if a task does not answer within `timeout`; names the task and address.
+        RuntimeError: if this process is already connected to a different cluster, or holds
+            TensorFlow variables made before connecting (they would read stale values after
+            it); names them.
+        ValueError: for an invalid cluster (see `cluster_spec_of`), no cluster at all, a
+            timeout <= 0, or a process that `TF_CONFIG` makes a task other than the client.
+    """
+    if client_of(cluster_spec, timeout, "connect as its client") is None:
+        raise ValueError("connect() needs a cluster. Received: None.")
+
+
+def client_of(cluster, timeout=None, what="build a strategy"):
+    """`join`, for a process that must be the cluster's client (a strategy's constructor,
+    `connect`): a `ps` or `worker` task under `TF_CONFIG` is refused, naming its role and the
+    step where it serves (`join`), before anything connects.
+
+    Args:
+        cluster, timeout: as `join` takes them.
+        what: str, what the refused process cannot do, for the message.
 
     Returns:
         A `tf.train.ClusterSpec` (this process connected to it), or None.
@@ -101,12 +143,11 @@ def client_of(cluster):
     if joined.serves_as is not None:
         raise ValueError(
             f"This process is {task_name(*joined.serves_as)} of the cluster in TF_CONFIG, not "
-            f"its client ({joined.client[0]}): it cannot build a strategy. Call "
+            f"its client ({joined.client[0]}): it cannot {what}. Call "
             f"dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task "
             f"that is not the client serves from there and never returns."
         )
-    connect_to(joined)
-    return joined
+    return join(joined, timeout)
 
 
 def _serve_from_here(cluster):
