@@ -250,3 +250,24 @@ def test_the_floor_check_sees_an_import_that_climbs_and_a_room_off_the_map(tmp_p
         "pkg/low.py:2 imports pkg.top: top stands on floor 2, not below low (floor 3)",
         "pkg/top.py:2 imports pkg.sub.a: sub stands on floor 2, not below top (floor 2)",
     ]
+
+
+# A top-level document (`README.md`) or a page of docs/ (`docs/cluster.md`), as cited.
+_CITED = re.compile(r"(?<![\w/.-])((?:docs/[\w-]+|[A-Z][A-Z_]+)\.md)\b")
+
+
+def test_every_document_the_tree_cites_is_in_it():
+    """Code, tests and docs cite only documents of the repository: a fact they rest on is
+    stated where they are, or in a page of docs/ with its evidence."""
+    missing = []
+    for top in ("dpkeras", "tests", "benchmarks", "docs", "README.md", "BENCHMARKS.md"):
+        path = os.path.join(ROOT, top)
+        files = [path] if os.path.isfile(path) else []
+        for folder, _, names in os.walk(path):
+            files += [os.path.join(folder, n) for n in names if n.endswith((".py", ".md"))]
+        for file in files:
+            with open(file, encoding="utf-8") as f:
+                for cited in set(_CITED.findall(f.read())):
+                    if not os.path.isfile(os.path.join(ROOT, cited)):
+                        missing.append(f"{os.path.relpath(file, ROOT)} cites {cited}")
+    assert missing == [], missing
