@@ -14,37 +14,47 @@ The public API is the names below (`__all__`) and five public modules: `dpkeras.
 `dpkeras.testing` (simulated devices, a local cluster). Everything else is private: its
 names start with an underscore.
 
-The package, from the top down (each imports only what stands below it):
+The package, floor by floor from the top. A module imports only from its own room (its
+subpackage, or itself) and from the floors below; the last floor imports nothing of dpkeras.
+Each line is a floor, its rooms separated by semicolons; tests/test_package_map.py holds every
+`import dpkeras...` of every module to it.
 
+- `__main__`: `python -m dpkeras`;
 - `_cli/`: the `dpkeras` command, one module a verb (`env`, `serve`, `bench`, `launch`);
-  `testing`;
-- `_strategy/`: `ParameterDeviceStrategy`, `dpkeras.scope()`, the placement report;
+  `testing/`: simulated devices and a local cluster, for tests of programs that use dpkeras;
+- `__init__`: this module: the public names, each imported from its room when first used;
+- `_strategy/`: `ParameterDeviceStrategy`, `dpkeras.scope()`, the placement report; `tf1/`:
+  TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3 (a layer built under
+  `reuse` holds the first layer's variable through `_patches/`); `_transfers`: counting what
+  a step sends (it runs Keras's steps as `_extended/` makes them); `layers`: the public
+  `DynamicEmbedding`;
 - `_patches/`: every change dpkeras makes to Keras, TensorFlow and keras-rs, one table of
   entries (crash-safe saving, exact resume, the symbolic build, naming failed tasks, the
-  on-cluster loop, the optimizer summing first, the `tf.gather` dispatcher, refusing a model
-  compiled or trained outside its strategy), checked and reversible (`uninstall()`);
+  on-cluster loop, whole batches on CPU replicas, the optimizer summing first, keras-rs's
+  SparseCore tables refused, the `tf.gather` dispatcher, refusing a model compiled or trained
+  outside its strategy), checked and reversible (`uninstall()`);
 - `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
-  variable creator, reductions, the optimizer on the sum, Keras steps); beside it
-  `tf1/`: TF1's `variable_scope`, `get_variable` and slim's variables on Keras 3;
-- `layers` and `_dynamic/`: `DynamicEmbedding`, its hash index, admission and eviction,
-  new rows' initial values and optimizer slots (above `_keras_internals`, and `_variables`'s
-  per-task merge of ids only);
-- `_variables/`: `ParameterVariable`, `ShardedParameterVariable` and `ReplicatedVariable`,
-  how replicas read and write them, lookups (each distinct id once), partitioning;
-- `placement`: placement policies; `_transfers`: counting what a step sends;
+  variable creator, reductions, the all-reduce, the optimizer on the sum, Keras steps);
+  `_dynamic/`: `DynamicEmbedding`'s hash index, admission and eviction, new rows' initial
+  values and optimizer slots;
 - `_input/`: feeding the replicas (which input host feeds which replicas, each host's
   pipeline on a cluster, the same seeds on every host, the split of a global batch into the
-  replicas' shares, the hosts' iterators made at first use), above `cluster/`;
-- at the bottom, importing nothing of dpkeras but each other: `cluster/` (a cluster's tasks,
-  `TF_CONFIG` roles, connecting, devices, health, the on-cluster loop),
-  `_tf_internals` and `_keras_internals` (every private TensorFlow and Keras use, each with
-  its reason), `_cache` (the graph-keyed cache), `_quiet` (TensorFlow's log noise kept out of
-  the commands' output), `_lazy` (this module's names imported when first used),
-  `_serializable` (the classes dpkeras registers with Keras's serialization, registered by
-  `import dpkeras` alone, before Keras is imported), `_device_names`, `_sizes`, `_config`
-  (every setting, resolved once: arguments, then `DPKERAS_*`, then defaults), `_compat_scopes`
-  (TensorFlow's `tf.compat.v1.variable_scope` around dpkeras's variables, refused by name),
-  `_version`.
+  replicas' shares, a batch's rows, the hosts' iterators made at first use);
+- `_variables/`: the kinds of variable (`ParameterVariable`, `ShardedParameterVariable` and
+  `ReplicatedVariable`), each answering for itself how it is read, written, updated and
+  summed, one piece at a time; lookups (each distinct id once), partitioning; `cluster/`: a
+  cluster's tasks, `TF_CONFIG` roles, joining (`join`) and connecting, devices, health, the
+  client's record on each task, the on-cluster loop;
+- `_quiet`: TensorFlow's log noise kept out of the commands' output;
+- `_config`: every setting, resolved once (arguments, then `DPKERAS_*`, then defaults);
+- `placement`: placement policies, which parameter device holds each variable;
+- `_tf_internals`: every private TensorFlow use, with its reason; `_keras_internals`: every
+  Keras internal, with its reason; `_cache`: the graph-keyed cache; `_lazy`: a package's
+  names imported when first used; `_serializable`: the classes dpkeras registers with
+  Keras's serialization, registered by `import dpkeras` alone, before Keras is imported;
+  `_device_names`: one canonical spelling of a device; `_sizes`: sizes in bytes;
+  `_compat_scopes`: TensorFlow's `tf.compat.v1.variable_scope` around dpkeras's variables,
+  refused by name; `_version`: the version.
 """
 
 import typing

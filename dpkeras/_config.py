@@ -3,7 +3,7 @@
 Precedence everywhere in dpkeras: an explicit argument, then the environment variable, then the
 default. This module is the one place that reads them: each `DPKERAS_*` variable is parsed here
 and nowhere else, and `TF_CONFIG` is read here (its JSON is parsed by `dpkeras.cluster._spec`).
-Every consumer reads the `Config` that `resolve` returns (a strategy, `dpkeras serve`,
+Every consumer reads the `Config` that `config_in_force` returns (a strategy, `dpkeras serve`,
 `dpkeras env`), or, for one process-wide setting outside a strategy, the `Setting` that
 `setting` returns. `dpkeras env` prints the `Config`, with where each setting came from.
 
@@ -260,7 +260,7 @@ def setting(name, argument=None):
     """Resolves one setting: `argument` if not None, else its environment variable (unless
     unset or blank), else its default. Returns a `Setting`.
 
-    `resolve` runs this for every setting. A consumer that needs one process-wide setting
+    `config_in_force` runs this for every setting. A consumer that needs one process-wide setting
     outside a strategy (`TF_CONFIG` to name tasks, `DPKERAS_CPUS` when connecting) resolves just
     that one, so a variable that an argument overrides elsewhere is never parsed.
 
@@ -276,7 +276,7 @@ def setting(name, argument=None):
     return Setting(_DEFAULTS[name], "default", None)
 
 
-def resolve(
+def config_in_force(
     compute_devices=None,
     parameter_device=None,
     deduplicate=None,

@@ -496,7 +496,7 @@ MUTANTS = (
         "env-client",
         "dpkeras env --cluster shows a task's devices but not the client training on it",
         "dpkeras/_cli/env.py",
-        '        client = f"training: {_lease.describe(record)}"\n',
+        '        client = f"training: {_client_record.describe(record)}"\n',
         '        client = "training"\n',
         (
             "tests/test_cluster_clients.py::"
@@ -507,7 +507,7 @@ MUTANTS = (
         "task-exit-reason",
         "a task does not read that its client finished: TensorFlow's Abort ends it, unexplained",
         "dpkeras/cluster/_task.py",
-        "        if _client_finished(lease, client_name):\n",
+        "        if _client_finished(reader, client_name):\n",
         "        if False:\n",
         (
             "tests/test_launch.py::"
@@ -517,7 +517,7 @@ MUTANTS = (
     Mutant(
         "client-lines",
         "the client writes no record and no line on the tasks at connecting",
-        "dpkeras/cluster/_lease.py",
+        "dpkeras/cluster/_client_record.py",
         "_write(task, record, f\"client {record['client']} {where} connected\")",
         "tf.constant(0)",
         (
@@ -808,10 +808,10 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "lease-unprobed-holder",
+        "record-unprobed-client",
         "a training client whose address cannot be probed from here is taken for dead: a second "
         "client trains beside it",
-        "dpkeras/cluster/_lease.py",
+        "dpkeras/cluster/_client_record.py",
         "        if alive is False:\n",
         "        if not alive:\n",
         (
@@ -820,9 +820,9 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "lease-dead-holder-blocks",
+        "record-dead-client-blocks",
         "the record of a client that died refuses every later client",
-        "dpkeras/cluster/_lease.py",
+        "dpkeras/cluster/_client_record.py",
         "        if alive is False:\n",
         "        if False:\n",
         ("tests/test_cluster_clients.py::test_a_dead_client_s_record_does_not_block_a_new_one",),
@@ -1420,6 +1420,30 @@ MUTANTS = (
         "experimental_is_anonymous=False,",
         (
             "tests/test_cluster_reshard.py::test_a_client_after_a_killed_one_starts_with_its_own_tables",
+        ),
+    ),
+    Mutant(
+        "scope-does-not-serve",
+        "dpkeras.scope() takes the client's door (issue 41): in a worker task under TF_CONFIG it "
+        "refuses instead of serving, so one program cannot run in every task",
+        "dpkeras/_strategy/scope.py",
+        "from dpkeras.cluster._task import join\n",
+        "from dpkeras.cluster._task import client_of as join\n",
+        (
+            "tests/test_serve.py::"
+            "test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_timeout",
+        ),
+    ),
+    Mutant(
+        "connect-serves",
+        "dpkeras.cluster.connect takes join's door (issue 41): in a ps task under TF_CONFIG it "
+        "serves and never returns instead of refusing",
+        "dpkeras/cluster/_task.py",
+        '    if client_of(cluster_spec, timeout, "connect as its client") is None:\n',
+        "    if join(cluster_spec, timeout) is None:\n",
+        (
+            "tests/test_serve.py::"
+            "test_connect_in_a_task_that_is_not_the_client_is_refused_naming_join",
         ),
     ),
 )

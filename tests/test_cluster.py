@@ -24,7 +24,7 @@ from dpkeras.testing import server_env
 SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
 
 
-# --- resolve_cluster ---------------------------------------------------------------------
+# --- cluster_spec_of ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -37,16 +37,16 @@ SPEC = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
     ],
 )
 def test_resolve_cluster_accepts_dict_spec_and_resolver(given):
-    assert cluster.resolve_cluster(given).as_dict() == SPEC
+    assert cluster.cluster_spec_of(given).as_dict() == SPEC
 
 
 def test_resolve_cluster_keeps_chief_and_worker_only_clusters():
     spec = {"chief": ["10.0.0.9:2222"], "worker": ["[::1]:2222"]}
-    assert cluster.resolve_cluster(spec).as_dict() == spec
+    assert cluster.cluster_spec_of(spec).as_dict() == spec
 
 
 def test_no_cluster_without_tf_config():
-    assert cluster.resolve_cluster() is None
+    assert cluster.cluster_spec_of() is None
 
 
 @pytest.mark.parametrize(
@@ -59,12 +59,12 @@ def test_no_cluster_without_tf_config():
 )
 def test_resolve_cluster_from_tf_config(monkeypatch, tf_config):
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
-    assert cluster.resolve_cluster().as_dict() == tf_config["cluster"]
+    assert cluster.cluster_spec_of().as_dict() == tf_config["cluster"]
 
 
 def test_tf_config_without_ps_or_worker_is_no_cluster(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["h:1"]}}))
-    assert cluster.resolve_cluster() is None
+    assert cluster.cluster_spec_of() is None
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_tf_config_without_ps_or_worker_is_no_cluster(monkeypatch):
 def test_tf_config_errors(monkeypatch, tf_config, pattern):
     monkeypatch.setenv("TF_CONFIG", tf_config)
     with pytest.raises(ValueError, match=pattern):
-        cluster.resolve_cluster()
+        cluster.cluster_spec_of()
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_tf_config_errors(monkeypatch, tf_config, pattern):
 )
 def test_resolve_cluster_errors(given, pattern):
     with pytest.raises(ValueError, match=pattern):
-        cluster.resolve_cluster(given)
+        cluster.cluster_spec_of(given)
 
 
 def test_empty_resolver_is_refused():
@@ -160,7 +160,7 @@ def test_empty_resolver_is_refused():
         match=r"the cluster resolver SimpleClusterResolver names no "
         r"job; a cluster needs a 'worker' job\.",
     ):
-        cluster.resolve_cluster(empty)
+        cluster.cluster_spec_of(empty)
 
 
 # --- probing and connecting, without TensorFlow connecting -------------------------------
@@ -250,7 +250,7 @@ def test_health_monitor_reports_a_silent_task_once():
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        spec = cluster.resolve_cluster({"worker": [address]})
+        spec = cluster.cluster_spec_of({"worker": [address]})
         monitor = cluster.HealthMonitor(
             spec,
             interval=0.1,
@@ -314,7 +314,7 @@ def test_name_failures_names_the_refusing_task():
     try:
         dead_port.bind(("127.0.0.1", 0))  # bound, not listening: refuses
         dead = f"127.0.0.1:{dead_port.getsockname()[1]}"
-        spec = cluster.resolve_cluster({"ps": [dead], "worker": [alive.address]})
+        spec = cluster.cluster_spec_of({"ps": [dead], "worker": [alive.address]})
         cause = _grpc_error("/job:worker/replica:0/task:0")  # derived: names the live task
         with pytest.raises(cluster.TaskFailedError) as info:
             with cluster.name_failures(spec):
@@ -352,7 +352,7 @@ def test_an_error_naming_a_task_that_answers_passes_through(error):
     failed op on a healthy task), not a dead task. Decided by probing, never by the text."""
     alive = _Answering()
     try:
-        spec = cluster.resolve_cluster({"worker": [alive.address]})
+        spec = cluster.cluster_spec_of({"worker": [alive.address]})
         with pytest.raises(type(error)) as info:
             with cluster.name_failures(spec):
                 raise error
@@ -372,7 +372,7 @@ def test_an_error_naming_a_task_that_answers_passes_through(error):
 def test_name_failures_passes_other_errors_through_when_every_task_answers(error):
     alive = _Answering()
     try:
-        spec = cluster.resolve_cluster({"worker": [alive.address]})
+        spec = cluster.cluster_spec_of({"worker": [alive.address]})
         with pytest.raises(type(error)) as info:
             with cluster.name_failures(spec):
                 raise error
@@ -408,7 +408,7 @@ def test_connect_task_devices_and_defaults_on_a_real_cluster(local):
         import tensorflow as tf
         from dpkeras import cluster
         from dpkeras.cluster import _connect, _devices, _health
-        spec = cluster.resolve_cluster(SPEC)
+        spec = cluster.cluster_spec_of(SPEC)
         cluster.connect(spec, timeout=60)
         cluster.connect(SPEC, timeout=60)  # the same cluster again: a no-op
         try:
@@ -462,7 +462,7 @@ _TRAIN = """
     import tensorflow as tf
     from dpkeras import cluster
     from dpkeras.cluster import _connect, _devices, _health
-    spec = cluster.resolve_cluster(SPEC)
+    spec = cluster.cluster_spec_of(SPEC)
     cluster.connect(spec, timeout=60)
     with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
         kernel = tf.Variable(tf.zeros([64, 64]))
@@ -570,7 +570,7 @@ def test_keras_fit_with_a_killed_ps_raises_task_failed_error(local):
         import keras, numpy as np, tensorflow as tf
         from dpkeras import cluster
         from dpkeras.cluster import _connect, _devices, _health
-        spec = cluster.resolve_cluster(SPEC)
+        spec = cluster.cluster_spec_of(SPEC)
         cluster.connect(spec, timeout=60)
         with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
             model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
@@ -610,7 +610,7 @@ def test_a_restarted_task_is_named_from_its_state(local):
         import tensorflow as tf
         from dpkeras import cluster
         from dpkeras.cluster import _health
-        spec = cluster.resolve_cluster(SPEC)
+        spec = cluster.cluster_spec_of(SPEC)
         cluster.connect(spec, timeout=60)
         with tf.device("/job:ps/replica:0/task:1/device:CPU:0"):
             v = tf.Variable(1.0)
@@ -666,12 +666,12 @@ def _read_line(proc, timeout):
 def test_resolve_cluster_reads_json_text_and_files(tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps(SPEC))
-    assert cluster.resolve_cluster(str(path)).as_dict() == cluster.resolve_cluster(SPEC).as_dict()
-    assert cluster.resolve_cluster(json.dumps(SPEC)).as_dict() == SPEC
+    assert cluster.cluster_spec_of(str(path)).as_dict() == cluster.cluster_spec_of(SPEC).as_dict()
+    assert cluster.cluster_spec_of(json.dumps(SPEC)).as_dict() == SPEC
     with pytest.raises(ValueError, match=r"cannot read the cluster file '.*missing.json': No such"):
-        cluster.resolve_cluster(str(tmp_path / "missing.json"))
+        cluster.cluster_spec_of(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match=r"the cluster is not valid JSON .*Received: '\{ps'"):
-        cluster.resolve_cluster("{ps")
+        cluster.cluster_spec_of("{ps")
 
 
 @pytest.mark.parametrize("job, index, have", [("worker", 2, "tasks 0..1"), ("chief", 0, "no task")])

@@ -17,7 +17,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from dpkeras.cluster import _connect, _lease, _spec, _task
+from dpkeras.cluster import _client_record, _connect, _spec, _task
 from dpkeras.testing import LocalCluster, server_env
 
 TIMEOUT = 300
@@ -176,8 +176,8 @@ def test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbe
 
 
 def _plant(local, **record):
-    """Writes a client record (`dpkeras.cluster._lease`) on the ps and the worker, as a client
-    at connecting would, through a graph session on each task: this process connects to
+    """Writes a client record (`dpkeras.cluster._client_record`) on the ps and the worker, as a
+    client at connecting would, through a graph session on each task: this process connects to
     nothing. Unset fields are those of a client of this machine that trains."""
     record = {
         "client": "/job:chief/replica:0/task:0",
@@ -185,7 +185,7 @@ def _plant(local, **record):
         "pid": 4242,
         "host": socket.gethostname(),
         "since": time.time(),
-        "state": _lease.TRAINING,
+        "state": _client_record.TRAINING,
         **record,
     }
     for job in ("ps", "worker"):
@@ -193,7 +193,7 @@ def _plant(local, **record):
         graph = tf.Graph()
         with graph.as_default(), tf.device(f"{task}/device:CPU:0"):
             write = tf.raw_ops.AssignVariableOp(
-                resource=_lease._handle(), value=tf.constant(json.dumps(record))
+                resource=_client_record._handle(), value=tf.constant(json.dumps(record))
             )
         config = tf.compat.v1.ConfigProto(device_filters=[task], operation_timeout_in_ms=60000)
         target = f"grpc://{local.address(job, 0)}"
@@ -206,7 +206,7 @@ def planted(local):
     """`_plant` on the module's cluster; at the end, the record of a client that finished
     (which blocks nobody), whatever the test planted."""
     yield lambda **record: _plant(local, **record)
-    _plant(local, state=_lease.FINISHED)
+    _plant(local, state=_client_record.FINISHED)
 
 
 def _dead_address():
@@ -220,7 +220,7 @@ def test_a_training_client_that_cannot_be_probed_from_here_refuses_a_second_one(
     be told from here, so the cluster is in use."""
     planted(client="/job:localhost/replica:0/task:0", address="localhost:1", host="elsewhere")
     with pytest.raises(RuntimeError) as refused:
-        _lease.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))
+        _client_record.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))
     assert re.match(
         r"Cannot connect to the cluster: it is in use by client /job:localhost/replica:0/task:0 "
         r"at localhost:1 \(pid 4242 on host elsewhere, connected at [-0-9: ]+ UTC\), which trains "
@@ -234,23 +234,25 @@ def test_a_dead_client_s_record_does_not_block_a_new_one(local, planted):
     """The record says training, but its client (on this machine) no longer answers: it died
     without finishing. Planted here, not left by another test."""
     planted(address=_dead_address())
-    _lease.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))  # no error
+    _client_record.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))  # no error
     planted(address=local.spec["ps"][0])  # the control: a client that answers blocks
     with pytest.raises(RuntimeError, match=r"in use by .* and still answers\."):
-        _lease.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))
+        _client_record.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))
 
 
 def test_a_task_ends_for_its_own_client_s_finished_record_only(local, planted):
     """A task watching the chief ends with status 0 (`_task._client_finished`) when the record
     says the chief finished, not when it says another client did."""
     chief = "/job:chief/replica:0/task:0"
-    reader = _lease.Reader(local.address("ps", 0), "/job:ps/replica:0/task:0", timeout=60)
+    reader = _client_record.RecordReader(
+        local.address("ps", 0), "/job:ps/replica:0/task:0", timeout=60
+    )
     try:
-        planted(client="/job:localhost/replica:0/task:0", state=_lease.FINISHED)
+        planted(client="/job:localhost/replica:0/task:0", state=_client_record.FINISHED)
         assert not _task._client_finished(reader, chief)
-        planted(client=chief, state=_lease.TRAINING)
+        planted(client=chief, state=_client_record.TRAINING)
         assert not _task._client_finished(reader, chief)
-        planted(client=chief, state=_lease.FINISHED)
+        planted(client=chief, state=_client_record.FINISHED)
         assert _task._client_finished(reader, chief)
     finally:
         reader.close()

@@ -45,7 +45,7 @@ def test_argument_then_environment_then_default(monkeypatch, name):
     argument, from_argument, text, from_text, default = PRECEDENCE[name]
     variable = _config.VARIABLES[name]
     monkeypatch.delenv(variable, raising=False)
-    config = _config.resolve()
+    config = _config.config_in_force()
     assert (getattr(config, name), config.source(name), config.received(name)) == (
         default,
         "default",
@@ -53,21 +53,21 @@ def test_argument_then_environment_then_default(monkeypatch, name):
     )
     for blank in ("", "  "):  # a blank variable is unset
         monkeypatch.setenv(variable, blank)
-        assert getattr(_config.resolve(), name) == default
+        assert getattr(_config.config_in_force(), name) == default
     monkeypatch.setenv(variable, text)
-    config = _config.resolve()
+    config = _config.config_in_force()
     assert getattr(config, name) == from_text
     assert config.source(name) == "environment"
     assert config.received(name) == f"{variable}={text!r}"
     assert _config.setting(name) == (from_text, "environment", text)
     if argument is not None:
-        config = _config.resolve(**{name: argument})
+        config = _config.config_in_force(**{name: argument})
         assert (getattr(config, name), config.source(name)) == (from_argument, "argument")
 
 
 def test_one_parameter_device_from_the_environment_is_a_string(monkeypatch):
     monkeypatch.setenv("DPKERAS_PARAMETER_DEVICE", " /gpu:0 ")
-    assert _config.resolve().parameter_device == "/gpu:0"
+    assert _config.config_in_force().parameter_device == "/gpu:0"
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_one_parameter_device_from_the_environment_is_a_string(monkeypatch):
 def test_a_bad_environment_value_is_named(monkeypatch, variable, text, message):
     monkeypatch.setenv(variable, text)
     with pytest.raises(ValueError) as raised:
-        _config.resolve()
+        _config.config_in_force()
     assert str(raised.value) == message
 
 
@@ -160,34 +160,36 @@ def test_a_bad_environment_value_is_named(monkeypatch, variable, text, message):
 )
 def test_a_bad_argument_is_named(arguments, message):
     with pytest.raises(ValueError) as raised:
-        _config.resolve(**arguments)
+        _config.config_in_force(**arguments)
     assert str(raised.value) == message
 
 
 def test_an_argument_overrides_a_bad_variable_which_is_then_never_parsed(monkeypatch):
     monkeypatch.setenv("DPKERAS_COMPUTE_DEVICES", "/cpu:1,,")
     monkeypatch.setenv("DPKERAS_DEDUPLICATE", "maybe")
-    config = _config.resolve(compute_devices=["/cpu:1"], deduplicate=True)
+    config = _config.config_in_force(compute_devices=["/cpu:1"], deduplicate=True)
     assert (config.compute_devices, config.deduplicate) == (("/cpu:1",), Deduplicate.ON)
     strategy = dpkeras.get_strategy(["/cpu:1"], "/cpu:0", deduplicate="sum")
     assert strategy.deduplicate is Deduplicate.SUM
 
 
 def test_the_config_is_frozen_hashable_and_equal_by_value(monkeypatch):
-    config = _config.resolve(compute_devices=["/cpu:1", "/cpu:2"], parameter_device=["/cpu:0"])
+    config = _config.config_in_force(
+        compute_devices=["/cpu:1", "/cpu:2"], parameter_device=["/cpu:0"]
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.cpus = 4
     assert {config: 1}[
-        _config.resolve(compute_devices=("/cpu:1", "/cpu:2"), parameter_device=("/cpu:0",))
+        _config.config_in_force(compute_devices=("/cpu:1", "/cpu:2"), parameter_device=("/cpu:0",))
     ]
     monkeypatch.setenv("DPKERAS_DEDUPLICATE", "0")
-    from_environment = _config.resolve()
-    from_argument = _config.resolve(deduplicate=False)
+    from_environment = _config.config_in_force()
+    from_argument = _config.config_in_force(deduplicate=False)
     assert from_environment.source("deduplicate") != from_argument.source("deduplicate")
     assert from_environment == from_argument  # where a value came from is not the value
     assert hash(from_environment) == hash(from_argument)
     monkeypatch.setenv("DPKERAS_CPUS", "2")
-    assert _config.resolve() != from_argument
+    assert _config.config_in_force() != from_argument
 
 
 def test_get_strategy_follows_the_resolved_config(monkeypatch):
@@ -214,13 +216,13 @@ def test_get_strategy_resolves_devices_once_per_strategy_made(monkeypatch):
     from dpkeras._extended import devices
 
     calls = []
-    real = devices.resolve_devices
+    real = devices.strategy_devices
 
     def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(devices, "resolve_devices", counting)
+    monkeypatch.setattr(devices, "strategy_devices", counting)
     monkeypatch.setenv("DPKERAS_CLIENT_START_TIMEOUT", "61")  # settings no other test uses
     made = dpkeras.get_strategy(["/cpu:2", "/cpu:3"], "/cpu:1")
     assert len(calls) == 1
@@ -294,7 +296,7 @@ def test_dpkeras_serve_names_a_bad_variable_in_one_line(capsys, monkeypatch):
 
 def test_tf_config_is_read_through_the_config(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:2"]}}))
-    assert _spec.resolve_cluster().as_dict() == {"worker": ["127.0.0.1:2"]}
+    assert _spec.cluster_spec_of().as_dict() == {"worker": ["127.0.0.1:2"]}
     assert _spec.parse_tf_config(None) == (None, None)
 
 

@@ -3,9 +3,10 @@ fix; the same pipeline made after joining trains.
 
 Joining replaces TensorFlow's eager context and a dataset belongs to the context it was made
 in: used afterwards, TensorFlow fails with "/job:localhost/... unknown device
-[Op:DatasetToGraphV2]" (FACTS.md). Scripts often build their data first, and under TFJob the
-top of the script runs in every task, so the common pipelines are each tried both ways, in one
-program run by `dpkeras launch` on loopback (a chief, one ps, two workers).
+[Op:DatasetToGraphV2]" (docs/cluster.md, "Datasets after joining"). Scripts often build their
+data first, and under TFJob the top of the script runs in every task, so the common pipelines
+are each tried both ways, in one program run by `dpkeras launch` on loopback (a chief, one ps,
+two workers).
 """
 
 import json

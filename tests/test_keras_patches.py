@@ -1,7 +1,7 @@
 """dpkeras/_patches: every change to Keras, TensorFlow and keras-rs is an entry of one table,
 checked, installed by a scope, and reversible.
 
-Each test starts from `uninstall()` (every original in place, nothing leased) and uses
+Each test starts from `uninstall()` (every original in place, nothing held) and uses
 strategies made here, on devices no other test file uses, so no variable of another test keeps
 the entries installed.
 """
@@ -117,6 +117,51 @@ def test_nothing_outside_dpkeras_patches_registers_with_tensorflow():
                 if name in registries:
                     found.append(f"{relative}:{node.lineno} {name}")
     assert found == [], found
+
+
+_LIBRARIES = {"keras", "tf", "tensorflow", "keras_rs"}
+
+
+def _library_writes(tree):
+    """Assignments to an attribute or item of `keras`, `tf`, `tensorflow` or `keras_rs`
+    (`keras.layers.Layer.call = f`), and `setattr`/`delattr` on one, unparsed."""
+    found = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, ast.Delete) else [node.target]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr"):
+            targets = node.args[:1]
+        for target in targets:
+            root = target
+            while isinstance(root, (ast.Attribute, ast.Subscript)):
+                root = root.value
+            if root is not target and isinstance(root, ast.Name) and root.id in _LIBRARIES:
+                found.append(ast.unparse(target))
+    return found
+
+
+def test_nothing_outside_dpkeras_patches_assigns_to_keras_or_tensorflow():
+    """The rule (`dpkeras._patches`): a change to Keras, TensorFlow or keras-rs themselves is an
+    entry of the table. A user's own model is not Keras (setting `layer.name` is not a change
+    to Keras), so only the libraries' own objects are looked for."""
+    root = pathlib.Path(dpkeras.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if not relative.startswith("_patches/"):
+            found += [f"{relative}: {w}" for w in _library_writes(ast.parse(path.read_text()))]
+    assert found == [], found
+
+
+def test_the_library_write_check_sees_one():
+    tree = ast.parse(
+        "keras.layers.Layer.call = f\nsetattr(tf.Variable, 'x', 1)\ndel keras_rs.a\n"
+        "layer.name = 'conv_1'\nmodel.train_function = None\n"
+    )
+    assert sorted(_library_writes(tree)) == ["keras.layers.Layer.call", "keras_rs.a", "tf.Variable"]
 
 
 def test_creating_a_strategy_patches_nothing():

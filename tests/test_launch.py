@@ -240,28 +240,28 @@ def test_the_roles_read_from_tf_config(monkeypatch):
     for leader in ("chief", "master"):
         cluster = {leader: ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"], "evaluator": ["h:5"]}
         monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
-        spec = _spec.resolve_cluster()
+        spec = _spec.cluster_spec_of()
         assert sorted(spec.jobs) == sorted([leader, "ps", "worker"])  # no evaluator
         assert _spec.client_task(spec) == (leader, 0)
         assert _task.client_address(spec) == (f"/job:{leader}/replica:0/task:0", "h:1")
     cluster = {"ps": ["h:2"], "worker": ["h:3", "h:4"]}
     monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
-    spec = _spec.resolve_cluster()
+    spec = _spec.cluster_spec_of()
     assert _spec.client_task(spec) == ("worker", 0)
     # The tasks that serve watch worker 0 (the client), not ps 0, whatever their own task.
     for job, index in (("ps", 0), ("worker", 1)):
         monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, job, index))
-        assert _task.client_address(_spec.resolve_cluster()) == (
+        assert _task.client_address(_spec.cluster_spec_of()) == (
             "/job:worker/replica:0/task:0",
             "h:3",
         )
     monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
-    assert set(_spec.resolve(spec).remote) == {
+    assert set(_spec.cluster_of(spec).remote) == {
         "/job:ps/replica:0/task:0",
         "/job:worker/replica:0/task:1",
     }
     monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 1))
-    assert _spec.client_task(_spec.resolve_cluster()) is None  # worker 1 serves
+    assert _spec.client_task(_spec.cluster_spec_of()) is None  # worker 1 serves
 
 
 def test_the_tfjob_manifest_names_the_roles_dpkeras_reads():
@@ -286,7 +286,7 @@ def test_the_tfjob_manifest_names_the_roles_dpkeras_reads():
         os.environ["TF_CONFIG"] = _tf_config(cluster, role.lower(), 0)
         try:
             assert _spec.tf_config_task() == (role.lower(), 0)
-            assert _spec.client_task(_spec.resolve_cluster()) == ("chief", 0)
+            assert _spec.client_task(_spec.cluster_spec_of()) == ("chief", 0)
         finally:
             del os.environ["TF_CONFIG"]
 

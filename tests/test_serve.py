@@ -29,7 +29,7 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
             f"""
             import tensorflow as tf
             from dpkeras import cluster
-            spec = cluster.resolve_cluster({cluster.spec!r})
+            spec = cluster.cluster_spec_of({cluster.spec!r})
             cluster.connect(spec, timeout=60)
             with tf.device("/job:worker/replica:0/task:0/device:CPU:1"):
                 x = tf.constant(20.0) + 22.0
@@ -176,7 +176,7 @@ def test_under_tf_config_without_a_chief_serve_watches_worker_0(monkeypatch):
         monkeypatch.setenv(
             "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
         )
-        spec = _spec.resolve_cluster()
+        spec = _spec.cluster_spec_of()
         assert _client_to_watch(spec, job, index, True, None) == (
             "/job:worker/replica:0/task:0",
             "127.0.0.1:2",
@@ -223,20 +223,22 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
     """A ps/worker pod whose client never comes must not wait forever nor end "successfully":
     after `$DPKERAS_CLIENT_START_TIMEOUT` seconds it ends with status 75 (EX_TEMPFAIL, so a
     scheduler retries the job) and says why. Every way a task is run watches the client: the
-    one program under TF_CONFIG (`dpkeras.scope()`), `dpkeras serve` under TF_CONFIG, and
+    one program under TF_CONFIG (at `dpkeras.cluster.join()`, or at `dpkeras.scope()`, which
+    joins: neither returns in such a task), `dpkeras serve` under TF_CONFIG, and
     `dpkeras serve --cluster ... --exit-with-client`. They run at once, in one cluster whose
     chief (a free port nothing listens on) never starts; each must end 3 s after its `ready`,
     not at once and not after the 1800 s default."""
     from dpkeras.testing._cluster import READY_TIMEOUT, wait_for_line
 
     timeout = 3
-    chief, ps, *workers = (f"127.0.0.1:{port}" for port in free_ports(4))
+    chief, ps, *workers = (f"127.0.0.1:{port}" for port in free_ports(5))
     cluster = {"chief": [chief], "ps": [ps], "worker": workers}
 
     def tf_config(job, index):
         return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
 
     script = "import dpkeras\ndpkeras.cluster.join()\nprint('NOT REACHED')\n"
+    in_scope = "import dpkeras\nwith dpkeras.scope():\n    print('NOT REACHED')\n"
     entries = {  # name -> (argv, TF_CONFIG or None, task, what its lines start with)
         "serve under TF_CONFIG": (
             [sys.executable, "-m", "dpkeras", "serve"],
@@ -256,6 +258,12 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
             "/job:worker/replica:0/task:1",
             "dpkeras",
         ),
+        "one program under TF_CONFIG, dpkeras.scope()": (
+            [sys.executable, "-c", in_scope],
+            tf_config("worker", 2),
+            "/job:worker/replica:0/task:2",
+            "dpkeras",
+        ),
     }
 
     def run(entry):
@@ -272,6 +280,7 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
                 ready = time.monotonic()
                 status = proc.wait(timeout=60)  # bounded: far below the 1800 s default
                 waited = time.monotonic() - ready
+                said += proc.stdout.read().splitlines()  # what it printed after `ready`
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -293,12 +302,18 @@ def test_a_task_whose_client_never_starts_ends_with_status_75_after_the_start_ti
         ], entry
         # `ready` is read a moment after it is printed: a little slack, never a whole timeout.
         assert timeout - 1 < waited < 60, (entry, waited)
-    # The one program says where it stops being a client.
-    assert results["one program under TF_CONFIG, join()"][3][0] == (
-        "dpkeras: this process is /job:worker/replica:0/task:1 of the cluster in TF_CONFIG, not "
-        "its client (/job:chief/replica:0/task:0): it stops being a client here, serves, and "
-        "ends with the client."
-    )
+    # The one program says where it stops being a client, and goes no further.
+    for entry in (
+        "one program under TF_CONFIG, join()",
+        "one program under TF_CONFIG, dpkeras.scope()",
+    ):
+        _, _, task, _ = entries[entry]
+        assert results[entry][3][0] == (
+            f"dpkeras: this process is {task} of the cluster in TF_CONFIG, not its client "
+            f"(/job:chief/replica:0/task:0): it stops being a client here, serves, and ends "
+            f"with the client."
+        )
+        assert "NOT REACHED" not in results[entry][3]
 
 
 def test_a_strategy_built_in_a_task_that_is_not_the_client_is_refused_naming_join(monkeypatch):
@@ -315,6 +330,35 @@ def test_a_strategy_built_in_a_task_that_is_not_the_client_is_refused_naming_joi
     assert str(info.value) == (
         "This process is /job:ps/replica:0/task:0 of the cluster in TF_CONFIG, not its client "
         "(/job:chief/replica:0/task:0): it cannot build a strategy. Call "
+        "dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task that is "
+        "not the client serves from there and never returns."
+    )
+
+
+def test_connect_in_a_task_that_is_not_the_client_is_refused_naming_join():
+    """`dpkeras.cluster.connect` is the client's door: in a ps task under TF_CONFIG it neither
+    serves (as `join` and `dpkeras.scope()` do there) nor connects as a client of its own
+    cluster; it refuses, naming the role and `join`. Run in a child, bounded: a connect that
+    served would end 3 s later with status 75, not with this error."""
+    chief, ps, worker = (f"127.0.0.1:{port}" for port in free_ports(3))
+    cluster = {"chief": [chief], "ps": [ps], "worker": [worker]}
+    env = dict(
+        server_env(),
+        TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}),
+        **{_config.VARIABLES["client_start_timeout"]: "3"},
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import dpkeras\ndpkeras.cluster.connect(None)\nprint('CONNECTED')"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout == ""
+    assert proc.stderr.rstrip().splitlines()[-1] == (
+        "ValueError: This process is /job:ps/replica:0/task:0 of the cluster in TF_CONFIG, not "
+        "its client (/job:chief/replica:0/task:0): it cannot connect as its client. Call "
         "dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task that is "
         "not the client serves from there and never returns."
     )

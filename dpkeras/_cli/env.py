@@ -45,9 +45,9 @@ def _setting_lines(settings, variables):
 
 def _task_state(cluster, task, address):
     """`(what a task's line says, its device names)`, read without connecting as a client:
-    a probe of its port, then its devices and its client's record (`cluster._lease`)."""
+    a probe of its port, then its devices and its client's record (`cluster._client_record`)."""
     from dpkeras import _device_names as device_names
-    from dpkeras.cluster import _lease
+    from dpkeras.cluster import _client_record
     from dpkeras.cluster._health import probe
 
     reason = probe(address, timeout=2.0)
@@ -57,7 +57,7 @@ def _task_state(cluster, task, address):
         return f"the client's task; no client is running ({reason})", []
     if reason is not None:
         return f"does not answer ({reason})", []
-    reader = _lease.Reader(address, task)
+    reader = _client_record.RecordReader(address, task)
     try:
         names = reader.devices()
         record = reader.record()
@@ -68,12 +68,12 @@ def _task_state(cluster, task, address):
     kinds = ", ".join(device_names.short_device(n).rsplit("/", 1)[1] for n in names)
     if record is None:
         client = "no client has connected"
-    elif record["state"] == _lease.FINISHED:
-        client = f"its last {_lease.describe(record)} finished training"
-    elif _lease.holder_answers(record) is False:
-        client = f"its {_lease.describe(record)} no longer answers (it did not finish)"
+    elif record["state"] == _client_record.FINISHED:
+        client = f"its last {_client_record.describe(record)} finished training"
+    elif _client_record.client_answers(record) is False:
+        client = f"its {_client_record.describe(record)} no longer answers (it did not finish)"
     else:
-        client = f"training: {_lease.describe(record)}"
+        client = f"training: {_client_record.describe(record)}"
     return f"answers; {kinds}; {client}", names
 
 
@@ -142,8 +142,8 @@ def env(argv=None, out=None):
     from dpkeras.cluster import _spec
 
     try:
-        settings = config.resolve()
-        spec = _spec.resolve_cluster(None if args.cluster is None else load_cluster(args.cluster))
+        settings = config.config_in_force()
+        spec = _spec.cluster_spec_of(None if args.cluster is None else load_cluster(args.cluster))
     except ValueError as e:
         parser.error(str(e))
 
@@ -193,7 +193,7 @@ def env(argv=None, out=None):
         _say_cluster_defaults(say, cluster, cluster_devices, settings)
     else:
         try:
-            resolved = devices.resolve_devices(settings, spec)
+            resolved = devices.strategy_devices(settings, spec)
         except ValueError as e:
             say(f"  nothing: {e}")
         else:

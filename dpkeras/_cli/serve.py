@@ -91,7 +91,7 @@ def _check_task(cluster, job, index):
     """Validates the cluster and the task; returns `(ClusterSpec, address)`."""
 
     try:
-        spec = _spec.resolve_cluster(cluster)
+        spec = _spec.cluster_spec_of(cluster)
     except ValueError as e:
         raise _UsageError(str(e)) from None
     if job not in ("ps", "worker"):
@@ -176,7 +176,7 @@ def serve(argv=None):
     try:
         if args.cpus is not None and args.cpus < 1:
             raise _UsageError(f"--cpus must be >= 1. Received: {args.cpus}")
-        config = _config.resolve(cpus=args.cpus, exit_with_client=args.exit_with_client)
+        config = _config.config_in_force(cpus=args.cpus, exit_with_client=args.exit_with_client)
         cluster, job, index, from_tf_config = _task_from_args(args, config.tf_config)
         if job == "evaluator":
             print(

@@ -10,9 +10,10 @@ all-reduce (`CollectiveReduceV2`, a ring; NCCL between GPUs), one per dtype over
 packed into one flat buffer, so a step makes one collective however many layers the model has.
 Every device receives the same bits (a ring reduces each chunk once and forwards it), so the
 copies stay identical. Each device's collective is ordered by a resource of its own (one
-copy's handle): with one shared or no ordering token, TensorFlow chains the devices'
-collectives one after the other in the graph and they wait for each other forever (see FACTS:
-"All-reduce among remote workers").
+copy's handle): with one shared or no ordering token, TensorFlow's automatic control
+dependencies chain the devices' collectives one after the other in the graph and they wait for
+each other forever (measured on TF 2.21, loopback, 1 ps + 2 workers: `ordering_token=[]` ends
+in `DeadlineExceededError ... Collective has timed out waiting for other workers`).
 
 Run eagerly (`run_eagerly=True`) the ops run one at a time, so a collective would wait for
 peers never launched: each device then sums the components itself (`tf.add_n`, in replica

@@ -4,6 +4,8 @@ Names are spelled by `dpkeras._device_names`; this module decides which devices 
 hold variables, from the arguments, the `DPKERAS_*` settings and what this process has.
 """
 
+import typing
+
 import tensorflow as tf
 
 from dpkeras import _tf_internals, placement
@@ -86,8 +88,25 @@ def _check_remote(device, role, available, given):
     )
 
 
-def resolve_devices(config, cluster=None):
-    """Validates and fills in a strategy's devices; see `_resolve_devices`.
+class StrategyDevices(typing.NamedTuple):
+    """A strategy's devices, validated and filled in (`strategy_devices`).
+
+    Attributes:
+        compute: tuple of str, the canonical names of the compute devices.
+        policy: the placement policy (a callable).
+        home: str, the canonical name of the device that holds reductions not tied to a
+            variable (the policy's first device, else `/cpu:0`).
+        reason: str, a sentence saying where the compute devices came from.
+    """
+
+    compute: tuple
+    policy: object
+    home: str
+    reason: str
+
+
+def strategy_devices(config, cluster=None):
+    """A strategy's `StrategyDevices`, validated and filled in; see `_checked_devices`.
 
     With a cluster (a `tf.train.ClusterSpec` this process joined as its client, see
     `dpkeras.cluster.join`), the defaults are the cluster's: every GPU of every
@@ -101,7 +120,7 @@ def resolve_devices(config, cluster=None):
     Args:
         config: the `dpkeras._config.Config` in force: its `compute_devices` and
             `parameter_device` (argument, else environment, else None).
-        cluster: the `Cluster` this process joined (`dpkeras.cluster._spec.resolve`), or None.
+        cluster: the `Cluster` this process joined (`dpkeras.cluster._spec.cluster_of`), or None.
     """
     compute_devices, parameter_device = config.compute_devices, config.parameter_device
     source = "argument"
@@ -121,8 +140,8 @@ def resolve_devices(config, cluster=None):
         else:
             reason = None
     try:
-        resolved = _resolve_devices(compute_devices, parameter_device, source)
-        return resolved if reason is None else (*resolved[:3], reason)
+        resolved = _checked_devices(compute_devices, parameter_device, source)
+        return resolved if reason is None else StrategyDevices(*resolved[:3], reason)
     except ValueError as e:
         used = [s for s in ("compute_devices", "parameter_device") if config.received(s)]
         if not used:
@@ -133,7 +152,7 @@ def resolve_devices(config, cluster=None):
         ) from None
 
 
-def _resolve_devices(compute_devices=None, parameter_device=None, source="argument"):
+def _checked_devices(compute_devices=None, parameter_device=None, source="argument"):
     """Validates and fills in a strategy's devices.
 
     Precedence for each, decided by `dpkeras._config`: the argument, then
@@ -147,10 +166,8 @@ def _resolve_devices(compute_devices=None, parameter_device=None, source="argume
         source: str, where `compute_devices` came from, for the reason.
 
     Returns:
-        `(compute_devices, policy, home_device, reason)`: a tuple of canonical names; the
-        placement policy (a callable); the canonical name of the device that holds reductions
-        not tied to a variable (the policy's first device, else `/cpu:0`); and a sentence
-        saying where the compute devices came from.
+        The `StrategyDevices`: the compute devices, the placement policy, the device that
+        holds reductions not tied to a variable, and where the compute devices came from.
 
     Raises:
         ValueError: for an unparseable, absent or duplicated device, an empty list, or a
@@ -172,7 +189,7 @@ def _resolve_devices(compute_devices=None, parameter_device=None, source="argume
         _check_exists(device, "parameter device", available)
     if compute_devices is None:
         compute, reason = default_compute_devices(policy_devices or (home,))
-        return tuple(compute), policy, home, reason
+        return StrategyDevices(tuple(compute), policy, home, reason)
 
     compute_devices = list(compute_devices)
     if not compute_devices:
@@ -200,7 +217,7 @@ def _resolve_devices(compute_devices=None, parameter_device=None, source="argume
             f"; parameter device(s) {', '.join(short_device(d) for d in shared)} also "
             f"compute (like tf_cnn_benchmarks' --local_parameter_device)"
         )
-    return tuple(canonical), policy, home, reason
+    return StrategyDevices(tuple(canonical), policy, home, reason)
 
 
 def already_split(kind, n, call):

@@ -74,7 +74,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         container_strategy: the `ParameterDeviceStrategy`.
         config: the `dpkeras._config.Config` in force (devices, deduplication).
         cluster: the `Cluster` this process joined as its client (a `tf.train.ClusterSpec`,
-            see `dpkeras.cluster._spec.resolve`) or None.
+            see `dpkeras.cluster._spec.cluster_of`) or None.
         partitioner: a partitioner (see `dpkeras._variables.partitioning`) or None.
     """
 
@@ -82,7 +82,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         super().__init__(container_strategy)
         self._cluster = cluster
         self._config = config
-        compute, policy, home, reason = devices.resolve_devices(config, cluster)
+        compute, policy, home, reason = devices.strategy_devices(config, cluster)
         self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
         compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute

@@ -25,5 +25,18 @@ other module of dpkeras changes Keras, TensorFlow or keras-rs (tests/test_keras_
 - `outside_the_scope`: `compile` outside a model's strategy, and `fit` of a model without one
   beside a cluster strategy never entered, refused by name;
 - `shared_weights`: a layer built under TF1 `reuse` holds the first layer's variable (the one
-  change to a Keras object's own state; it is the model's structure, so it stays).
+  write to a Keras object's private state; it is the model's structure, so it stays).
+
+The rule: what dpkeras changes in Keras, TensorFlow or keras-rs themselves (their functions,
+classes and process-wide registries, shared by every model in the process) is an entry of the
+table, and `uninstall()` puts it back. A user's own objects are not Keras: what dpkeras sets on
+a model or a layer through Keras's public attributes is the model's, as when Keras sets it, and
+no entry (`uninstall()` leaves models as they are). So `dpkeras.tf1` names a second TF1 tower's
+layer `conv_1` (`layer.name`, Keras's own suffix for a duplicate name; the functional model it
+is in refuses two layers of one name, and its saved files keep the name), and
+`dpkeras.train_step_transfers` sets `model.train_function = None` (as Keras's `compile` does)
+so the step is traced where its transfers are recorded. A model's structure that only Keras's
+private state can hold (`shared_weights`) is written here, beside the table, and stays too.
+tests/test_keras_patches.py holds the rest of dpkeras to it: nothing outside `_patches/`
+assigns to Keras, TensorFlow or keras-rs, or registers with TensorFlow's dispatch.
 """

@@ -6,8 +6,9 @@ listed twice and updated twice. A Keras layer creates its own wrapper in `add_we
 no existing one, so once a layer built under `reuse` has tracked its wrapper, `hold` swaps it
 for the first layer's, in the layer's tracking lists (in place, keeping the weight order saving
 relies on) and in its attributes (through `setattr`, so TensorFlow checkpoints track the new
-object too). This is the one change dpkeras makes to a Keras object's own state; it is the
-model's structure (the weight is shared), so `uninstall()` leaves it. The Keras hook that would
+object too). This is the one write dpkeras makes to a Keras object's private state; it is the
+model's structure (the weight is shared), so `uninstall()` leaves it (the rule:
+`dpkeras._patches`). The Keras hook that would
 retire it: `Layer.add_weight` accepting an existing variable. Where Keras keeps the lists is
 read from `dpkeras._keras_internals`.
 """

@@ -284,7 +284,9 @@ ENTRIES = (
 _lock = threading.RLock()
 _saved = {}  # qualname -> what the entry's install returned
 _scopes = set()  # one token per entered scope
-_leases = {}  # id(variable) -> weakref.finalize
+# id(object) -> weakref.finalize: each variable made under a scope, and each cluster strategy not
+# yet entered, holds the entries installed while it lives.
+_holds = {}
 
 
 def entry(qualname):
@@ -351,9 +353,9 @@ def uninstall():
     ```
     """
     with _lock:
-        for finalizer in list(_leases.values()):
+        for finalizer in list(_holds.values()):
             finalizer.detach()
-        _leases.clear()
+        _holds.clear()
         _scopes.clear()
         _restore()
 
@@ -365,21 +367,21 @@ def _restore():
 
 
 def _release_if_unused():
-    if not _scopes and not _leases:
+    if not _scopes and not _holds:
         _restore()
 
 
-def _variable_died(key):
+def _holder_died(key):
     with _lock:
-        _leases.pop(key, None)
+        _holds.pop(key, None)
         _release_if_unused()
 
 
-def _lease(variables):
-    for v in variables:
-        key = id(v)
-        if key not in _leases:
-            _leases[key] = weakref.finalize(v, _variable_died, key)
+def _hold_while_alive(objects):
+    for o in objects:
+        key = id(o)
+        if key not in _holds:
+            _holds[key] = weakref.finalize(o, _holder_died, key)
 
 
 def hold_until_entered(strategy):
@@ -394,7 +396,7 @@ def hold_until_entered(strategy):
     """
     with _lock:
         install()
-        _lease([strategy])
+        _hold_while_alive([strategy])
     outside_the_scope.awaiting_entry(strategy)
 
 
@@ -437,7 +439,7 @@ def installed_during(scope, live_variables, strategy=None):
     with _lock:
         install()
         _scopes.add(token)
-        held = None if strategy is None else _leases.pop(id(strategy), None)
+        held = None if strategy is None else _holds.pop(id(strategy), None)
         if held is not None:
             held.detach()
     if strategy is not None:
@@ -448,6 +450,6 @@ def installed_during(scope, live_variables, strategy=None):
     finally:
         with _lock:
             if token in _scopes:  # else uninstall() was called inside the scope
-                _lease(live_variables())
+                _hold_while_alive(live_variables())
                 _scopes.discard(token)
             _release_if_unused()

@@ -26,9 +26,13 @@ def get_strategy(
     blocks can be trained together, and a changed environment variable gives another one. A
     placement policy object or partitioner is equal only to itself. Arguments are those of
     `ParameterDeviceStrategy`.
+
+    On a cluster it first joins it (`dpkeras.cluster.join`, the one step): the client connects;
+    under `TF_CONFIG`, a `ps` or other `worker` task serves from here and never returns (its
+    process ends with the client), and an `evaluator` ends with status 0.
     """
     as_partitioner(partitioner)
-    config = _config.resolve(
+    config = _config.config_in_force(
         compute_devices=compute_devices, parameter_device=parameter_device, deduplicate=deduplicate
     )
     joined = join(cluster)  # a task that is not the client serves here, and does not return
@@ -71,6 +75,14 @@ def scope(
     `predict`, `save` and callbacks then work unchanged, inside or outside the block.
     Like every `tf.distribute` scope, it is thread-local.
 
+    On a cluster (`cluster=`, or a `TF_CONFIG` naming a `ps` or `worker` job) entering it
+    first joins the cluster: it calls `dpkeras.cluster.join(cluster)`, the one step. The client
+    connects and enters the scope. **A `ps` or other `worker` task under `TF_CONFIG` never
+    enters it: it serves from here and never returns** (its process ends with status 0 when
+    the client finishes, 75 when the client is gone), and an `evaluator` ends with status 0.
+    So one program can run in every task; call `dpkeras.cluster.join()` first in it, to part
+    ways before building datasets.
+
     ```python
     import dpkeras, keras
     with dpkeras.scope() as strategy:    # or scope(compute_devices=[...], parameter_device=...)
@@ -96,6 +108,7 @@ def scope(
     Raises:
         ValueError: for bad devices (see `ParameterDeviceStrategy`), or when entered inside
             the scope of a different `tf.distribute` strategy.
+        TimeoutError: on a cluster, a task that does not answer (see `dpkeras.cluster.join`).
     """
     strategy = get_strategy(compute_devices, parameter_device, cluster, partitioner, deduplicate)
     if tf.distribute.has_strategy():

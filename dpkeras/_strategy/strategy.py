@@ -103,7 +103,7 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
         deduplicate=None,
     ):
         partitioner = as_partitioner(partitioner)
-        config = _config.resolve(
+        config = _config.config_in_force(
             compute_devices=compute_devices,
             parameter_device=parameter_device,
             deduplicate=deduplicate,
@@ -115,9 +115,9 @@ class ParameterDeviceStrategy(tf.distribute.Strategy):
 
     @classmethod
     def of_resolved(cls, config, cluster, partitioner):
-        """The strategy for settings already resolved (`dpkeras._config.resolve`), on a cluster
-        this process already joined as its client (`dpkeras.cluster.join`), or None: what
-        `dpkeras.get_strategy` builds, without resolving anything a second time."""
+        """The strategy for settings already resolved (`dpkeras._config.config_in_force`), on
+        a cluster this process already joined as its client (`dpkeras.cluster.join`), or None:
+        what `dpkeras.get_strategy` builds, without resolving anything a second time."""
         strategy = cls.__new__(cls)
         tf.distribute.Strategy.__init__(
             strategy, ParameterDeviceExtended(strategy, config, cluster, partitioner)

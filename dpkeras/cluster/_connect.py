@@ -1,4 +1,4 @@
-"""Connecting this process to a cluster as its client."""
+"""Connecting this process to a cluster as its client: the mechanics under `join`."""
 
 import atexit
 import gc
@@ -11,10 +11,10 @@ import weakref
 import tensorflow as tf
 
 from dpkeras import _config, _quiet, _tf_internals
+from dpkeras.cluster._client_record import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._lease import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._local import free_port, port_in_use
-from dpkeras.cluster._spec import resolve, task_name
+from dpkeras.cluster._spec import task_name
 
 STREAMING_ENQUEUE_ENV = "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"
 DEFAULT_CONNECT_TIMEOUT = _config.DEFAULT_CONNECT_TIMEOUT
@@ -140,36 +140,10 @@ def connected_cluster():
     return _connected
 
 
-def connect(cluster_spec, timeout=None):
-    """Connects this process to a cluster as its client; a no-op if already connected to it.
-
-    Every task is probed first (see `probe`), so an address that does not answer is an error naming
-    the task after at most `timeout` seconds (TensorFlow's own connection waits longer and
-    does not name the task). The client is job `localhost`, or its own task of the cluster
-    (`client_task`: the `chief` or `master`; without one, worker 0 when `TF_CONFIG` says this
-    process is worker 0). A process connects to one cluster for its lifetime: TensorFlow invalidates
-    every remote variable when the cluster changes.
-
-    Args:
-        cluster_spec: `tf.train.ClusterSpec`, as returned by `resolve_cluster`.
-        timeout: float, seconds to wait for every task to answer. None: 60, or
-            `$DPKERAS_CONNECT_TIMEOUT`.
-
-    Raises:
-        TimeoutError: if a task does not answer within `timeout`; names the task and address.
-        RuntimeError: if this process is already connected to a different cluster, or holds
-            TensorFlow variables made before connecting (they would read stale values after
-            it); names them.
-        ValueError: for an invalid cluster (see `resolve_cluster`) or a timeout <= 0.
-    """
-    cluster = resolve(cluster_spec)
-    if cluster is None:
-        raise ValueError("connect() needs a cluster. Received: None.")
-    connect_to(cluster, timeout)
-
-
 def connect_to(cluster, timeout=None):
-    """`connect` for a resolved `dpkeras.cluster._spec.Cluster` (what `join` passes)."""
+    """Connects this process to `cluster` (a `dpkeras.cluster._spec.Cluster`) as its client; a
+    no-op if already connected to it. Called by `dpkeras.cluster.join` alone, the one step
+    (see `dpkeras.cluster.connect` for what connecting does and raises)."""
     global _connected
     if timeout is None:
         timeout = _config.setting("connect_timeout").value
@@ -253,7 +227,7 @@ def _split_local_cpu():
 
 def _at_exit(cluster, record):
     """At the exit of a connected client that did not die of an uncaught exception: tells every
-    task that it finished (`_lease.finish`: each prints it), and ends the tasks when it is
+    task that it finished (`_client_record.finish`: each prints it), and ends the tasks when it is
     their task of `TF_CONFIG`. Bounded: a task that does not answer is not waited for."""
     if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the client
         return  # the tasks see it gone, and end with a status of their own (`_task`)

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 def task_devices(cluster):
     """`{task name: [device names]}` of the ps and worker tasks of a resolved `Cluster`
-    (`dpkeras.cluster._spec.resolve`), as TensorFlow lists them.
+    (`dpkeras.cluster._spec.cluster_of`), as TensorFlow lists them.
 
     Call after `connect`: `tf.config.list_logical_devices()` then lists every remote device
     with its full name, such as `/job:ps/replica:0/task:0/device:CPU:0`.
@@ -26,7 +26,7 @@ def default_cluster_devices(cluster, devices=None):
     ps job, the CPU:0 of the first worker.
 
     Args:
-        cluster: the `Cluster` this process is connected to (`dpkeras.cluster._spec.resolve`).
+        cluster: the `Cluster` this process is connected to (`dpkeras.cluster._spec.cluster_of`).
         devices: `{task name: [device names]}` of its ps and worker tasks, or None: the ones
             this process lists (`task_devices`). `dpkeras env` reads them without connecting.
 

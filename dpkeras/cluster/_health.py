@@ -8,7 +8,7 @@ import threading
 
 import tensorflow as tf
 
-from dpkeras.cluster._spec import resolve, task_name
+from dpkeras.cluster._spec import cluster_of, task_name
 
 _TASK_OF_DEVICE = re.compile(r"/job:(\w+)/replica:0/task:(\d+)/")
 # An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
@@ -133,7 +133,7 @@ def failed_tasks(cluster_spec, timeout=1.0):
     Returns:
         `{task name: reason}`, in cluster order; empty if every task answers and serves.
     """
-    tasks = resolve(cluster_spec).remote
+    tasks = cluster_of(cluster_spec).remote
     dead = {}
     for name, address in tasks.items():
         reason = probe(address, timeout)
@@ -169,7 +169,7 @@ def name_failures(cluster_spec):
 
 class _NameFailures:
     def __init__(self, cluster_spec):
-        self._cluster = resolve(cluster_spec)
+        self._cluster = cluster_of(cluster_spec)
 
     def __enter__(self):
         return self
@@ -237,7 +237,7 @@ class HealthMonitor:
                 raise ValueError(
                     f"{label} must be a positive number of seconds. Received: {value!r}"
                 )
-        self._tasks = resolve(cluster_spec).remote
+        self._tasks = cluster_of(cluster_spec).remote
         self._interval = interval
         self._failures = failures
         self._on_failure = on_failure or _exit_process

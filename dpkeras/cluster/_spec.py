@@ -1,6 +1,6 @@
 """A cluster's tasks: validating the cluster, reading TF_CONFIG, and naming tasks.
 
-`resolve` is the one place a cluster is read: it returns a `Cluster`, a `tf.train.ClusterSpec`
+`cluster_of` is the one place a cluster is read: it returns a `Cluster`, a `tf.train.ClusterSpec`
 that carries every fact dpkeras needs about it (its tasks, the client, the tasks to connect to,
 this process's role), so the modules a cluster goes through on its way from
 `dpkeras.scope(cluster=...)` read them and none asks this module again.
@@ -225,7 +225,7 @@ def load_cluster(text, what="the cluster"):
     return cluster
 
 
-def resolve_cluster(cluster=None):
+def cluster_spec_of(cluster=None):
     """Returns the cluster to run on as a validated `tf.train.ClusterSpec`, or None.
 
     Jobs: `worker` (required: workers run the replicas), `ps` (optional: the tasks that hold
@@ -236,7 +236,7 @@ def resolve_cluster(cluster=None):
     the machine that computes as a worker.
 
     ```python
-    spec = resolve_cluster({"ps": ["10.0.0.1:2222"],
+    spec = cluster_spec_of({"ps": ["10.0.0.1:2222"],
                             "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]})
     ```
 
@@ -289,7 +289,7 @@ def task_addresses(cluster_spec):
 
 
 class Cluster(tf.train.ClusterSpec):
-    """A validated cluster and the facts dpkeras reads about it, computed once (`resolve`).
+    """A validated cluster and the facts dpkeras reads about it, computed once (`cluster_of`).
 
     Attributes:
         tasks: `{task name: "host:port"}` of every task, in job order.
@@ -320,15 +320,15 @@ class Cluster(tf.train.ClusterSpec):
         self.ends_tasks = ends_tasks
 
 
-def resolve(cluster=None):
-    """The `Cluster` of `cluster` (see `resolve_cluster` for what it accepts), or None.
+def cluster_of(cluster=None):
+    """The `Cluster` of `cluster` (see `cluster_spec_of` for what it accepts), or None.
 
     A `Cluster` is returned as it is. With `cluster` None, `TF_CONFIG` also says this
     process's task: a task other than the client is `serves_as`.
     """
     if isinstance(cluster, Cluster):
         return cluster
-    spec = resolve_cluster(cluster)
+    spec = cluster_spec_of(cluster)
     if spec is None:
         return None
     own = client_task(spec)

@@ -1,4 +1,5 @@
-"""Joining a cluster: this process's role under `TF_CONFIG`, and serving it.
+"""Joining a cluster: the one step (`join`) and its doors, this process's role under
+`TF_CONFIG`, and serving it.
 
 One program in every task, as TensorFlow's parameter-server guide and Kubeflow's TFJob run it:
 the same script starts in every task with its `TF_CONFIG`, and `join` (called first by the
@@ -20,15 +21,15 @@ import time
 import tensorflow as tf
 
 from dpkeras import _config, _quiet
+from dpkeras.cluster._client_record import FINISHED, RecordReader
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
-from dpkeras.cluster._lease import FINISHED, Reader
 from dpkeras.cluster._local import port_in_use
-from dpkeras.cluster._spec import Cluster, resolve, task_name
+from dpkeras.cluster._spec import Cluster, cluster_of, task_name
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
-_LEASE_INTERVAL = 0.5  # seconds between reads of whether the client finished
+_RECORD_INTERVAL = 0.5  # seconds between reads of whether the client finished
 _FIRST_PROBE_INTERVAL = 0.25
 _PROBE_FAILURES = 3
 
@@ -53,8 +54,11 @@ def join(cluster=None, timeout=None):
     - an `evaluator` ends at once with status 0 (dpkeras trains synchronously).
 
     Call it first, before anything that touches TensorFlow's devices (a `tf.data` dataset made
-    before connecting cannot be used after it). `dpkeras.scope()` and `dpkeras.get_strategy()`
-    call it when given a cluster or under `TF_CONFIG`; calling it again is a no-op.
+    before connecting cannot be used after it); calling it again is a no-op. It is the one
+    step behind every door into a cluster: `dpkeras.scope()` and `dpkeras.get_strategy()` take
+    it as it is (a `ps` or `worker` task serves there too); `dpkeras.cluster.connect` and a
+    `dpkeras.ParameterDeviceStrategy(cluster=...)` take it as the client only, and refuse a
+    task that would serve.
 
     ```python
     import dpkeras
@@ -77,7 +81,7 @@ def join(cluster=None, timeout=None):
     Raises:
         ValueError: for an invalid cluster; TimeoutError: a task that does not answer (named).
     """
-    joined = resolve(cluster)
+    joined = cluster_of(cluster)
     if joined is None:
         return None
     if joined.serves_as is not None:
@@ -86,27 +90,64 @@ def join(cluster=None, timeout=None):
     return joined
 
 
-def client_of(cluster):
-    """The cluster of a strategy built by this process, which must be its client.
+def connect(cluster_spec, timeout=None):
+    """Connects this process to a cluster as its client: `join`, for the client only.
 
-    A strategy's constructor does not serve: a `ps` or `worker` task under `TF_CONFIG` that
-    builds one is refused, naming its role and the step that serves (`join`).
+    Every task is probed first, so an address that does not answer is an error naming the task
+    after at most `timeout` seconds (TensorFlow's own connection waits longer and does not name
+    the task). The client is job `localhost`, or its own task of the cluster (the `chief` or
+    `master`; without one, worker 0 when `TF_CONFIG` says this process is worker 0). A process
+    connects to one cluster for its lifetime: TensorFlow invalidates every remote variable when
+    the cluster changes; connecting again to the same cluster is a no-op.
+
+    Unlike `join`, it never serves: a process that `TF_CONFIG` makes a `ps` or other `worker`
+    task (with `cluster_spec` None) is refused, naming `join`, where such a task serves.
+
+    ```python
+    dpkeras.cluster.connect({"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]})
+    ```
+
+    Args:
+        cluster_spec: the cluster, as `cluster_spec_of` takes it (a dict of jobs, a JSON string
+            or file, a `tf.train.ClusterSpec` or a cluster resolver); None reads `TF_CONFIG`.
+        timeout: float, seconds to wait for every task to answer. None: 60, or
+            `$DPKERAS_CONNECT_TIMEOUT`.
+
+    Raises:
+        TimeoutError: if a task does not answer within `timeout`; names the task and address.
+        RuntimeError: if this process is already connected to a different cluster, or holds
+            TensorFlow variables made before connecting (they would read stale values after
+            it); names them.
+        ValueError: for an invalid cluster (see `cluster_spec_of`), no cluster at all, a
+            timeout <= 0, or a process that `TF_CONFIG` makes a task other than the client.
+    """
+    if client_of(cluster_spec, timeout, "connect as its client") is None:
+        raise ValueError("connect() needs a cluster. Received: None.")
+
+
+def client_of(cluster, timeout=None, what="build a strategy"):
+    """`join`, for a process that must be the cluster's client (a strategy's constructor,
+    `connect`): a `ps` or `worker` task under `TF_CONFIG` is refused, naming its role and the
+    step where it serves (`join`), before anything connects.
+
+    Args:
+        cluster, timeout: as `join` takes them.
+        what: str, what the refused process cannot do, for the message.
 
     Returns:
         A `tf.train.ClusterSpec` (this process connected to it), or None.
     """
-    joined = resolve(cluster)
+    joined = cluster_of(cluster)
     if joined is None:
         return None
     if joined.serves_as is not None:
         raise ValueError(
             f"This process is {task_name(*joined.serves_as)} of the cluster in TF_CONFIG, not "
-            f"its client ({joined.client[0]}): it cannot build a strategy. Call "
+            f"its client ({joined.client[0]}): it cannot {what}. Call "
             f"dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task "
             f"that is not the client serves from there and never returns."
         )
-    connect_to(joined)
-    return joined
+    return join(joined, timeout)
 
 
 def _serve_from_here(cluster):
@@ -126,7 +167,7 @@ def _serve_from_here(cluster):
         f"({client[0]}): it stops being a client here, serves, and ends with the client.",
         flush=True,
     )
-    config = _config.resolve()
+    config = _config.config_in_force()
     serve(
         cluster,
         job,
@@ -142,10 +183,10 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
 
     Ends with status 0 on SIGTERM or SIGINT, or when the client finishes training. With
     `client`, `(task name, address)`, the client is watched: the process ends with status 0
-    once the client writes that it finished (`dpkeras.cluster._lease`), with status 75 if the
-    client does not answer within `client_start_timeout` seconds, or stops answering afterwards
-    before it finishes; each with a line saying why. (A client under `TF_CONFIG` ends the tasks
-    that do not end by themselves with TensorFlow's `Abort`, status 0.)
+    once the client writes that it finished (`dpkeras.cluster._client_record`), with status 75
+    if the client does not answer within `client_start_timeout` seconds, or stops answering
+    afterwards before it finishes; each with a line saying why. (A client under `TF_CONFIG`
+    ends the tasks that do not end by themselves with TensorFlow's `Abort`, status 0.)
 
     Args:
         spec: the `tf.train.ClusterSpec`.
@@ -206,7 +247,8 @@ def serve(spec, job, index, cpus=1, client=None, client_start_timeout=None, pref
 def _watch(client, start_timeout, stop, prefix, name, own_address):
     """0 when stopped by a signal; `CLIENT_GONE` when the client never answers within
     `start_timeout` or stops answering. Ends the process with status 0 when the client writes
-    that it finished training (`dpkeras.cluster._lease`, read from this task's own server)."""
+    that it finished training (its record, `dpkeras.cluster._client_record`, read from this
+    task's own server)."""
     client_name, address = client
     deadline = time.monotonic() + (start_timeout or _config.DEFAULT_CLIENT_START_TIMEOUT)
     while probe(address, timeout=2.0) is not None:
@@ -221,11 +263,11 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
             )
             return CLIENT_GONE
     print(f"{prefix}: {name}: the client {client_name} at {address} is up", flush=True)
-    lease = Reader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
+    reader = RecordReader(f"localhost:{own_address.rsplit(':', 1)[1]}", name)
     misses = 0
     rounds = 0
-    while not stop.wait(_LEASE_INTERVAL):
-        if _client_finished(lease, client_name):
+    while not stop.wait(_RECORD_INTERVAL):
+        if _client_finished(reader, client_name):
             print(
                 f"{prefix}: {name}: the client {client_name} finished training; ending with "
                 f"status 0",
@@ -233,7 +275,7 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
             )
             _end(0)
         rounds += 1
-        if rounds % round(_PROBE_INTERVAL / _LEASE_INTERVAL):
+        if rounds % round(_PROBE_INTERVAL / _RECORD_INTERVAL):
             continue
         reason = probe(address, timeout=2.0)
         misses = 0 if reason is None else misses + 1
@@ -248,11 +290,11 @@ def _watch(client, start_timeout, stop, prefix, name, own_address):
     return 0
 
 
-def _client_finished(lease, client_name):
+def _client_finished(reader, client_name):
     """Whether this task's record says that `client_name` finished training (a read that
     fails, or times out, says no: the probes then decide)."""
     try:
-        record = lease.record()
+        record = reader.record()
     except Exception:  # this task's own server did not answer in time: probe as before
         return False
     return record is not None and record["client"] == client_name and record["state"] == FINISHED

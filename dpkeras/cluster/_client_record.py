@@ -43,7 +43,7 @@ def _handle():
     return tf.raw_ops.VarHandleOp(dtype=tf.string, shape=[], shared_name=SHARED_NAME)
 
 
-class Reader:
+class RecordReader:
     """Reads one task's record and devices through a graph session on the task.
 
     Args:
@@ -81,7 +81,7 @@ class Reader:
             except Exception as e:  # reported to the caller, as it is
                 outcome.append((False, e))
 
-        thread = threading.Thread(target=run, name="dpkeras-lease-read", daemon=True)
+        thread = threading.Thread(target=run, name="dpkeras-record-read", daemon=True)
         thread.start()
         thread.join(self._timeout)
         if not outcome:
@@ -137,7 +137,7 @@ def describe(record):
     )
 
 
-def holder_answers(record):
+def client_answers(record):
     """Whether the client of a `TRAINING` record still answers: True, False, or None when it
     cannot be told from here (a client on `localhost` of another machine)."""
     address = record["address"]
@@ -156,14 +156,14 @@ def refuse_if_in_use(cluster, timeout=5.0):
     for task, address in cluster.training.items():
         if task not in cluster.remote or probe(address, timeout=2.0) is not None:
             continue  # connect names a task that does not answer
-        reader = Reader(address, task, timeout)
+        reader = RecordReader(address, task, timeout)
         try:
             record = reader.record()
         finally:
             reader.close()
         if record is None or record["state"] != TRAINING:
             continue
-        alive = holder_answers(record)
+        alive = client_answers(record)
         if alive is False:
             continue
         seen = "still answers" if alive else "may still run (it cannot be probed from here)"
