@@ -254,12 +254,19 @@ def compare(results, broken, not_run, seconds, modules):
     return c
 
 
+def _counts(results, ids):
+    """`passed/failed/skipped` among `ids` in one mode's results (missing counts as failed)."""
+    outcomes = [results.get(t, "failed") for t in ids]
+    return "/".join(str(outcomes.count(o)) for o in ("passed", "failed", "skipped"))
+
+
 def report(c, title, modules):
     """The markdown report: per module, then every difference with its pin."""
     modes = list(c.results)
     lines = [f"# {title}", "", time.strftime("%Y-%m-%d %H:%M %Z"), ""]
     lines.append("Seconds per mode: " + ", ".join(f"{m} {c.seconds[m]:.0f}" for m in modes))
-    lines += ["", "| module | ran | " + " | ".join(f"passed {m}" for m in modes)]
+    lines += ["", "Per mode: passed / failed / skipped.", ""]
+    lines += ["| module | ran | " + " | ".join(modes)]
     arms = list(c.differences)
     lines[-1] += "".join(
         f" | differences {a} | pinned {a} | shared with Mirrored {a}" for a in arms
@@ -271,7 +278,7 @@ def report(c, title, modules):
         if module in c.broken:
             lines.append(f"| {module} | not run: {c.broken[module][:120]} |")
             continue
-        passed = [sum(c.results[m].get(t) == "passed" for t in ids) for m in modes]
+        passed = [_counts(c.results[m], ids) for m in modes]
         counts = []
         for arm in arms:
             diffs = [t for t in ids if t in c.differences[arm]]
@@ -373,7 +380,9 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", action="append", choices=sorted(SUITES))
     parser.add_argument("--module", action="append", default=[], help="glob of modules to run")
-    parser.add_argument("--mode", action="append", choices=MODES)
+    parser.add_argument(
+        "--mode", action="append", choices=MODES, help="modes to run besides none (the baseline)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers per mode")
     parser.add_argument("--concurrent", action="store_true", help="run the modes at once")
     parser.add_argument("--deps", action="store_true", help="install the `suite` extra first")
@@ -383,7 +392,8 @@ def main(argv):
     check_pins()
     if args.deps:
         install_deps()
-    modes = tuple(m for m in MODES if m in (args.mode or MODES))
+    # "none" always runs: every other mode is compared with it.
+    modes = tuple(m for m in MODES if m == "none" or m in (args.mode or MODES))
     ok = True
     for name in args.suite or sorted(SUITES):
         c, path = run(

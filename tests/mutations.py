@@ -1446,6 +1446,30 @@ MUTANTS = (
             "test_connect_in_a_task_that_is_not_the_client_is_refused_naming_join",
         ),
     ),
+    Mutant(
+        "export-copy-0-only",
+        "a SavedModel maps only copy 0 of a replicated variable: an exported function that "
+        "writes state (a counter, a seed) captures an untracked copy and cannot be saved",
+        "dpkeras/_variables/replicated.py",
+        "tensor_map[copy.handle] = exported",
+        "pass",
+        (
+            "tests/test_hybrid.py::"
+            "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid]",
+        ),
+    ),
+    Mutant(
+        "traced-write-per-copy",
+        "a write traced outside a replica is made on each copy: exported, every copy is one "
+        "variable and `assign_add` adds once per copy",
+        "dpkeras/_variables/replicated.py",
+        "return self._write_copy_0_then_the_others(base, args, kwargs)",
+        "return self._write_every_copy(base, args, kwargs)",
+        (
+            "tests/test_hybrid.py::"
+            "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid]",
+        ),
+    ),
 )
 
 

@@ -141,6 +141,69 @@ def test_export_serves_the_same_predictions(tmp_path):
     np.testing.assert_allclose(served.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
+class _Counter(keras.layers.Layer):
+    """Counts its calls in a non-trainable variable (Keras's own export test's layer)."""
+
+    def build(self, input_shape):
+        self.count = self.add_variable((), "zeros", "int32", trainable=False)
+
+    def call(self, inputs):
+        self.count.assign_add(1)
+        return inputs, self.count.value
+
+
+class _TwoSteps(tf.Module):
+    """Adds 1 twice per call with tf.Variable.assign_add (not Keras's assign(v + 1))."""
+
+    def __init__(self):
+        self.v = tf.Variable(1.0)
+
+    @tf.function(input_signature=[])
+    def bump(self):
+        self.v.assign_add(1.0)
+        self.v.assign_add(1.0)
+        return self.v.read_value()
+
+
+@pytest.mark.parametrize("placed", ["all-on-ps", "hybrid"])
+def test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps(
+    tmp_path, placed
+):
+    """A SavedModel of a model whose state is replicated holds one variable per replicated one
+    (copy 0's value) and its functions, traced outside a replica, write it once per write: a
+    counter counts, Dropout's seed moves, `assign_add` adds once (Keras's saved_model_test
+    and tfsm_layer_test). In the process, the copies stay identical."""
+    strategy = _hybrid(2) if placed == "hybrid" else cpu_strategy(2)
+    x = np.ones((3, 4), "float32")
+    with strategy.scope():
+        counter = keras.Sequential([keras.Input((4,)), _Counter()])
+        counter(x)
+        module = _TwoSteps()
+        assert float(module.bump()) == 3.0
+        keras.utils.set_random_seed(1)
+        dropout = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5)])
+        archive = keras.export.ExportArchive()
+        archive.track(dropout)
+        archive.add_endpoint(
+            "train", lambda x: dropout(x, training=True), [tf.TensorSpec((None, 4))]
+        )
+        archive.write_out(str(tmp_path / "dropout"), verbose=False)
+    count = counter.layers[0].count.value
+    assert isinstance(count, dpkeras.ReplicatedVariable) == (placed == "hybrid")
+    for variable, value in ((count, 1), (module.v, 3.0)):
+        for copy in getattr(variable, "copies", [variable]):
+            assert copy.numpy() == value
+    counter.export(str(tmp_path / "counter"), verbose=False)
+    tf.saved_model.save(module, str(tmp_path / "module"))
+    served = tf.saved_model.load(str(tmp_path / "counter"))
+    assert [int(served.serve(x)[1]) for _ in range(3)] == [2, 3, 4]
+    served = tf.saved_model.load(str(tmp_path / "module"))
+    assert [float(served.bump()) for _ in range(3)] == [5.0, 7.0, 9.0]
+    served = tf.saved_model.load(str(tmp_path / "dropout"))
+    first, second = served.train(tf.ones((64, 4))), served.train(tf.ones((64, 4)))
+    assert not np.array_equal(first.numpy(), second.numpy())
+
+
 @pytest.mark.parametrize("direction", ["ps_to_hybrid", "hybrid_to_ps"])
 def test_checkpoints_restore_into_either_placement(tmp_path, direction):
     source, target = (cpu_strategy(3), _hybrid())

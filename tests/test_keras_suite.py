@@ -62,3 +62,13 @@ def test_a_difference_is_pinned_for_each_arm_it_shows_in(monkeypatch):
     assert c.unexplained == [("hybrid", f"{m}::T::ps_only"), ("hybrid", f"{m}::T::hybrid_only")]
     assert c.stale == [("hybrid", f"{m}::T::both")]
     assert set(c.differences["dpkeras"]) == {f"{m}::T::both", f"{m}::T::ps_only"}
+
+
+def test_the_report_counts_passed_failed_and_skipped_per_mode():
+    m = "keras/src/x_test.py"
+    none = {f"{m}::T::a": "passed", f"{m}::T::b": "passed", f"{m}::T::c": "skipped"}
+    hybrid = {f"{m}::T::a": "passed", f"{m}::T::b": "failed", f"{m}::T::c": "skipped"}
+    results = {"none": none, "hybrid": hybrid}
+    c = keras_suite.compare(results, {}, {}, dict.fromkeys(results, 0.0), [m])
+    lines = keras_suite.report(c, "title", [m]).splitlines()
+    assert f"| {m} | 3 | 2/0/1 | 1/1/1 | 1 | 0 | 0 |" in lines, lines

@@ -11,7 +11,9 @@ Which copy an operation touches:
 - inside the optimizer's pass for copy j (`pieces.copy`): copy j;
 - elsewhere (cross-replica: `model.get_weights`, a checkpoint, `numpy()`): reads see copy 0
   and writes go to every copy (`assign`, `set_weights`, loading a `.keras` file, restoring a
-  checkpoint), so the copies stay identical.
+  checkpoint), so the copies stay identical. Traced in a function (a SavedModel's endpoint,
+  say), such a write is made on copy 0, as on all-on-ps's one variable, and the other copies
+  then take copy 0's new value.
 
 Writes inside a replica, by aggregation:
 - `NONE` (BatchNormalization's moving statistics, random seeds): replica 0 writes its copy and
@@ -26,7 +28,10 @@ Writes inside a replica, by aggregation:
 `synchronization=ON_READ` (metric state) cannot be replicated (the creator refuses it).
 
 A checkpoint holds one value per replicated variable, under the same key as a variable on a
-parameter device: checkpoints restore into either placement.
+parameter device: checkpoints restore into either placement. A SavedModel (`model.export`,
+`tf.saved_model.save`) holds one variable too, with copy 0's value: an exported function
+that writes the variable (a counter, a `SeedGenerator`'s state) writes that one variable
+once per call, as the export of an all-on-ps model does.
 """
 
 import tensorflow as tf
@@ -183,7 +188,9 @@ class ReplicatedVariable(WholeVariable):
             return self._write_copy(index, base, args, kwargs)
         step = replica_step.current(extended)
         if step is None:
-            return self._write_every_copy(base, args, kwargs)
+            if tf.executing_eagerly():
+                return self._write_every_copy(base, args, kwargs)
+            return self._write_copy_0_then_the_others(base, args, kwargs)
         if step.num_replicas == 1:
             with step.after_inputs(0):
                 return self._write_copy(0, base, args, kwargs)
@@ -204,6 +211,30 @@ class ReplicatedVariable(WholeVariable):
         for index in reversed(range(len(self._copies))):
             with pieces.copy(self._extended, index):
                 result = self._write_copy(index, base, args, kwargs)
+        return result
+
+    def _write_copy_0_then_the_others(self, base, args, kwargs):
+        """A write traced outside a replica: copy 0 is written as all-on-ps's one variable
+        would be; every other copy then takes copy 0's new value, and copy 0 is written that
+        value again after them, so a later use of copy 0 follows every copy's write.
+
+        Exported to a SavedModel, every copy is the one variable (`_export_to_saved_model_graph`):
+        the function makes the write once, then writes the variable's own value back, in order.
+        Writing each copy with the same `assign_add` (as eagerly) would add it once per copy.
+        """
+        with replica_step.optimizer_pass(self._extended, 0):
+            result = self._write_copy(0, base, args, kwargs)
+        if len(self._copies) == 1:
+            return result
+        first = self._copies[0]
+        with tf.device(first.device):
+            value = first.read_value()
+        writes = []
+        for copy in self._copies[1:]:
+            with tf.device(copy.device):
+                writes.append(copy.assign(value, read_value=False))
+        with tf.control_dependencies(writes), tf.device(first.device):
+            first.assign(value, read_value=False)
         return result
 
     def _repeat_replica_0(self, method, base, args, kwargs, step):
@@ -253,6 +284,24 @@ class ReplicatedVariable(WholeVariable):
             with pieces.copy(self._extended, index):
                 ops.append(_tf_internals.restore_variable(self, restored_tensors))
         return ops[0] if tf.executing_eagerly() else tf.group(*ops)
+
+    def _export_to_saved_model_graph(
+        self, object_map=None, tensor_map=None, options=None, **kwargs
+    ):
+        """One variable in the SavedModel, with copy 0's value; every copy's handle maps to it
+        (as MirroredStrategy's components map to its primary), so an exported function that
+        was traced outside a replica, and writes every copy, writes that variable."""
+        with replica_step.optimizer_pass(self._extended, 0):
+            resources = super()._export_to_saved_model_graph(
+                object_map=object_map, tensor_map=tensor_map, options=options, **kwargs
+            )
+        exported = tensor_map[self._copies[0].handle]
+        for copy in self._copies:
+            object_map[copy] = object_map[self]
+            tensor_map[copy.handle] = exported
+            if copy is not self._copies[0]:
+                resources.append(copy.handle)
+        return resources
 
     def _where(self):
         return f"copies={len(self._copies)}"
