@@ -222,7 +222,7 @@ class ReplicatedVariable(WholeVariable):
         the function makes the write once, then writes the variable's own value back, in order.
         Writing each copy with the same `assign_add` (as eagerly) would add it once per copy.
         """
-        with replica_step.optimizer_pass(self._extended, 0):
+        with pieces.copy(self._extended, 0):
             result = self._write_copy(0, base, args, kwargs)
         if len(self._copies) == 1:
             return result
@@ -291,7 +291,7 @@ class ReplicatedVariable(WholeVariable):
         """One variable in the SavedModel, with copy 0's value; every copy's handle maps to it
         (as MirroredStrategy's components map to its primary), so an exported function that
         was traced outside a replica, and writes every copy, writes that variable."""
-        with replica_step.optimizer_pass(self._extended, 0):
+        with pieces.copy(self._extended, 0):
             resources = super()._export_to_saved_model_graph(
                 object_map=object_map, tensor_map=tensor_map, options=options, **kwargs
             )
