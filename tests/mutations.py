@@ -1470,6 +1470,91 @@ MUTANTS = (
             "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid]",
         ),
     ),
+    Mutant(
+        "sharded-update-every-pass",
+        "a sharded variable runs its update in the optimizer's pass for every copy (the pass-0 "
+        "rule asked of shards' writes only): the table's update computed once per compute device",
+        "dpkeras/_variables/sharded.py",
+        "        if pieces.writes_skipped(self._extended):\n"
+        "            return placed.skipped_update(group)\n"
+        "        select = self._extended.reductions.select_single_value\n",
+        "        select = self._extended.reductions.select_single_value\n",
+        (
+            "tests/test_optimizer_apply.py::"
+            "test_a_pass_for_copy_j_runs_no_update_of_a_variable_on_a_parameter_device",
+        ),
+    ),
+    Mutant(
+        "ps-update-every-pass",
+        "a variable on a parameter device runs its update in the optimizer's pass for every "
+        "copy (the pass-0 rule asked of its writes only)",
+        "dpkeras/_variables/variables.py",
+        "        if pieces.writes_skipped(self._extended):\n"
+        "            return placed.skipped_update(group)\n"
+        "        reductions = self._extended.reductions\n",
+        "        reductions = self._extended.reductions\n",
+        (
+            "tests/test_optimizer_apply.py::"
+            "test_a_pass_for_copy_j_runs_no_update_of_a_variable_on_a_parameter_device",
+        ),
+    ),
+    Mutant(
+        "file-share-floor",
+        "FILE sharding gives a worker batch * replicas // n rows a step: an uneven step (7 over "
+        "3) is cut 2 | 2, 2 instead of TensorFlow's 3 | 2, 2",
+        "dpkeras/_input/sharding.py",
+        "    share = shares.replica_start(end, batch, num_replicas) - shares.replica_start(\n"
+        "        first, batch, num_replicas\n    )\n",
+        "    share = batch * (end - first) // num_replicas\n",
+        ("tests/test_input_sharding.py::test_file_cuts_an_uneven_step_by_tensorflows_rule",),
+    ),
+    Mutant(
+        "xla-first-variable",
+        "the XLA decision asks the model's first variable only: a table on the parameter device "
+        "first and a replicated dense layer after it, compiled with XLA, fails",
+        "dpkeras/_patches/xla.py",
+        "    for variable in variables:\n        ours = placed.of(variable)\n",
+        "    for variable in list(variables)[:1]:\n        ours = placed.of(variable)\n",
+        (
+            "tests/test_jit_predict.py::"
+            "test_one_replicated_variable_after_others_decides_for_the_whole_model",
+        ),
+    ),
+    Mutant(
+        "hybrid-one-copy-unsummed",
+        "a replicated variable with one copy (one compute device) is not summed per copy: its "
+        "kind's sum is None, so it gets no gradient",
+        "dpkeras/_extended/optimizer_apply.py",
+        "    return ours is not None and bool(ours.copy_devices)",
+        "    return ours is not None and len(ours.copy_devices) > 1",
+        ("tests/test_hybrid.py::test_one_replica_trains_as_one_device",),
+    ),
+    Mutant(
+        "library-write-through-internals",
+        "a module outside _patches/ sets an attribute on Keras's trainer class, reached through "
+        "_keras_internals (not an entry of the table, not undone by uninstall())",
+        "dpkeras/_extended/keras_steps.py",
+        "    owner, name = _bound_method(fn)\n    # A Keras trainer",
+        "    owner, name = _bound_method(fn)\n"
+        "    trainer = _keras_internals.tensorflow_trainer()\n"
+        "    trainer.step_names = _STEPS\n    # A Keras trainer",
+        (
+            "tests/test_keras_patches.py::"
+            "test_nothing_outside_dpkeras_patches_assigns_to_keras_or_tensorflow",
+        ),
+    ),
+    Mutant(
+        "lazy-export-climbs",
+        "dpkeras.cluster exports `scope` from _strategy/ by name (a lazy export): an import "
+        "that climbs, unseen by a check that reads `import` statements only",
+        "dpkeras/cluster/__init__.py",
+        '        "join": "dpkeras.cluster._task",\n',
+        '        "join": "dpkeras.cluster._task",\n        "scope": "dpkeras._strategy.scope",\n',
+        (
+            "tests/test_package_map.py::"
+            "test_the_package_map_places_every_room_on_one_floor_and_no_import_climbs",
+        ),
+    ),
 )
 
 

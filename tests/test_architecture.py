@@ -264,9 +264,16 @@ PRIVATE_HOOKS_OVERRIDDEN = {
         "a WholeVariable (its reads and slice assignment as there)",
     ),
     "ReplicatedVariable": (
-        {"_read_variable_op", "_strided_slice_assign", "_restore_from_tensors"},
+        {
+            "_read_variable_op",
+            "_strided_slice_assign",
+            "_restore_from_tensors",
+            "_export_to_saved_model_graph",
+        },
         "a WholeVariable (its reads and slice assignment as there); a checkpoint restores "
-        "through `_restore_from_tensors`, which must write every copy, not only the current one",
+        "through `_restore_from_tensors`, which must write every copy, not only the current one; "
+        "a SavedModel saves through `_export_to_saved_model_graph`, which must map every copy's "
+        "handle to the one variable it exports",
     ),
     "ShardedParameterVariable": (
         {"_variable_call", "_shared_name"},

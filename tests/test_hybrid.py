@@ -650,3 +650,14 @@ def test_a_saved_model_loads_in_a_hybrid_scope_as_with_every_variable_on_the_ps(
         weights, devices = _through_a_saved_model(path, strategy, x, y)
         assert set(devices) == {PS}
         assert_weights_close(reference, weights, rtol=1e-6, atol=1e-7)
+
+
+def test_one_replica_trains_as_one_device():
+    """One compute device: each replicated variable has one copy, and is still summed per copy
+    (its own kind's answer, `sum_gradient` None), not left without a gradient."""
+    strategy = dpkeras.get_strategy(["/cpu:1"], placement.hybrid())
+    expected, history, _ = train("dense")
+    model, got, _ = train("dense", strategy)
+    assert isinstance(model.trainable_variables[0].value, dpkeras.ReplicatedVariable)
+    assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["loss"], history["loss"], rtol=1e-5)

@@ -216,3 +216,24 @@ def test_the_tf_data_internals_still_read_a_standard_pipeline():
     assert _tf_internals.batch_arguments(batch) == (4, True)
     stage = _tf_internals.MapStage(_tf_internals.dataset_input(batch))
     assert list(stage.apply(tf.data.Dataset.from_tensors((1, 2))).as_numpy_iterator()) == [1]
+
+
+def test_file_cuts_an_uneven_step_by_tensorflows_rule(tmp_path):
+    """7 rows a step over 3 replicas are 3, 2, 2 (larger first): worker 0's one replica takes
+    3 rows a step, worker 1's two replicas 2 each; worker 0 must not take 7 // 3."""
+    files = []
+    for f in range(2):
+        path = str(tmp_path / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(28):
+                writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
+        files.append(path)
+
+    def make():
+        dataset = tf.data.Dataset.from_tensor_slices(files).interleave(tf.data.TFRecordDataset)
+        dataset = dataset.map(lambda r: tf.io.parse_tensor(r, tf.int64)).batch(7)
+        return _with_policy(dataset, Policy.FILE)
+
+    first, second = _pipelines(make, [(0, 1), (1, 3)], 3)
+    assert [x.shape[0] for x in first.take(3).as_numpy_iterator()] == [3, 3, 3]
+    assert [x.shape[0] for x in second.take(4).as_numpy_iterator()] == [2, 2, 2, 2]

@@ -76,3 +76,39 @@ def test_jit_predict_of_a_model_built_in_its_first_step(policy):
     np.testing.assert_allclose(model.predict(x, batch_size=4, verbose=0), expected, atol=1e-6)
     assert model.jit_compile is True  # the user's setting
     np.testing.assert_allclose(on_batch.predict_on_batch(x), plain.predict_on_batch(x), atol=1e-6)
+
+
+def test_one_replicated_variable_after_others_decides_for_the_whole_model(caplog):
+    """The decision asks every variable, not the first: a model whose first weights (its
+    embedding table) live on the parameter device and whose dense layer is replicated runs
+    fit, evaluate and predict without XLA, with one warning, and equals one device."""
+    policy = placement.by_path({r"embedding": "/cpu:0"}, default=placement.REPLICATED)
+
+    def model_of():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential(
+            [
+                keras.Input((3,), dtype="int32"),
+                keras.layers.Embedding(10, 4),
+                keras.layers.Flatten(),
+                keras.layers.Dense(2),
+            ]
+        )
+        model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+        return model
+
+    x = np.random.RandomState(0).randint(0, 10, (8, 3)).astype("int32")
+    y = np.random.RandomState(1).rand(8, 2).astype("float32")
+    reference = model_of()
+    reference.fit(x, y, batch_size=4, verbose=0, shuffle=False)
+    with cpu_strategy(2, policy).scope():
+        model = model_of()
+    assert "embedding" in model.variables[0].path  # on /cpu:0; the dense layer replicated
+    with caplog.at_level("WARNING", logger="dpkeras"):
+        model.fit(x, y, batch_size=4, verbose=0, shuffle=False)
+        model.evaluate(x, y, batch_size=4, verbose=0)
+        predicted = model.predict(x, batch_size=4, verbose=0)
+    np.testing.assert_allclose(predicted, reference.predict(x, verbose=0), atol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "without XLA" in r.getMessage()]
+    assert len(said) == 1 and "replicated variable" in said[0], said
+    assert model.jit_compile is True

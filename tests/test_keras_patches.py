@@ -120,11 +120,59 @@ def test_nothing_outside_dpkeras_patches_registers_with_tensorflow():
 
 
 _LIBRARIES = {"keras", "tf", "tensorflow", "keras_rs"}
+# dpkeras's modules that hand out Keras's and TensorFlow's own objects (a trainer class, a
+# module): what one of their functions returns is the library's.
+_INTERNALS = {"_keras_internals", "_tf_internals"}
+
+
+def _of_a_library(expression, names):
+    """Whether `expression` (a write's target, or a value) is rooted at a library: a name of
+    `names`, or what a function of an internals module returns (`_keras_internals.f()`)."""
+    while isinstance(expression, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(expression, ast.Call):
+            function = expression.func
+            if (
+                isinstance(function, ast.Attribute)
+                and isinstance(function.value, ast.Name)
+                and function.value.id in _INTERNALS
+            ):
+                return True
+            expression = function
+        else:
+            expression = expression.value
+    return isinstance(expression, ast.Name) and expression.id in names
+
+
+def _library_names(tree):
+    """The names that stand for a library in `tree`: the libraries, what is imported from
+    them (`from keras import Model`), and names bound to what an internals module hands out
+    (`trainer = _keras_internals.tensorflow_trainer()`)."""
+    names = set(_LIBRARIES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(
+                (a.asname or a.name).split(".")[0]
+                for a in node.names
+                if a.name.split(".")[0] in _LIBRARIES
+            )
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _LIBRARIES:
+            names.update(a.asname or a.name for a in node.names)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and _of_a_library(node.value, set())
+        ):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
 
 
 def _library_writes(tree):
     """Assignments to an attribute or item of `keras`, `tf`, `tensorflow` or `keras_rs`
-    (`keras.layers.Layer.call = f`), and `setattr`/`delattr` on one, unparsed."""
+    (`keras.layers.Layer.call = f`), of a name imported from one, or of what an internals
+    module hands out (`_keras_internals.tensorflow_trainer().fit = f`), and `setattr`/`delattr`
+    on one, unparsed."""
+    names = _library_names(tree)
     found = []
     for node in ast.walk(tree):
         targets = []
@@ -135,10 +183,8 @@ def _library_writes(tree):
         elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr"):
             targets = node.args[:1]
         for target in targets:
-            root = target
-            while isinstance(root, (ast.Attribute, ast.Subscript)):
-                root = root.value
-            if root is not target and isinstance(root, ast.Name) and root.id in _LIBRARIES:
+            called = isinstance(node, ast.Call)
+            if (called or not isinstance(target, ast.Name)) and _of_a_library(target, names):
                 found.append(ast.unparse(target))
     return found
 
@@ -160,8 +206,18 @@ def test_the_library_write_check_sees_one():
     tree = ast.parse(
         "keras.layers.Layer.call = f\nsetattr(tf.Variable, 'x', 1)\ndel keras_rs.a\n"
         "layer.name = 'conv_1'\nmodel.train_function = None\n"
+        "from keras import Model\nModel.fit = f\n"
+        "trainer = _keras_internals.tensorflow_trainer()\ntrainer.fit = f\n"
+        "setattr(_tf_internals.iterator_class(), 'x', 1)\nmodel = None\n"
     )
-    assert sorted(_library_writes(tree)) == ["keras.layers.Layer.call", "keras_rs.a", "tf.Variable"]
+    assert sorted(_library_writes(tree)) == [
+        "Model.fit",
+        "_tf_internals.iterator_class()",
+        "keras.layers.Layer.call",
+        "keras_rs.a",
+        "tf.Variable",
+        "trainer.fit",
+    ]
 
 
 def test_creating_a_strategy_patches_nothing():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import dpkeras
 from dpkeras import _keras_internals
 from dpkeras._extended import optimizer_apply
 from dpkeras._patches import table as keras_patches
@@ -250,3 +251,35 @@ def test_every_update_waits_for_the_steps_checks(policy):
                     ancestors.add(parent.name)
                     pending.append(parent)
         assert checks <= ancestors, update.name
+
+
+def test_a_pass_for_copy_j_runs_no_update_of_a_variable_on_a_parameter_device():
+    """The pass-0 rule, asked of each kind (`PlacedVariable.update`): in the optimizer's pass for
+    copy j > 0 a variable that lives once (whole, or in shards) runs no update at all, not
+    even one whose writes are then skipped; in pass 0 it runs once (once a shard)."""
+    from dpkeras._variables import pieces
+
+    strategy = dpkeras.get_strategy(
+        ["/cpu:1", "/cpu:2"],
+        "/cpu:0",
+        partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2),
+    )
+    with strategy.scope():
+        whole = tf.Variable(1.0)
+        layer = keras.layers.Embedding(4, 2)
+        layer.build()
+    sharded = layer.embeddings.value
+    assert len(sharded.shards) == 2 and not hasattr(whole, "shards")
+    for variable, runs in ((whole, 1), (sharded, 2)):
+        calls = []
+
+        def fn(v, calls=calls):
+            calls.append(v)
+            return tf.constant(0.0)
+
+        with pieces.copy(strategy.extended, 1):
+            strategy.extended.update(variable, fn)
+        assert calls == [], variable
+        with pieces.copy(strategy.extended, 0):
+            strategy.extended.update(variable, fn)
+        assert len(calls) == runs, variable
