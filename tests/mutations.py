@@ -37,6 +37,12 @@ class Mutant:
     tests: tuple
 
 
+# The README's row of BatchNormalization(synchronized=True) in "What is exact".
+ROW_SYNC_BN = (
+    "| `BatchNormalization(synchronized=True)` (statistics over the global batch; the default "
+    "`synchronized=False` is per replica under every strategy) | exact | exact |\n"
+)
+
 MUTANTS = (
     Mutant(
         "sum",
@@ -1553,6 +1559,100 @@ MUTANTS = (
         (
             "tests/test_package_map.py::"
             "test_the_package_map_places_every_room_on_one_floor_and_no_import_climbs",
+        ),
+    ),
+    Mutant(
+        "gradient-shape-reshaped",
+        "a replicated variable's gradient of partly unknown static shape is reshaped to the "
+        "variable's shape instead of checked: a gradient of the same size and another shape "
+        "passes",
+        "dpkeras/_extended/all_reduce.py",
+        "        return tf.ensure_shape(component, shape)",
+        "        return tf.reshape(component, shape)",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_gradient_of_unknown_static_shape_is_checked_on_its_device_when_it_runs",
+        ),
+    ),
+    Mutant(
+        "gradient-shape-off-device",
+        "the check giving a gradient its variable's shape runs on the device in scope (the "
+        "parameter device), not the replica's: the gradient crosses to it and back",
+        "dpkeras/_extended/all_reduce.py",
+        "    with tf.device(device):\n        return tf.ensure_shape(component, shape)",
+        "    return tf.ensure_shape(component, shape)",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_gradient_of_unknown_static_shape_is_checked_on_its_device_when_it_runs",
+        ),
+    ),
+    Mutant(
+        "saved-model-hybrid-only",
+        "a SavedModel's variables (no initial value) go to a parameter device under hybrid() "
+        "only: a by_path policy answering REPLICATED replicates them (TensorFlow's loader fails)",
+        "dpkeras/_extended/creator.py",
+        '            if device is placement.REPLICATED and kwargs.get("initial_value") is None:\n',
+        "            if (\n"
+        "                device is placement.REPLICATED\n"
+        '                and kwargs.get("initial_value") is None\n'
+        "                and placement.is_hybrid(self.policy)\n"
+        "            ):\n",
+        (
+            "tests/test_hybrid.py::"
+            "test_a_saved_model_loads_under_a_by_path_policy_answering_replicated",
+        ),
+    ),
+    Mutant(
+        "uncalled-by-path-unnamed",
+        "placement.by_path passed without calling it is used as a policy (fails at the first "
+        "variable with by_path's own message) instead of refused by name",
+        "dpkeras/placement.py",
+        "    \"by_path\": \"{r'embedding': '/cpu:0'}, default='/gpu:0'\",\n",
+        "",
+        ("tests/test_errors.py::test_bad_devices_fail_before_anything_is_created",),
+    ),
+    Mutant(
+        "by-path-callables-alone-refused",
+        "a by_path of callables alone (no device of its own) is refused: 'needs a non-empty "
+        "list of devices'",
+        "dpkeras/placement.py",
+        "        if candidates:\n            super().__init__(",
+        "        if True:\n            super().__init__(",
+        ("tests/test_placement.py::test_by_path_of_callables_alone_is_accepted",),
+    ),
+    Mutant(
+        "readme-sync-bn-row",
+        "the README's 'What is exact' table loses its BatchNormalization(synchronized=True) row",
+        "README.md",
+        ROW_SYNC_BN,
+        "",
+        ("tests/test_exact_matrix.py::test_the_readme_table_says_synchronized_batchnorm_is_exact",),
+    ),
+    Mutant(
+        "readme-one-replica-note",
+        "the Quick start no longer says that without GPUs it trains one replica",
+        "README.md",
+        "On a machine without GPUs this trains **one replica**, on the CPU, and says nothing "
+        "about it:\nTensorFlow shows one CPU device, and it both holds the variables and "
+        "computes. For replicas\nthere, make",
+        "For replicas on CPUs, make",
+        (
+            "tests/test_docs_examples.py::"
+            "test_the_quick_start_says_it_trains_one_replica_without_gpus",
+        ),
+    ),
+    Mutant(
+        "wrapper-mixed-in-own-scope",
+        "a model made outside any scope with variables of two strategies is checked only when "
+        "compiled with no scope: compiled in the scope of the strategy it adopts, it compiles",
+        "dpkeras/_patches/outside_the_scope.py",
+        "    if adopting:\n        _of_one_strategy(model, extended)\n"
+        "        if not tf.distribute.has_strategy():\n",
+        "    if adopting and not tf.distribute.has_strategy():\n"
+        "        _of_one_strategy(model, extended)\n        if True:\n",
+        (
+            "tests/test_errors.py::"
+            "test_a_model_with_variables_of_two_strategies_is_refused_in_either_s_scope_too",
         ),
     ),
 )

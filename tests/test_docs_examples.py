@@ -154,6 +154,23 @@ def test_no_two_blocks_share_a_backup_directory():
     assert not shared, f"blocks sharing a BackupAndRestore directory: {shared}"
 
 
+def _section(page, title):
+    """The text of the `## title` section of `page` (a path), up to the next `## `."""
+    text = page.read_text(encoding="utf-8")
+    assert f"\n## {title}\n" in text, f"{page.name} has no section {title!r}"
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_quick_start_says_it_trains_one_replica_without_gpus():
+    """On a machine without GPUs (and without `simulate_cpu_devices`) the Quick start trains
+    one replica and TensorFlow says nothing: the Quick start says so, and how to get replicas
+    (issue 42 item 5)."""
+    readme = next(page for page in pages() if page.name == "README.md")
+    quick = " ".join(_section(readme, "Quick start").split())
+    assert "without GPUs this trains **one replica**" in quick, quick
+    assert "dpkeras.simulate_cpu_devices(n)" in quick, quick
+
+
 def test_the_tf1_guide_has_a_runnable_block_for_each_idiom_2_to_10():
     page = next(page for page in pages() if page.stem == "migrating-from-tf1")
     headings = [

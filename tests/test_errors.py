@@ -49,6 +49,25 @@ BAD_DEVICES = [
         r"parameter_device=placement.round_robin is the function that makes a policy, not a "
         r"policy: call it, such as placement.round_robin\(\['/gpu:0', '/gpu:1'\]\)",
     ),
+    (
+        None,
+        dpkeras.placement.by_path,
+        r"parameter_device=placement.by_path is the function that makes a policy, not a "
+        r"policy: call it, such as placement.by_path\(\{r'embedding': '/cpu:0'\}, "
+        r"default='/gpu:0'\)",
+    ),
+    (
+        None,
+        dpkeras.placement.single,
+        r"parameter_device=placement.single is the function that makes a policy, not a "
+        r"policy: call it, such as placement.single\('/cpu:0'\)",
+    ),
+    (
+        None,
+        dpkeras.placement.greedy_by_size,
+        r"parameter_device=placement.greedy_by_size is the function that makes a policy, not "
+        r"a policy: call it, such as placement.greedy_by_size\(\['/gpu:0', '/gpu:1'\]\)",
+    ),
     (["/cpu:1"], "/cpu:0/cpu:1", r"Cannot parse device '/cpu:0/cpu:1'"),
 ]
 
@@ -188,6 +207,24 @@ def test_a_model_made_outside_any_scope_with_variables_of_two_strategies_is_refu
         ):
             model.compile(optimizer="sgd", loss="mse")
         assert not model.compiled
+
+
+def test_a_model_with_variables_of_two_strategies_is_refused_in_either_s_scope_too():
+    """Compiled inside the scope of the strategy it would adopt, the wrapper of the test above
+    is refused the same: fit would fail on its layer of no strategy all the same."""
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:3") as strategy:
+        trained = _dense()
+    outside = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)], name="head")
+    model = _wrapped(trained, outside)
+    with strategy.scope():
+        with pytest.raises(
+            ValueError,
+            match=rf"^Model '{model.name}' was made outside any strategy's scope and holds "
+            r"variables of more than one strategy: 'sequential' of ParameterDeviceStrategy\(.*"
+            r"\); 'head' of no strategy\.",
+        ):
+            model.compile(optimizer="sgd", loss="mse")
+    assert not model.compiled
 
 
 class _Scaled(keras.Model):

@@ -7,6 +7,7 @@ pinned, so a TensorFlow or Keras change to them fails here and the README is upd
 """
 
 import json
+import pathlib
 
 import pytest
 
@@ -46,6 +47,19 @@ MIRRORED = {
 
 def test_the_table_covers_every_feature():
     assert sorted(MIRRORED) == sorted(exact_features.FEATURES)
+
+
+def test_the_readme_table_says_synchronized_batchnorm_is_exact():
+    """Issue 42 item 3: `BatchNormalization(synchronized=True)` is a row of the README's "What
+    is exact" table, exact under dpkeras and as MirroredStrategy's pinned verdict says."""
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("\n## What is exact\n", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        r for r in table.splitlines() if r.startswith("| `BatchNormalization(synchronized=True)`")
+    ]
+    assert len(rows) == 1, rows
+    cells = [cell.strip() for cell in rows[0].strip().strip("|").split("|")]
+    assert cells[1:] == ["exact", MIRRORED["synchronized_batchnorm"]], cells
 
 
 @pytest.mark.parametrize("feature", sorted(exact_features.FEATURES))

@@ -605,6 +605,29 @@ def test_a_gradient_of_another_shape_than_its_replicated_variable_is_refused():
         all_reduce.sum_per_copy([[tf.ones([2]), tf.ones([2])]], devices, [None, None], [(3,)])
 
 
+def test_a_gradient_of_unknown_static_shape_is_checked_on_its_device_when_it_runs():
+    """The all-reduce gives a gradient of partly unknown static shape its variable's shape with
+    a check that runs in the step, on the replica's device (not a reshape, which would take a
+    gradient of the same size and another shape; not on the device in scope, the parameter
+    device, which the gradient would cross to and back)."""
+    device = _hybrid(2).extended.worker_devices[0]
+    ps = _hybrid(2).extended.parameter_devices[0]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def summed(gradient):
+        with tf.device(ps):
+            return all_reduce.sum_per_copy([[gradient]], [device], [None], [(4, 1)])[0][0]
+
+    out = summed(tf.ones([4, 1]))
+    assert out.shape == (4, 1)
+    np.testing.assert_array_equal(out.numpy(), np.ones([4, 1], "float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        summed(tf.ones([1, 4]))  # the size of a (4, 1) gradient, another shape
+    graph = summed.get_concrete_function().graph
+    on_ps = [f"{op.type} {op.name}" for op in graph.get_operations() if op.device == ps]
+    assert not on_ps, on_ps
+
+
 PS = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
@@ -661,3 +684,21 @@ def test_one_replica_trains_as_one_device():
     assert isinstance(model.trainable_variables[0].value, dpkeras.ReplicatedVariable)
     assert_weights_close(expected.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["loss"], history["loss"], rtol=1e-5)
+
+
+def test_a_saved_model_loads_under_a_by_path_policy_answering_replicated(tmp_path):
+    """Not under hybrid() alone: a policy of by_path with a REPLICATED default places a loaded
+    SavedModel's variables (made without an initial value) on its home parameter device, and
+    they serve as saved."""
+    keras.utils.set_random_seed(1)
+    saved = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    path = str(tmp_path / "saved_model")
+    saved.export(path, verbose=0)
+    x = np.random.RandomState(0).rand(8, 4).astype("float32")
+    expected = saved.predict(x, verbose=0)
+    policy = placement.by_path({r"embedding": "/cpu:0"}, default=placement.REPLICATED)
+    with cpu_strategy(2, policy).scope():
+        restored = tf.saved_model.load(path)
+    assert {v.device for v in restored.variables} == {PS}
+    assert not any(isinstance(v, dpkeras.ReplicatedVariable) for v in restored.variables)
+    np.testing.assert_array_equal(restored.serve(x).numpy(), expected)

@@ -124,6 +124,20 @@ def test_by_path_places_the_shards_a_replicated_rule_matches_on_its_devices():
     assert shards == {dpkeras._device_names.canonical_device(d) for d in SPREAD}, shards
 
 
+def test_by_path_of_callables_alone_is_accepted():
+    """A `by_path` whose rules and default are all callables names no device of its own: it is
+    accepted, and the strategy's default parameter device holds what it does not place (the
+    loss's state, reductions)."""
+    policy = placement.by_path({r"embedding": lambda spec: "/cpu:3"}, default=lambda spec: "/cpu:0")
+    assert policy.devices == ()
+    with dpkeras.scope(REPLICAS, policy):
+        model = _uneven_model()
+    model.fit(np.zeros((8, 6), "int32"), np.zeros(8, "int32"), batch_size=8, verbose=0)
+    devices = {r.path: r.device for r in dpkeras.placement_report(model).rows}
+    assert {d for p, d in devices.items() if "embedding" in p} == {"/cpu:3"}, devices
+    assert {d for p, d in devices.items() if "/dense" in p} == {"/cpu:0"}, devices
+
+
 def test_hybrid_by_name_by_function_and_from_the_environment(monkeypatch):
     """ "hybrid" (argument or `DPKERAS_PARAMETER_DEVICE`) and `placement.hybrid` not called
     are `placement.hybrid()`: the same strategy."""
