@@ -6,4 +6,4 @@ Semantic versioning (README, "Versions"): the public API is `dpkeras.__all__`, t
 modules, the `dpkeras` command and the files dpkeras reads and writes.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

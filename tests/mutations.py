@@ -1655,6 +1655,15 @@ MUTANTS = (
             "test_a_model_with_variables_of_two_strategies_is_refused_in_either_s_scope_too",
         ),
     ),
+    Mutant(
+        "wrapper-adopts-once",
+        "keras-io's end-to-end wrapper adopts its strategy at its first compile only: compiled "
+        "again outside any scope it is refused as 'built under' the strategy (issue 42 review)",
+        "dpkeras/_patches/outside_the_scope.py",
+        "built_outside_any_strategy(model) or model in _ADOPTED",
+        "built_outside_any_strategy(model)",
+        ("tests/test_end_to_end_wrapper.py::test_the_wrapper_compiles_again_outside_any_scope",),
+    ),
 )
 
 

@@ -40,6 +40,16 @@ def test_resolve_cluster_accepts_dict_spec_and_resolver(given):
     assert cluster.cluster_spec_of(given).as_dict() == SPEC
 
 
+def test_resolve_cluster_is_cluster_spec_of_with_a_deprecation_warning():
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"resolve_cluster is deprecated .* 0\.5\.0; it is "
+        r"dpkeras\.cluster\.cluster_spec_of",
+    ):
+        assert cluster.resolve_cluster(SPEC).as_dict() == SPEC
+    assert "resolve_cluster" not in cluster.__all__
+
+
 def test_resolve_cluster_keeps_chief_and_worker_only_clusters():
     spec = {"chief": ["10.0.0.9:2222"], "worker": ["[::1]:2222"]}
     assert cluster.cluster_spec_of(spec).as_dict() == spec

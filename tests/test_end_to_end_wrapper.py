@@ -108,3 +108,22 @@ def test_an_end_to_end_model_made_after_training_runs_as_written(policy):
     assert_weights_close(ref_end_to_end.get_weights(), end_to_end_model.get_weights())
     assert_weights_close(ref_model.get_weights(), model.get_weights())  # the same layers
     assert abs(after[0] - wrapped[0]) > 1e-3  # the wrapper's fit trained
+
+
+def test_the_wrapper_compiles_again_outside_any_scope():
+    """Compiled a second time with no scope (to add a metric, another loss), the wrapper adopts
+    its strategy again: its first compile set its strategy, which must not make it a model
+    "built under" the strategy and compiled outside its scope."""
+    strategy = cpu_strategy(2)
+    texts, labels = _texts()
+    vectorize = _vectorizer(texts)
+    model = _trained_classifier(strategy, vectorize(texts), labels)
+    end_to_end_model = _end_to_end(model, vectorize)
+    raw = tf.data.Dataset.from_tensor_slices((texts[:, None], labels)).batch(BATCH)
+    first = end_to_end_model.evaluate(raw, verbose=0)
+    end_to_end_model.compile(loss="binary_crossentropy", metrics=["accuracy", "auc"])
+    again = end_to_end_model.evaluate(raw, verbose=0)
+    np.testing.assert_array_equal(again[:2], first)
+    assert end_to_end_model.distribute_strategy is strategy
+    made = end_to_end_model.metrics_variables
+    assert made and all(extended_of_variable(v) is strategy.extended for v in made)

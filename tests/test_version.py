@@ -8,7 +8,7 @@ import os
 import re
 
 import dpkeras
-from dpkeras import _cli
+from dpkeras._cli import env as env_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEMVER = r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -47,5 +47,5 @@ def test_the_newest_released_changelog_heading_is_this_version():
 
 def test_dpkeras_env_prints_the_version():
     out = io.StringIO()
-    assert _cli.env.env([], out=out) in (0, None)
+    assert env_command.env([], out=out) in (0, None)
     assert out.getvalue().startswith(f"dpkeras {dpkeras.__version__} (")

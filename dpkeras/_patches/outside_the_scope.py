@@ -33,6 +33,11 @@ class _Clusters:
 
 _CLUSTERS = _Clusters()
 
+# Models made outside any scope that adopted their variables' strategy at a first compile
+# (keras-io's end-to-end wrapper): compiled again, with no scope, they adopt it again instead
+# of counting as "built under" it (adopting sets the model's strategy).
+_ADOPTED = weakref.WeakSet()
+
 
 def awaiting_entry(strategy):
     """Notes a strategy on a cluster, made and not yet entered (called when it is made)."""
@@ -122,7 +127,7 @@ def compiling_in_the_model_scope(original, model, *args, **kwargs):
         return original(model, *args, **kwargs)
     strategy = extended.strategy
     current = tf.distribute.get_strategy()
-    adopting = _keras_internals.built_outside_any_strategy(model)
+    adopting = _keras_internals.built_outside_any_strategy(model) or model in _ADOPTED
     if adopting:
         _of_one_strategy(model, extended)
         if not tf.distribute.has_strategy():
@@ -161,6 +166,7 @@ def compiling_in_the_model_scope(original, model, *args, **kwargs):
     if not adopting:
         return original(model, *args, **kwargs)
     setattr(model, _keras_internals.strategy_attribute(), strategy)  # as if made in its scope
+    _ADOPTED.add(model)
     with strategy.scope():
         return original(model, *args, **kwargs)
 

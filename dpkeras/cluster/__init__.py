@@ -32,6 +32,7 @@ __getattr__, __dir__ = exports(
         "TaskFailedError": "dpkeras.cluster._health",
         "name_failures": "dpkeras.cluster._health",
         "cluster_spec_of": "dpkeras.cluster._spec",
+        "resolve_cluster": "dpkeras.cluster._spec",  # deprecated: cluster_spec_of
         "join": "dpkeras.cluster._task",
     },
 )

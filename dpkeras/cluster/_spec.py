@@ -8,6 +8,7 @@ this process's role), so the modules a cluster goes through on its way from
 
 import json
 import re
+import warnings
 
 import tensorflow as tf
 
@@ -277,6 +278,17 @@ def cluster_spec_of(cluster=None):
             f"(of type {type(cluster).__name__})."
         )
     return _validate(cluster, source)
+
+
+def resolve_cluster(cluster=None):
+    """Deprecated since 0.4.0 (removed in 0.5.0): `cluster_spec_of`, its name since then."""
+    warnings.warn(
+        "dpkeras.cluster.resolve_cluster is deprecated and will be removed in dpkeras 0.5.0; "
+        "it is dpkeras.cluster.cluster_spec_of, with the same arguments and result.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return cluster_spec_of(cluster)
 
 
 def task_addresses(cluster_spec):
