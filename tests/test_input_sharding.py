@@ -168,20 +168,27 @@ def test_data_keeps_each_hosts_slices_of_the_whole_pipeline():
     assert _assert_slices_make_the_global_batches(make, ranges, 4, pipelines) == 3
 
 
-def test_file_gives_each_worker_its_files_and_its_share_of_each_step(tmp_path):
-    files = []
-    for f in range(4):
+def _files_of_records(tmp_path, files, rows, batch):
+    """`make()` of a FILE-sharded pipeline over `files` TFRecord files of `rows` records each
+    (record i of file f holds f * 100 + i), batched by `batch`."""
+    paths = []
+    for f in range(files):
         path = str(tmp_path / f"part-{f}.tfrecord")
         with tf.io.TFRecordWriter(path) as writer:
-            for i in range(12):
+            for i in range(rows):
                 writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
-        files.append(path)
+        paths.append(path)
 
     def make():
-        dataset = tf.data.Dataset.from_tensor_slices(files).interleave(tf.data.TFRecordDataset)
-        dataset = dataset.map(lambda r: tf.io.parse_tensor(r, tf.int64)).batch(6)
+        dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(tf.data.TFRecordDataset)
+        dataset = dataset.map(lambda r: tf.io.parse_tensor(r, tf.int64)).batch(batch)
         return _with_policy(dataset, Policy.FILE)
 
+    return make
+
+
+def test_file_gives_each_worker_its_files_and_its_share_of_each_step(tmp_path):
+    make = _files_of_records(tmp_path, files=4, rows=12, batch=6)
     first, second = _pipelines(make, [(0, 1), (1, 3)], 3)
     a = np.concatenate(list(first.as_numpy_iterator()))
     b = np.concatenate(list(second.as_numpy_iterator()))
@@ -221,19 +228,7 @@ def test_the_tf_data_internals_still_read_a_standard_pipeline():
 def test_file_cuts_an_uneven_step_by_tensorflows_rule(tmp_path):
     """7 rows a step over 3 replicas are 3, 2, 2 (larger first): worker 0's one replica takes
     3 rows a step, worker 1's two replicas 2 each; worker 0 must not take 7 // 3."""
-    files = []
-    for f in range(2):
-        path = str(tmp_path / f"part-{f}.tfrecord")
-        with tf.io.TFRecordWriter(path) as writer:
-            for i in range(28):
-                writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
-        files.append(path)
-
-    def make():
-        dataset = tf.data.Dataset.from_tensor_slices(files).interleave(tf.data.TFRecordDataset)
-        dataset = dataset.map(lambda r: tf.io.parse_tensor(r, tf.int64)).batch(7)
-        return _with_policy(dataset, Policy.FILE)
-
+    make = _files_of_records(tmp_path, files=2, rows=28, batch=7)
     first, second = _pipelines(make, [(0, 1), (1, 3)], 3)
     assert [x.shape[0] for x in first.take(3).as_numpy_iterator()] == [3, 3, 3]
     assert [x.shape[0] for x in second.take(4).as_numpy_iterator()] == [2, 2, 2, 2]

@@ -36,6 +36,14 @@ def _uneven_model():
     return model
 
 
+def _devices_after_a_fit(policy):
+    """`{path: device}` of `_uneven_model`'s variables, built under `policy`, after one fit."""
+    with dpkeras.scope(REPLICAS, policy):
+        model = _uneven_model()
+    model.fit(np.zeros((8, 6), "int32"), np.zeros(8, "int32"), batch_size=8, verbose=0)
+    return {r.path: r.device for r in dpkeras.placement_report(model).rows}
+
+
 def _weight_loads(model):
     loads = {}
     for v in model.weights:
@@ -99,10 +107,7 @@ def test_by_path_answers_replicated_for_a_rule_or_the_default():
     assert repr(tables) == "by_path({'embedding': '/cpu:3'}, default=dpkeras.placement.REPLICATED)"
     dense = placement.by_path({r"dense": placement.REPLICATED}, default="/cpu:3")
     for policy in (tables, dense):
-        with dpkeras.scope(REPLICAS, policy):
-            model = _uneven_model()
-        model.fit(np.zeros((8, 6), "int32"), np.zeros(8, "int32"), batch_size=8, verbose=0)
-        devices = {r.path: r.device for r in dpkeras.placement_report(model).rows}
+        devices = _devices_after_a_fit(policy)
         assert {d for p, d in devices.items() if "embedding" in p} == {"/cpu:3"}, devices
         assert {d for p, d in devices.items() if "/dense" in p} == {"replicated"}, devices
         assert {d for p, d in devices.items() if p.startswith("loss/")} == {"/cpu:3"}, devices
@@ -130,10 +135,7 @@ def test_by_path_of_callables_alone_is_accepted():
     loss's state, reductions)."""
     policy = placement.by_path({r"embedding": lambda spec: "/cpu:3"}, default=lambda spec: "/cpu:0")
     assert policy.devices == ()
-    with dpkeras.scope(REPLICAS, policy):
-        model = _uneven_model()
-    model.fit(np.zeros((8, 6), "int32"), np.zeros(8, "int32"), batch_size=8, verbose=0)
-    devices = {r.path: r.device for r in dpkeras.placement_report(model).rows}
+    devices = _devices_after_a_fit(policy)
     assert {d for p, d in devices.items() if "embedding" in p} == {"/cpu:3"}, devices
     assert {d for p, d in devices.items() if "/dense" in p} == {"/cpu:0"}, devices
 
