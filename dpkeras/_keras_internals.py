@@ -297,6 +297,52 @@ def backup_position(callback):
     return callback._current_epoch, callback._last_batch_seen
 
 
+def epoch_iterator_class():
+    """Keras's `EpochIterator` class, whose `_enumerate_iterator` (one epoch's enumeration of
+    `(begin step, end step, iterator)`) dpkeras wraps to resume an epoch at the batch after a
+    backup (`dpkeras._patches.resume`): Keras 3.15 has no way to start an epoch at a batch."""
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    return EpochIterator
+
+
+def epoch_dataset(epoch_iterator):
+    """The `tf.data.Dataset` an epoch iterator's data adapter reads (Keras's pipeline of NumPy
+    arrays or tensors, or the user's dataset), or None for input dpkeras cannot see (a Python
+    generator, a `PyDataset`, a torch DataLoader, grain). Keras's adapters are private classes,
+    chosen by `get_data_adapter`; the adapter is the iterator's `data_adapter`."""
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    if isinstance(adapter, (ArrayDataAdapter, TFDatasetAdapter)):
+        return adapter.get_tf_dataset()
+    return None
+
+
+def epoch_stream(epoch_iterator):
+    """`(steps_per_epoch or None, batches in the data or None)` of a Keras epoch iterator, as its
+    enumeration uses them: `steps_per_epoch` as given to `fit`, and the data adapter's count
+    (None for a dataset of infinite or unknown length)."""
+    return epoch_iterator.steps_per_epoch, epoch_iterator.data_adapter.num_batches
+
+
+def count_steps_seen(epoch_iterator, steps):
+    """Adds `steps` to the batches Keras's epoch iterator counts as read from its current
+    iterator (the private `_steps_seen`, by which it decides to make the iterator again once
+    the data is read): a resumed run's iterator read them before its epoch began."""
+    epoch_iterator._steps_seen += steps
+
+
+def resume_backup_count(callback, last_batch):
+    """Sets a `BackupAndRestore`'s count of batches as it was just after it saved at batch
+    `last_batch` of the epoch (the private `_last_batch_seen` and
+    `_batches_seen_since_last_saving`), so that a run resumed there saves at the batches an
+    uninterrupted run saves at."""
+    callback._last_batch_seen = last_batch
+    callback._batches_seen_since_last_saving = 0
+
+
 # -- keras-rs (the table entry of dpkeras/_patches/keras_rs.py)
 # ------------------------------------------------------------------------
 

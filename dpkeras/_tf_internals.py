@@ -245,27 +245,59 @@ def pipeline(dataset):
             pending.extend(dataset_inputs(current))
 
 
+def dataset_function_graphs(dataset):
+    """The GraphDefs of the functions of `dataset`'s own transformation (`map`'s function,
+    `filter`'s predicate, ...), each with its function library.
+
+    A transformation keeps its traced function in a private attribute (a
+    `StructuredFunctionWrapper`, such as `_map_func`); found by its `function` attribute. Read
+    from the function's graph, not the serialised pipeline, which would embed every tensor the
+    pipeline captured (Keras's NumPy arrays).
+    """
+    for value in vars(dataset).values():
+        function = getattr(value, "function", None)
+        graph = getattr(function, "graph", None)
+        if graph is not None and hasattr(graph, "as_graph_def"):
+            yield graph.as_graph_def()
+
+
 def runs_python(dataset):
     """Whether `dataset`'s pipeline calls Python (`tf.py_function`, `tf.numpy_function`,
     `Dataset.from_generator`), in any of its transformations' functions.
 
     Python runs only in the process that made the function: such a pipeline cannot run on
-    another task. A transformation keeps its traced function in a private attribute (a
-    `StructuredFunctionWrapper`, such as `_map_func`); found by its `function` attribute.
+    another task.
     """
     for current in pipeline(dataset):
-        for value in vars(current).values():
-            function = getattr(value, "function", None)
-            graph = getattr(function, "graph", None)
-            if graph is None or not hasattr(graph, "as_graph_def"):
-                continue
-            graph_def = graph.as_graph_def()
+        for graph_def in dataset_function_graphs(current):
             nodes = list(graph_def.node)
             for library_function in graph_def.library.function:
                 nodes.extend(library_function.node_def)
             if any(node.op in _PYTHON_OPS for node in nodes):
                 return True
     return False
+
+
+def dataset_seeds_unset(dataset):
+    """Whether `dataset` is itself a random dataset (`shuffle`, `Dataset.random`) whose two
+    seeds are 0: it draws fresh seeds each time it is made. Such datasets keep their seeds in
+    the private `_seed` and `_seed2` (tensors), set from `tf.random` rules at construction."""
+    found = [getattr(dataset, name, None) for name in ("_seed", "_seed2")]
+    if any(value is None for value in found):
+        return False
+    values = [tf.get_static_value(value) for value in found]
+    return all(value is not None and int(value) == 0 for value in values)
+
+
+def draws_anew_each_iteration(dataset):
+    """Whether `dataset` is a random dataset that draws anew each time it is iterated:
+    `shuffle(..., reshuffle_each_iteration=True)` (the default) keeps it in the private
+    `_reshuffle_each_iteration`, `Dataset.random(rerandomize_each_iteration=True)` in
+    `_rerandomize`."""
+    return bool(
+        getattr(dataset, "_reshuffle_each_iteration", False)
+        or getattr(dataset, "_rerandomize", False)
+    )
 
 
 def pipeline_graph(dataset):

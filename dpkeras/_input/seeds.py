@@ -36,7 +36,7 @@ def _name(reference):
     return reference.lstrip("^").split(":")[0]
 
 
-def _seeded_by_attributes(node):
+def unseeded(node):
     """Whether `node` is a random op whose seed attributes are both 0."""
     return all(key in node.attr for key in _SEEDS) and not any(node.attr[key].i for key in _SEEDS)
 
@@ -101,7 +101,7 @@ class Pipeline:
         for nodes, _ in _scopes(graph_def):
             consts = {n.name: n for n in nodes if n.op == "Const"}
             for node in nodes:
-                if _seeded_by_attributes(node) or _unseeded_inputs(node, consts):
+                if unseeded(node) or _unseeded_inputs(node, consts):
                     ops.append(node.op)
         return cls(graph_def, element_spec, ops)
 
@@ -114,7 +114,7 @@ class Pipeline:
             consts = {n.name: n for n in nodes if n.op == "Const"}
             new = []
             for node in nodes:
-                if _seeded_by_attributes(node):
+                if unseeded(node):
                     for key in _SEEDS:
                         node.attr[key].i = seed()
                     continue

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import threading
 import warnings
 import weakref
 
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 from dpkeras import _keras_internals
 from dpkeras._extended.extended import extended_of
+from dpkeras._input import resumption
 from dpkeras._patches import atomic_files
 from dpkeras._variables import placed
 from dpkeras.placement import VariableKind
@@ -32,6 +34,10 @@ _KEY = "dpkeras"
 # until the first epoch after a restart ends (its counter is private, with no setter), so a
 # backup taken before then would name the wrong epoch; `backup_save_model` counts from here.
 _RESUMED_AT = weakref.WeakKeyDictionary()
+
+# Keras epoch iterator -> the `resumption.Resumption` its next epoch starts at.
+_RESUMPTIONS = weakref.WeakKeyDictionary()
+_fits = threading.local()  # the fits running on this thread: [model, its epoch iterator]
 
 
 def built_under_dpkeras(model):
@@ -92,6 +98,35 @@ def restore_seed_states(model, states):
         return
     for entry, (_, v) in zip(states, variables):
         v.assign(np.asarray(entry["state"], dtype=v.dtype).reshape(v.shape))
+
+
+# -- metric states --------------------------------------------------------------------------
+
+
+def metric_states(model):
+    """The states of `model`'s metrics (its loss tracker and compiled metrics), JSON-ready: a
+    backup taken in the middle of an epoch holds the running means and counts of the batches
+    before it, so that the resumed epoch's logs and history are the uninterrupted run's."""
+    return [
+        {"path": v.path, "value": np.asarray(v.numpy()).tolist()} for v in model.metrics_variables
+    ]
+
+
+def restore_metric_states(model, states):
+    """Restores what `metric_states` returned; warns and restores nothing if they differ."""
+    variables = model.metrics_variables
+    shapes = [list(np.shape(entry["value"])) for entry in states]
+    if shapes != [list(v.shape) for v in variables]:
+        _log.warning(
+            "dpkeras: the backup holds %d metric state(s) that do not fit model %r's %d; the "
+            "resumed epoch's metrics count only the batches trained after the restart.",
+            len(states),
+            model.name,
+            len(variables),
+        )
+        return
+    for entry, v in zip(states, variables):
+        v.assign(np.asarray(entry["value"], dtype=v.dtype).reshape(v.shape))
 
 
 def _weights_finite(model):
@@ -279,8 +314,10 @@ def backup_on_train_begin(original, callback, logs=None):
     seed-generator states stored with the backup are restored (Keras's `.weights.h5` holds
     none, so Dropout would draw the first steps' masks again), and epochs are counted from the
     restored one (Keras records epoch 0 until an epoch ends, so a second restart would start
-    over). A backup taken mid-epoch resumes as Keras resumes it, from the epoch's first batch,
-    with a warning. A backup of another model (weights of other shapes, or another count: a
+    over). A backup taken mid-epoch resumes at the batch after it, with the metrics' running
+    states of the batches before it, where the input's order is deterministic (see
+    `dpkeras._input.resumption`; `resuming_the_epoch` does it); elsewhere as Keras resumes it,
+    from the epoch's first batch, with a warning saying why. A backup of another model (weights of other shapes, or another count: a
     directory shared by two programs) is refused in one line naming the directory, instead of
     Keras's dump of every variable it could not load.
     """
@@ -307,19 +344,35 @@ def backup_on_train_begin(original, callback, logs=None):
     epoch = int(metadata.get("epoch", 0))
     _RESUMED_AT[callback] = epoch
     ours = metadata.get(_KEY)
-    if ours is not None:
-        restore_seed_states(callback.model, ours.get("seeds", []))
-        if not ours.get("epoch_complete", True):
-            done = int(metadata.get("batch", 0)) + 1
-            _log.warning(
-                "dpkeras: resuming from a backup taken after %d batch(es) of epoch %d. Keras 3 "
-                "restarts that epoch from its first batch, so those %d batch(es) are trained "
-                "a second time. For an exact resume use BackupAndRestore(save_freq='epoch') "
-                "or a multiple of the steps per epoch.",
-                done,
+    if ours is None:
+        return result
+    restore_seed_states(callback.model, ours.get("seeds", []))
+    complete = ours.get("epoch_complete", True)
+    done = 0 if complete else int(metadata.get("batch", 0)) + 1
+    found, why = _resumption_of(callback, epoch, done)
+    if found is not None:
+        epoch_iterator, where = found
+        if where.first_step or where.before:
+            metrics = None if complete else ours.get("metrics")
+            _RESUMPTIONS[epoch_iterator] = (where, callback.model, metrics)
+        if not complete:
+            _keras_internals.resume_backup_count(callback, done - 1)
+            _log.info(
+                "dpkeras: resuming epoch %d at batch %d, after the %d batch(es) its backup "
+                "was taken after",
                 epoch + 1,
+                done + 1,
                 done,
             )
+    elif not complete:
+        _log.warning(
+            "dpkeras: resuming from a backup taken after %d batch(es) of epoch %d. They are "
+            "trained a second time, as Keras 3 restarts the epoch from its first batch: the "
+            "input cannot be resumed at the batch after the backup because %s.",
+            done,
+            epoch + 1,
+            why,
+        )
     return result
 
 
@@ -376,6 +429,7 @@ def backup_save_model(original, callback, save_weights):
             "generation": generation,
             "epoch_complete": complete,
             "seeds": seed_states(model),
+            "metrics": metric_states(model),
             "weights": _weight_shapes(model),
         },
     }
@@ -400,6 +454,85 @@ def backup_on_train_end(original, callback, logs=None):
         )
         return None
     return original(callback, logs)
+
+
+# -- resuming an epoch at the batch after its backup -------------------------------------------
+
+
+@contextlib.contextmanager
+def fitting(model):
+    """In the block, `model.fit` is running on this thread: the first Keras epoch iterator made
+    in it is its training data's (`note_epoch_iterator`), which a backup resumes."""
+    stack = getattr(_fits, "stack", None)
+    if stack is None:
+        stack = _fits.stack = []
+    entry = [model, None]
+    stack.append(entry)
+    try:
+        yield
+    finally:
+        stack.remove(entry)
+        if entry[1] is not None:
+            _RESUMPTIONS.pop(entry[1], None)  # a fit that ended before its first epoch
+
+
+def note_epoch_iterator(epoch_iterator):
+    """Called as each Keras `TFEpochIterator` is made: the first made in a fit is the one its
+    epochs train on."""
+    stack = getattr(_fits, "stack", None)
+    if stack and stack[-1][1] is None:
+        stack[-1][1] = epoch_iterator
+
+
+def _training_iterator(model):
+    for fitted, epoch_iterator in reversed(getattr(_fits, "stack", None) or ()):
+        if fitted is model:
+            return epoch_iterator
+    return None
+
+
+def _resumption_of(callback, epoch, done):
+    """`(Resumption or None, why not)` for a run restored to batch `done` of `epoch`."""
+    epoch_iterator = _training_iterator(callback.model)
+    if epoch_iterator is None:
+        return None, "the backup was not restored by model.fit"
+    dataset = _keras_internals.epoch_dataset(epoch_iterator)
+    why = resumption.why_order_may_differ(dataset)
+    if why is not None:
+        return None, why
+    steps_per_epoch, num_batches = _keras_internals.epoch_stream(epoch_iterator)
+    if (
+        epoch > 0
+        and steps_per_epoch
+        and num_batches is None
+        and dataset.cardinality() != tf.data.INFINITE_CARDINALITY
+    ):
+        return None, (
+            f"with steps_per_epoch its epochs read on from one another, and its length is "
+            f"unknown, so where epoch {epoch + 1} begins in it is unknown"
+        )
+    before = resumption.stream_position(
+        epoch, steps_per_epoch, callback.model.steps_per_execution, num_batches
+    )
+    return (epoch_iterator, resumption.Resumption(done, before)), None
+
+
+def resuming_the_epoch(original, epoch_iterator):
+    """Wraps Keras's `EpochIterator._enumerate_iterator`: the first epoch of a run restored from
+    a backup begins where the backup was taken (`dpkeras._input.resumption.resumed`); every
+    other epoch is Keras's."""
+    found = _RESUMPTIONS.pop(epoch_iterator, None)
+    if found is None:
+        return original(epoch_iterator)
+    where, model, metrics = found
+
+    def on_resume():
+        if metrics is not None:
+            restore_metric_states(model, metrics)
+        if where.before:
+            _keras_internals.count_steps_seen(epoch_iterator, where.before)
+
+    return resumption.resumed(original(epoch_iterator), where, on_resume)
 
 
 # -- ModelCheckpoint ------------------------------------------------------------------------

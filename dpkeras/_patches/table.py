@@ -37,6 +37,11 @@ def _backup_save_model(original, callback):
     )
 
 
+def _epoch_iterator_made(original, epoch_iterator, *args, **kwargs):
+    whole_batches.reading_whole_batches(original, epoch_iterator, *args, **kwargs)
+    resume.note_epoch_iterator(epoch_iterator)
+
+
 def _backup_and_restore():
     return keras.callbacks.BackupAndRestore
 
@@ -98,9 +103,10 @@ _SCOPES = (
 
 
 def _fit(original, model, *args, **kwargs):
-    return outside_the_scope.refusing_an_idle_cluster(
-        functools.partial(task_failures.naming_failed_tasks, original), model, *args, **kwargs
-    )
+    with resume.fitting(model):
+        return outside_the_scope.refusing_an_idle_cluster(
+            functools.partial(task_failures.naming_failed_tasks, original), model, *args, **kwargs
+        )
 
 
 def _step_function(step):
@@ -180,16 +186,30 @@ ENTRIES = (
         retire="Keras's TF trainer building from the dataset's element_spec, as it can",
     ),
     # On one machine of CPU replicas, the epoch loop reads whole batches and each replica's
-    # step cuts its share (dpkeras._patches.whole_batches).
+    # step cuts its share (dpkeras._patches.whole_batches); the first epoch iterator of a fit
+    # is the one a backup resumes (dpkeras._patches.resume).
     Attribute(
         _keras_internals.tf_epoch_iterator,
         "__init__",
         "TFEpochIterator.__init__",
         "(self, distribute_strategy=None, *args, **kwargs)",
-        whole_batches.reading_whole_batches,
+        _epoch_iterator_made,
         retire=(
             "a strategy hook for how Keras's epoch loop reads a dataset (Keras makes "
             "TensorFlow's distributed iterator each epoch, for training and validation)"
+        ),
+    ),
+    # A run restored from a backup taken mid-epoch resumes at the batch after it
+    # (dpkeras._patches.resume, dpkeras._input.resumption).
+    Attribute(
+        _keras_internals.epoch_iterator_class,
+        "_enumerate_iterator",
+        "EpochIterator._enumerate_iterator",
+        "(self)",
+        resume.resuming_the_epoch,
+        retire=(
+            "a BackupAndRestore (or EpochIterator) way to start an epoch at a given batch, and "
+            "the metrics' states in a backup"
         ),
     ),
     # A model of a dpkeras strategy compiles in its scope (dpkeras._patches.outside_the_scope).
