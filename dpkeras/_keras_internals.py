@@ -327,20 +327,15 @@ def epoch_stream(epoch_iterator):
     return epoch_iterator.steps_per_epoch, epoch_iterator.data_adapter.num_batches
 
 
-def count_steps_seen(epoch_iterator, steps):
-    """Adds `steps` to the batches Keras's epoch iterator counts as read from its current
-    iterator (the private `_steps_seen`, by which it decides to make the iterator again once
-    the data is read): a resumed run's iterator read them before its epoch began."""
-    epoch_iterator._steps_seen += steps
+def backup_batch_count():
+    """The names of the attributes in which a `BackupAndRestore` counts batches toward its
+    next save: `(last batch seen, batches seen since the last save)`.
 
-
-def resume_backup_count(callback, last_batch):
-    """Sets a `BackupAndRestore`'s count of batches as it was just after it saved at batch
-    `last_batch` of the epoch (the private `_last_batch_seen` and
-    `_batches_seen_since_last_saving`), so that a run resumed there saves at the batches an
-    uninterrupted run saves at."""
-    callback._last_batch_seen = last_batch
-    callback._batches_seen_since_last_saving = 0
+    A run resumed at the batch after a mid-epoch backup sets them (`dpkeras._patches.resume`)
+    as they were just after that backup, so that it backs up at the batches an uninterrupted
+    run backs up at; Keras 3.15 keeps the count in these private attributes, with no setter.
+    """
+    return "_last_batch_seen", "_batches_seen_since_last_saving"
 
 
 # -- keras-rs (the table entry of dpkeras/_patches/keras_rs.py)

@@ -225,8 +225,10 @@ def test_integer_save_freq_resumes_exactly(strategy, tmp_path):
 
 
 def test_a_mid_epoch_backup_is_restored_with_a_warning(tmp_path, caplog):
-    """A backup from the middle of an epoch cannot be resumed exactly (Keras restarts the
-    epoch); dpkeras restores it as Keras does and says what will happen."""
+    """A backup from the middle of an epoch restored outside `fit` (its callback's
+    `on_train_begin` called by hand) has no epoch loop to resume at the next batch: dpkeras
+    restores it as Keras does (the epoch from its first batch) and says so. Within `fit`
+    it resumes at the next batch: tests/test_resume_mid_epoch.py."""
     directory = str(tmp_path / "backup")
     with cpu_strategy(2).scope():
         model = worker.build_model()

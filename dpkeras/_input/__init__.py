@@ -15,7 +15,9 @@ as TensorFlow's rebatching cuts it. Above `cluster/` (which task is which), belo
 - `seeds`: the same seeds on every input host for a pipeline's unseeded random ops;
 - `shares`: TensorFlow's split of a global batch into the replicas' shares, and a Keras step's
   whole batch cut by it;
-- `batch_rows`: a batch's rows, whatever its components (dense, ragged, sparse, None).
+- `batch_rows`: a batch's rows, whatever its components (dense, ragged, sparse, None);
+- `resumption`: where a run restored from a backup resumes its epoch's input (the batch after
+  the backup, where the input's order is deterministic).
 
 Keras's epoch loop reading whole batches on one machine of CPU replicas is an entry of the
 patch table (`dpkeras._patches.whole_batches`), the one seam into Keras; what it decides and

@@ -317,9 +317,9 @@ def backup_on_train_begin(original, callback, logs=None):
     over). A backup taken mid-epoch resumes at the batch after it, with the metrics' running
     states of the batches before it, where the input's order is deterministic (see
     `dpkeras._input.resumption`; `resuming_the_epoch` does it); elsewhere as Keras resumes it,
-    from the epoch's first batch, with a warning saying why. A backup of another model (weights of other shapes, or another count: a
-    directory shared by two programs) is refused in one line naming the directory, instead of
-    Keras's dump of every variable it could not load.
+    from the epoch's first batch, with a warning saying why. A backup of another model (weights
+    of other shapes, or another count: a directory shared by two programs) is refused in one
+    line naming the directory, instead of Keras's dump of every variable it could not load.
     """
     if not _backup_applies(callback):
         return original(callback, logs)
@@ -355,8 +355,10 @@ def backup_on_train_begin(original, callback, logs=None):
         if where.first_step or where.before:
             metrics = None if complete else ours.get("metrics")
             _RESUMPTIONS[epoch_iterator] = (where, callback.model, metrics)
-        if not complete:
-            _keras_internals.resume_backup_count(callback, done - 1)
+        if not complete:  # count toward the next backup as just after this one
+            last_batch_seen, seen_since_saving = _keras_internals.backup_batch_count()
+            setattr(callback, last_batch_seen, done - 1)
+            setattr(callback, seen_since_saving, 0)
             _log.info(
                 "dpkeras: resuming epoch %d at batch %d, after the %d batch(es) its backup "
                 "was taken after",
@@ -501,19 +503,21 @@ def _resumption_of(callback, epoch, done):
     if why is not None:
         return None, why
     steps_per_epoch, num_batches = _keras_internals.epoch_stream(epoch_iterator)
-    if (
-        epoch > 0
-        and steps_per_epoch
-        and num_batches is None
-        and dataset.cardinality() != tf.data.INFINITE_CARDINALITY
-    ):
-        return None, (
-            f"with steps_per_epoch its epochs read on from one another, and its length is "
-            f"unknown, so where epoch {epoch + 1} begins in it is unknown"
-        )
+    if steps_per_epoch and num_batches is None:
+        if epoch > 0 and dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
+            return None, (
+                f"with steps_per_epoch its epochs read on from one another, and its length is "
+                f"unknown, so where epoch {epoch + 1} begins in it is unknown"
+            )
     before = resumption.stream_position(
         epoch, steps_per_epoch, callback.model.steps_per_execution, num_batches
     )
+    if before and num_batches is not None:
+        return None, (
+            f"with steps_per_epoch={steps_per_epoch} over {num_batches} batches, epoch "
+            f"{epoch + 1} begins in the middle of a pass over the data, where Keras's epoch "
+            f"loop cannot be started"
+        )
     return (epoch_iterator, resumption.Resumption(done, before)), None
 
 
@@ -529,8 +533,6 @@ def resuming_the_epoch(original, epoch_iterator):
     def on_resume():
         if metrics is not None:
             restore_metric_states(model, metrics)
-        if where.before:
-            _keras_internals.count_steps_seen(epoch_iterator, where.before)
 
     return resumption.resumed(original(epoch_iterator), where, on_resume)
 

@@ -1,0 +1,253 @@
+"""A backup taken in the middle of an epoch resumes at the batch after it (issue 44, item 3).
+
+Keras 3.15 restarts that epoch from its first batch, training the batches before the backup a
+second time. Under dpkeras, where the input's order is deterministic, the restarted `fit`
+reads those batches without training on them, restores the metrics' running states, and goes
+on: weights, optimizer state, iteration count and history equal an uninterrupted run's, bit
+for bit (one process, the same devices). Elsewhere it resumes as Keras does, with a warning
+naming why. Each run here is interrupted by a callback raising in `on_train_batch_begin`, a
+new model is built (as after a restart) and `fit` is called again with the same
+`BackupAndRestore` directory; a killed process resuming is tests/test_reliability.py's.
+"""
+
+import json
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dpkeras import placement
+from dpkeras._input import resumption
+from dpkeras.testing import cpu_strategy
+from tests import resume_worker as worker
+
+BATCH = 12  # 96 rows: 8 steps per epoch
+EPOCHS = 3
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Raises at the start of batch `batch` of epoch `epoch` (0-based)."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at = (epoch, batch)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            raise RuntimeError("interrupted")
+
+
+def build(strategy, steps_per_execution=1):
+    with strategy.scope():
+        model = worker.build_model()
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
+def arrays(shuffle):
+    x, y = worker.make_data()
+    return dict(x=x, y=y, batch_size=BATCH, shuffle=shuffle)
+
+
+def augmented_dataset():
+    """A dataset with a seeded random map and a shuffle that keeps its order each epoch."""
+    x, y = worker.make_data()
+    keras.utils.set_random_seed(3)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+        96, seed=5, reshuffle_each_iteration=False
+    )
+    noisy = dataset.map(lambda a, b: (a + tf.random.uniform(tf.shape(a), seed=9) * 0.1, b))
+    return dict(x=noisy.batch(BATCH))
+
+
+def repeated_dataset():
+    """An infinite dataset with steps_per_epoch=5: each epoch reads on where the last stopped
+    (the stream does not restart at each epoch)."""
+    x, y = worker.make_data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+    return dict(x=dataset, steps_per_epoch=5)
+
+
+def run(strategy, data, interrupts, save_freq=2, steps=(1,), directory=None):
+    """Fits once per interrupt (each interrupted) and once more to the end, each time on a new
+    model with the same backup directory; `steps[i]` is run i's steps_per_execution. Returns
+    the last model and history."""
+    for i, at in enumerate([*interrupts, None]):
+        model = build(strategy, steps[min(i, len(steps) - 1)])
+        callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=save_freq)]
+        if at is not None:
+            callbacks.append(Interrupt(*at))
+        try:
+            history = model.fit(**data(), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+        except RuntimeError as e:
+            assert at is not None and str(e) == "interrupted"
+    return model, history
+
+
+def uninterrupted(strategy, data, steps_per_execution=1):
+    model = build(strategy, steps_per_execution)
+    history = model.fit(**data(), epochs=EPOCHS, verbose=0)
+    return worker.state_arrays(model), history.history
+
+
+def assert_resumed_exactly(model, history, expected, resumed_at):
+    state, logs = expected
+    got = worker.state_arrays(model)
+    assert len(got) == len(state)
+    for i, (e, a) in enumerate(zip(state, got)):
+        np.testing.assert_array_equal(a, e, err_msg=f"variable {i}")
+    # The restarted fit logs the epochs from the one it resumed in, each as uninterrupted.
+    assert history.history == {key: values[resumed_at:] for key, values in logs.items()}
+
+
+CASES = {
+    "arrays-seeded-shuffle": (lambda: arrays(True), [(1, 5)], (1,)),
+    "arrays-in-order-k2": (lambda: arrays(False), [(1, 6)], (2,)),
+    # Backed up every 2 batches with K=2, resumed with K=4: the call over batches 4-7
+    # straddles the resume point (6) and runs its batches 6 and 7 only.
+    "arrays-k2-then-k4": (lambda: arrays(True), [(1, 6)], (2, 4)),
+    "dataset-seeded-map": (augmented_dataset, [(2, 3)], (1,)),
+    "repeated-steps-per-epoch": (repeated_dataset, [(2, 3)], (1,)),
+    "interrupted-twice": (lambda: arrays(True), [(0, 3), (1, 7)], (1,)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly(case, tmp_path, caplog):
+    data, interrupts, steps = CASES[case]
+    strategy = cpu_strategy(2)
+    expected = uninterrupted(strategy, data, steps[0])
+    with caplog.at_level(logging.INFO, logger="dpkeras"):
+        model, history = run(strategy, data, interrupts, steps=steps, directory=str(tmp_path))
+    epoch, batch = interrupts[-1]
+    done = batch - batch % 2  # backed up every 2 batches
+    assert f"resuming epoch {epoch + 1} at batch {done + 1}" in caplog.text
+    assert "trained a second time" not in caplog.text
+    assert_resumed_exactly(model, history, expected, epoch)
+
+
+def test_hybrid_placement_resumes_exactly(tmp_path):
+    """Replicated copies (placement.hybrid()) resume as variables on the parameter device."""
+    strategy = cpu_strategy(2, placement.hybrid())
+    data = lambda: arrays(True)  # noqa: E731
+    expected = uninterrupted(strategy, data)
+    model, history = run(strategy, data, [(1, 3)], directory=str(tmp_path))
+    assert_resumed_exactly(model, history, expected, 1)
+
+
+def test_the_resumed_run_backs_up_at_the_batches_an_uninterrupted_one_does(tmp_path):
+    """With save_freq=3 over epochs of 8 batches, an uninterrupted run backs up after batches
+    (epoch, batch) (0, 2), (0, 5), (1, 0), (1, 3), (1, 6), ... (Keras counts batches across
+    epochs). Interrupted at (1, 6), the run resumes after (1, 3); interrupted again at (2, 0),
+    its last backup must be the one after (1, 6), as uninterrupted: counting from the restart
+    instead, it would back up after (1, 4) and (1, 7)."""
+    directory = str(tmp_path)
+    data = lambda: arrays(True)  # noqa: E731
+    strategy = cpu_strategy(2)
+    for at in [(1, 6), (2, 0)]:
+        model = build(strategy)
+        callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=3), Interrupt(*at)]
+        with pytest.raises(RuntimeError):
+            model.fit(**data(), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    with open(os.path.join(directory, "training_metadata.json")) as f:
+        metadata = json.load(f)
+    assert (metadata["epoch"], metadata["batch"]) == (1, 6)
+    assert metadata["dpkeras"]["epoch_complete"] is False
+
+
+def unseeded_shuffle():
+    tf.random.set_seed(None)  # build_model set a global seed, which shuffle would take
+    return dict(x=tf.data.Dataset.from_tensor_slices(worker.make_data()).shuffle(96).batch(BATCH))
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self):
+        super().__init__()
+        self.x, self.y = worker.make_data()
+
+    def __len__(self):
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i):
+        return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
+
+
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (unseeded_shuffle, "its random ops have no seed (ShuffleDataset)"),
+        (
+            lambda: dict(
+                x=tf.data.Dataset.from_tensor_slices(worker.make_data())
+                .shuffle(96, seed=1)
+                .batch(BATCH)
+            ),
+            "it draws a new order each time it is iterated (ShuffleDataset",
+        ),
+        (
+            lambda: dict(x=_Batches()),
+            "it is a Python generator or a PyDataset",
+        ),
+    ],
+    ids=["unseeded-shuffle", "reshuffled-each-epoch", "py-dataset"],
+)
+def test_input_of_unknown_order_resumes_as_keras_does_with_a_warning(data, why, tmp_path, caplog):
+    strategy = cpu_strategy(2)
+    directory = str(tmp_path)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2), Interrupt(1, 3)]
+    with pytest.raises(RuntimeError):
+        model.fit(**data(), epochs=2, verbose=0, callbacks=callbacks)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2)]
+    with caplog.at_level(logging.INFO, logger="dpkeras"):
+        history = model.fit(**data(), epochs=2, verbose=0, callbacks=callbacks)
+    assert "after 2 batch(es) of epoch 2" in caplog.text
+    assert "trained a second time" in caplog.text
+    assert why in caplog.text
+    # As Keras: the epoch from its first batch, the 2 batches before the backup trained again.
+    assert int(model.optimizer.iterations.numpy()) == 8 + 2 + 8
+    assert len(history.history["loss"]) == 1
+
+
+@pytest.mark.parametrize(
+    "steps_per_epoch, steps_per_execution, num_batches",
+    [(None, 1, 8), (None, 3, 8), (5, 1, None), (5, 2, None), (3, 1, 8), (3, 2, 8), (4, 3, 8)],
+)
+def test_stream_position_is_where_keras_epoch_loop_is(
+    steps_per_epoch, steps_per_execution, num_batches
+):
+    """`stream_position` against Keras's own `EpochIterator`, reading a dataset of batch
+    indices as its step function would (K batches per call, fewer where the data ends)."""
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    dataset = tf.data.Dataset.range(8 if num_batches else 1000).batch(1)
+    if num_batches is None:
+        dataset = dataset.repeat()
+    loop = EpochIterator(
+        dataset, steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution
+    )
+    firsts = []
+    for _ in range(5):
+        first = None
+        for _, _, batches in loop:
+            if first is None:
+                first = int(batches[0][0])
+        firsts.append(first % (num_batches or 1000))
+    expected = [
+        resumption.stream_position(e, steps_per_epoch, steps_per_execution, num_batches)
+        % (num_batches or 1000)
+        for e in range(5)
+    ]
+    assert firsts == expected
