@@ -6,6 +6,7 @@ cluster for its lifetime), and trains one process's reference model on the same 
 for comparison.
 """
 
+import functools
 import json
 import re
 import signal
@@ -279,12 +280,13 @@ _RESUMABLE_RUN = """
             self.seen.append(epoch)
 
     kill, epochs = Kill(), Epochs()
-    backup = keras.callbacks.BackupAndRestore({backup!r})
+    backup = keras.callbacks.BackupAndRestore({backup!r}, save_freq={save_freq!r})
     try:
-        history = model.fit(x, y, batch_size=32, epochs=4, shuffle=False, verbose=0,
+        history = model.fit(x, y, batch_size=32, epochs=4, shuffle={shuffle}, verbose=0,
                             callbacks=[backup, kill, epochs])
         result = {{"weights": [w.tolist() for w in model.get_weights()],
-                   "epochs": epochs.seen, "history": len(history.history["loss"])}}
+                   "epochs": epochs.seen, "history": len(history.history["loss"]),
+                   "loss": history.history["loss"]}}
     except Exception as e:  # the killed task: described on stdout, then raised (its traceback)
         tensorflow_error = getattr(e, "tensorflow_error", None)
         print(json.dumps({{"error": type(e).__name__, "message": str(e)[:2000],
@@ -349,22 +351,29 @@ def test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name(local):
     assert np.isfinite(out["loss"]).all()
 
 
-@pytest.mark.parametrize("job", ["ps", "worker"])
-def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp_path, job):
+@pytest.mark.parametrize(
+    "job, save_freq", [("ps", "epoch"), ("worker", "epoch"), ("ps", 3)], ids=str
+)
+def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
+    local, tmp_path, job, save_freq
+):
     """The killed task's error names it (not a hang), uncaught in a user's client (TensorFlow's
     log level unset) a short traceback ending with one line naming it: no chained TensorFlow
     error (kept as `tensorflow_error`), no TensorFlow warnings of the failed step; after
     restarting the task and the script, BackupAndRestore resumes (at the epoch after the last
-    backup, not from scratch) to the weights of an uninterrupted run.
+    backup, not from scratch) to the weights and history of an uninterrupted run.
 
-    Killed at step 10 of 4-step epochs: the backup of epoch 1's end is the last, so the rerun
-    trains epochs 2 and 3 only. Without naming the failure, TensorFlow would block until the
+    Killed at step 10 of 4-step epochs: with backups at epochs' ends the backup of epoch 1's
+    end is the last, so the rerun trains epochs 2 and 3 only. With `save_freq=3` (and a seeded
+    shuffle) the last backup is after step 9, the first batch of epoch 2: the rerun resumes
+    epoch 2 at its second batch. Without naming the failure, TensorFlow would block until the
     client's timeout (`CLIENT_TIMEOUT`), and the test fails."""
-    uninterrupted = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "a")), local.spec)
-    victim = local.procs[(job, 1)].pid
-    failed, stderr = _failing_client(
-        _RESUMABLE_RUN.format(victim=victim, backup=str(tmp_path / "b")), local.spec
+    run = functools.partial(
+        _RESUMABLE_RUN.format, save_freq=save_freq, shuffle=save_freq != "epoch"
     )
+    uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
+    victim = local.procs[(job, 1)].pid
+    failed, stderr = _failing_client(run(victim=victim, backup=str(tmp_path / "b")), local.spec)
     local.restart(job, 1)
     assert failed.get("error") == "TaskFailedError", failed
     name = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "
@@ -377,9 +386,10 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(local, tmp
     for chained in ("direct cause", "During handling", "Additional GRPC error information"):
         assert chained not in stderr, stderr[-5000:]
     assert "Unable to destroy remote tensor handles" not in stderr, stderr[-5000:]
-    resumed = _client(_RESUMABLE_RUN.format(victim=0, backup=str(tmp_path / "b")), local.spec)
+    resumed = _client(run(victim=0, backup=str(tmp_path / "b")), local.spec)
     assert uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["epochs"] == [2, 3] and resumed["history"] == 2, resumed["epochs"]
+    assert resumed["loss"] == uninterrupted["loss"][2:]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
