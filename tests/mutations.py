@@ -1664,6 +1664,84 @@ MUTANTS = (
         "built_outside_any_strategy(model)",
         ("tests/test_end_to_end_wrapper.py::test_the_wrapper_compiles_again_outside_any_scope",),
     ),
+    Mutant(
+        "mid-epoch-from-first-batch",
+        "a mid-epoch backup resumes at the epoch's first batch, as Keras does (issue 44, item 3)",
+        "dpkeras/_patches/resume.py",
+        "    found = _RESUMPTIONS.pop(epoch_iterator, None)\n",
+        "    found = _RESUMPTIONS.pop(epoch_iterator, None) and None\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly[arrays-seeded-shuffle]",
+        ),
+    ),
+    Mutant(
+        "mid-epoch-metrics-lost",
+        "the resumed epoch's metrics count only the batches after the restart",
+        "dpkeras/_patches/resume.py",
+        "        if metrics is not None:\n            restore_metric_states(model, metrics)\n",
+        "        pass\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly[arrays-seeded-shuffle]",
+        ),
+    ),
+    Mutant(
+        "mid-epoch-straddle-whole-group",
+        "a group of steps straddling the resume point runs K batches from it, not the rest of "
+        "its group",
+        "dpkeras/_input/resumption.py",
+        "            yield resumption.first_step, end, batches\n",
+        "            yield resumption.first_step, end, iterator\n",
+        (
+            "tests/test_resume_mid_epoch.py::test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly[arrays-k2-then-k4]",
+        ),
+    ),
+    Mutant(
+        "stream-restarts-each-epoch",
+        "with steps_per_epoch over a repeated dataset, a restarted run reads the stream from its "
+        "start, not where the resumed epoch began",
+        "dpkeras/_input/resumption.py",
+        "        return epoch * calls * steps_per_execution\n",
+        "        return 0\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly[repeated-steps-per-epoch]",
+        ),
+    ),
+    Mutant(
+        "backup-count-from-restart",
+        "a resumed run counts batches toward its next backup from the restart",
+        "dpkeras/_patches/resume.py",
+        "            setattr(callback, last_batch_seen, done - 1)\n",
+        "            pass\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_the_resumed_run_backs_up_at_the_batches_an_uninterrupted_one_does",
+        ),
+    ),
+    Mutant(
+        "reshuffle-seen-as-deterministic",
+        "a dataset reshuffled at each iteration is resumed at the next batch (on another order)",
+        "dpkeras/_tf_internals.py",
+        '        getattr(dataset, "_reshuffle_each_iteration", False)\n',
+        "        False\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_input_of_unknown_order_resumes_as_keras_does_with_a_warning[reshuffled-each-epoch]",
+        ),
+    ),
+    Mutant(
+        "unseeded-map-op-unseen",
+        "Keras's unseeded shuffle of arrays (tf.random.shuffle in a map) is taken as deterministic",
+        "dpkeras/_input/resumption.py",
+        "                if seeds.unseeded(node):\n",
+        "                if False:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_input_of_unknown_order_resumes_as_keras_does_with_a_warning[unseeded-arrays]",
+        ),
+    ),
 )
 
 

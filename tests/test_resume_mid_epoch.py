@@ -171,6 +171,11 @@ def unseeded_shuffle():
     return dict(x=tf.data.Dataset.from_tensor_slices(worker.make_data()).shuffle(96).batch(BATCH))
 
 
+def unseeded_arrays():
+    tf.random.set_seed(None)  # Keras shuffles the arrays with tf.random.shuffle, then unseeded
+    return arrays(True)
+
+
 class _Batches(keras.utils.PyDataset):
     def __init__(self):
         super().__init__()
@@ -187,6 +192,7 @@ class _Batches(keras.utils.PyDataset):
     "data, why",
     [
         (unseeded_shuffle, "its random ops have no seed (ShuffleDataset)"),
+        (unseeded_arrays, "its random ops have no seed (RandomShuffle)"),
         (
             lambda: dict(
                 x=tf.data.Dataset.from_tensor_slices(worker.make_data())
@@ -200,7 +206,7 @@ class _Batches(keras.utils.PyDataset):
             "it is a Python generator or a PyDataset",
         ),
     ],
-    ids=["unseeded-shuffle", "reshuffled-each-epoch", "py-dataset"],
+    ids=["unseeded-shuffle", "unseeded-arrays", "reshuffled-each-epoch", "py-dataset"],
 )
 def test_input_of_unknown_order_resumes_as_keras_does_with_a_warning(data, why, tmp_path, caplog):
     strategy = cpu_strategy(2)

@@ -360,8 +360,8 @@ def backup_on_train_begin(original, callback, logs=None):
             setattr(callback, last_batch_seen, done - 1)
             setattr(callback, seen_since_saving, 0)
             _log.info(
-                "dpkeras: resuming epoch %d at batch %d, after the %d batch(es) its backup "
-                "was taken after",
+                "dpkeras: resuming epoch %d at batch %d: its first %d batch(es) were "
+                "trained before the backup",
                 epoch + 1,
                 done + 1,
                 done,
