@@ -257,3 +257,24 @@ def test_stream_position_is_where_keras_epoch_loop_is(
         for e in range(5)
     ]
     assert firsts == expected
+
+
+def test_an_epoch_end_backup_in_the_middle_of_a_pass_says_the_input_restarts(tmp_path, caplog):
+    """steps_per_epoch=3 over 8 batches of arrays: Keras reads on from one epoch to the next
+    (epoch 2 begins at batch 4 of the data), and a restarted run reads the data from its first
+    batch. dpkeras cannot start Keras's loop in the middle of a pass, and says so, even for a
+    backup at an epoch's end (Keras says nothing)."""
+    directory = str(tmp_path)
+    strategy = cpu_strategy(2)
+    data = dict(**arrays(False), steps_per_epoch=3)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory), Interrupt(1, 1)]
+    with pytest.raises(RuntimeError):
+        model.fit(**data, epochs=2, verbose=0, callbacks=callbacks)
+    model = build(strategy)
+    with caplog.at_level(logging.INFO, logger="dpkeras"):
+        model.fit(
+            **data, epochs=2, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(directory)]
+        )
+    assert "resuming at epoch 2 with the input read from its first batch" in caplog.text
+    assert "steps_per_epoch=3 over 8 batches, epoch 2 begins in the middle of a pass" in caplog.text

@@ -349,9 +349,9 @@ def backup_on_train_begin(original, callback, logs=None):
     restore_seed_states(callback.model, ours.get("seeds", []))
     complete = ours.get("epoch_complete", True)
     done = 0 if complete else int(metadata.get("batch", 0)) + 1
-    found, why = _resumption_of(callback, epoch, done)
-    if found is not None:
-        epoch_iterator, where = found
+    steps_per_execution = int(ours.get("steps_per_execution", callback.model.steps_per_execution))
+    epoch_iterator, where = _resumption_of(callback, epoch, done, steps_per_execution)
+    if epoch_iterator is not None:
         if where.first_step or where.before:
             metrics = None if complete else ours.get("metrics")
             _RESUMPTIONS[epoch_iterator] = (where, callback.model, metrics)
@@ -373,7 +373,14 @@ def backup_on_train_begin(original, callback, logs=None):
             "input cannot be resumed at the batch after the backup because %s.",
             done,
             epoch + 1,
-            why,
+            where,
+        )
+    elif where.startswith("with steps_per_epoch"):
+        _log.warning(
+            "dpkeras: resuming at epoch %d with the input read from its first batch, as Keras "
+            "3 restarts it, where an uninterrupted run reads on: %s.",
+            epoch + 1,
+            where,
         )
     return result
 
@@ -432,6 +439,7 @@ def backup_save_model(original, callback, save_weights):
             "epoch_complete": complete,
             "seeds": seed_states(model),
             "metrics": metric_states(model),
+            "steps_per_execution": int(model.steps_per_execution),
             "weights": _weight_shapes(model),
         },
     }
@@ -473,7 +481,7 @@ def fitting(model):
     try:
         yield
     finally:
-        stack.remove(entry)
+        del stack[next(i for i, e in enumerate(stack) if e is entry)]
         if entry[1] is not None:
             _RESUMPTIONS.pop(entry[1], None)  # a fit that ended before its first epoch
 
@@ -493,8 +501,12 @@ def _training_iterator(model):
     return None
 
 
-def _resumption_of(callback, epoch, done):
-    """`(Resumption or None, why not)` for a run restored to batch `done` of `epoch`."""
+def _resumption_of(callback, epoch, done, steps_per_execution):
+    """`(epoch iterator, Resumption)` for a run restored to batch `done` of `epoch` (0 for an
+    epoch's end), or `(None, why not)`. `why not` starts with "with steps_per_epoch" when the
+    input's order is deterministic but where the epoch begins in its stream is not known:
+    Keras's restart of the stream then differs from an uninterrupted run even at an epoch's
+    end. `steps_per_execution`: the run's that took the backup."""
     epoch_iterator = _training_iterator(callback.model)
     if epoch_iterator is None:
         return None, "the backup was not restored by model.fit"
@@ -509,16 +521,14 @@ def _resumption_of(callback, epoch, done):
                 f"with steps_per_epoch its epochs read on from one another, and its length is "
                 f"unknown, so where epoch {epoch + 1} begins in it is unknown"
             )
-    before = resumption.stream_position(
-        epoch, steps_per_epoch, callback.model.steps_per_execution, num_batches
-    )
+    before = resumption.stream_position(epoch, steps_per_epoch, steps_per_execution, num_batches)
     if before and num_batches is not None:
         return None, (
             f"with steps_per_epoch={steps_per_epoch} over {num_batches} batches, epoch "
             f"{epoch + 1} begins in the middle of a pass over the data, where Keras's epoch "
             f"loop cannot be started"
         )
-    return (epoch_iterator, resumption.Resumption(done, before)), None
+    return epoch_iterator, resumption.Resumption(done, before)
 
 
 def resuming_the_epoch(original, epoch_iterator):
