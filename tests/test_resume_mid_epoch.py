@@ -278,3 +278,37 @@ def test_an_epoch_end_backup_in_the_middle_of_a_pass_says_the_input_restarts(tmp
         )
     assert "resuming at epoch 2 with the input read from its first batch" in caplog.text
     assert "steps_per_epoch=3 over 8 batches, epoch 2 begins in the middle of a pass" in caplog.text
+
+
+def test_a_dynamic_embedding_resumes_mid_epoch_with_its_index(tmp_path):
+    """A DynamicEmbedding (ids admitted after 2 sightings, Adam) resumed after batch 2 of
+    epoch 2: its rows, the ids it admitted and those still pending, and the head equal an
+    uninterrupted run's (the index tables are in the backup's weights file)."""
+    from tests.test_dynamic_embedding import _model, _same_state, _stream
+
+    x, y = _stream(n=48)
+    strategy = cpu_strategy(2)
+
+    def fit(model, callbacks=()):
+        return model.fit(
+            x, y, batch_size=6, epochs=2, shuffle=False, verbose=0, callbacks=list(callbacks)
+        )
+
+    keras.utils.set_random_seed(5)  # the head's initial weights
+    with strategy.scope():
+        reference, _ = _model(optimizer="adam", min_count=2)
+    fit(reference)
+    directory = str(tmp_path)
+    for interrupt in (Interrupt(1, 3), None):
+        keras.utils.set_random_seed(5)
+        with strategy.scope():
+            model, _ = _model(optimizer="adam", min_count=2)
+        callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2)]
+        if interrupt is None:
+            history = fit(model, callbacks)
+        else:
+            with pytest.raises(RuntimeError):
+                fit(model, [*callbacks, interrupt])
+    assert len(history.history["loss"]) == 1
+    assert int(model.optimizer.iterations.numpy()) == 16
+    _same_state(reference, model)
