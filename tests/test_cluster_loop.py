@@ -453,3 +453,43 @@ def test_an_ordinary_error_on_a_healthy_cluster_is_itself_and_the_next_fit_train
     assert len(out["loss"]) == 1 and np.isfinite(out["loss"][0])
     moved = [np.abs(np.array(a) - np.array(b)).max() for a, b in zip(out["after"], out["failed"])]
     assert min(moved) > 0, moved  # every variable trained in the next fit
+
+
+def test_an_endless_dataset_has_no_per_step_check_for_its_end(cluster):
+    """A dataset that repeats forever stays endless on each worker (issue 43): TensorFlow's
+    iterator then reads each worker's batch directly. Of unknown length (the workers' slices
+    hide it), every step of the loop sent each worker's "has a batch" to the loop's task and a
+    `tf.cond`'s verdict back to every task, and wrapped each worker's batch in a cond of its
+    own: 246 ops in worker 1's partition, 10 tensors to it and 6 from it per step (K=10, the
+    recommender of benchmarks/cluster.py); endless, 204, 8 and 5. Counted from the client's
+    partitions (the loop run from the client), which are the loop task's with it as the
+    client: static counts of the graphs that run, not timings."""
+    out = _client(
+        """
+        from dpkeras.cluster import _loop
+        x = np.arange(64 * 4).reshape(64, 4).astype("int32") % 300; y = np.arange(64) % 3
+        with dpkeras.scope(cluster=SPEC) as strategy:
+            model = build(4)
+        source = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        counts = {}
+        for name, ds in (("endless", source.repeat()), ("finite", source.repeat(3))):
+            dist = strategy.experimental_distribute_dataset(ds)
+            model.train_function = None
+            with dpkeras.record_transfers() as recorder, _loop.on_the_client():
+                model.fit(ds, steps_per_epoch=4, epochs=1, verbose=0)
+            report = recorder.report()
+            counts[name] = {
+                "cardinality": int(dist._cardinality),
+                "from_worker_1": sum(1 for t in report.transfers if "worker/task:1" in t.source
+                                     and not t.destination.startswith("/job:")),
+                "to_worker_1": sum(1 for t in report.transfers if "worker/task:1" in t.destination
+                                   and not t.source.startswith("/job:")),
+            }
+        print(json.dumps(counts))
+        """,
+        cluster.spec,
+    )
+    endless, finite = out["endless"], out["finite"]
+    assert endless["cardinality"] == -1 and finite["cardinality"] != -1, out  # INFINITE
+    assert endless["from_worker_1"] < finite["from_worker_1"], out
+    assert endless["to_worker_1"] < finite["to_worker_1"], out

@@ -29,6 +29,31 @@ _log = logging.getLogger("dpkeras")
 _state = threading.local()
 
 
+def endless(dataset):
+    """Whether `dataset` is known to never end (`tf.data.INFINITE_CARDINALITY`)."""
+    return tf.get_static_value(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
+
+
+def keep_endless(host_pipeline):
+    """An input host's pipeline of an endless dataset, marked endless.
+
+    Cutting each global batch into the host's slices (`flat_map`, `filter`) hides the
+    dataset's length from tf.data (`UNKNOWN_CARDINALITY`), though every host gets its slices of
+    every global batch forever. TensorFlow's distributed iterator reads a dataset of unknown
+    length with partial-batch handling: in every step each host sends whether it has a batch to
+    the task that runs the step's loop, which sums them and sends the verdict back through a
+    `tf.cond` on every task, and a worker's batch is replaced by a dummy under another
+    `tf.cond` when it has none. Marked endless, the iterator reads each host's batch directly
+    (`DistributedIterator.get_next_as_optional`), with none of that. A host's pipeline that
+    ended all the same would fail with tf.data's message, not stop the epoch silently.
+    """
+    if endless(host_pipeline):
+        return host_pipeline
+    return host_pipeline.apply(
+        tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
+    )
+
+
 class InputPlan:
     """Which input host feeds which compute devices.
 
@@ -199,6 +224,7 @@ class InputPlan:
         # A plain iterator (see `iterator_options`) does not buffer as a MultiDeviceIterator
         # does: each host's pipeline prefetches one element itself.
         buffered = self.feeds_only_its_own_cpu()
+        infinite = endless(dataset)
 
         def dataset_fn(context, graph_def=graph_def):  # runs under the input host's device
             i = context.input_pipeline_id
@@ -207,6 +233,8 @@ class InputPlan:
                 mine = sharding.host_slices(copy, *ranges[i], self.num_replicas)
             else:
                 mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
+            if infinite:
+                mine = keep_endless(mine)
             return mine.prefetch(1) if buffered else mine
 
         def each_epoch():  # every host's copy from one graph: the same seeds
