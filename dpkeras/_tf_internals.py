@@ -212,6 +212,49 @@ _KINDS = {
 }
 
 
+def new_variable_handle(variable):
+    """A handle to a new, uninitialised resource for `variable` on its device, carrying the
+    shape and dtype that reads in a traced function infer from (as `tf.Variable` makes them).
+
+    After a ps task restarted, the resources this client's variables had there are gone; the
+    client makes new ones in their place (`dpkeras._patches.lost_ps`). TensorFlow makes a
+    variable's handle in the private `resource_variable_ops.eager_safe_variable_handle` and
+    keeps it in the private `_handle` (`variable_handle_attribute`); no public API makes a
+    variable's resource again.
+    """
+    from tensorflow.python.ops import resource_variable_ops
+
+    with tf.device(variable.device):
+        return resource_variable_ops.eager_safe_variable_handle(
+            initial_value=tf.zeros(variable.shape, variable.dtype),
+            shape=variable.shape,
+            shared_name=None,  # eager: an anonymous resource, as a new tf.Variable's
+            name=variable.name.split(":")[0],
+            graph_mode=False,
+        )
+
+
+def variable_handle_attribute():
+    """The attribute in which a `BaseResourceVariable` keeps its handle (see
+    `new_variable_handle`)."""
+    return "_handle"
+
+
+def reconnect_restarted_tasks():
+    """Connects this client again to the tasks of its cluster that restarted, keeping its
+    state on every other task.
+
+    `tf.config.experimental_connect_to_cluster` with the cluster this process is connected to
+    ends in the private `Context.update_server_def`, which compares each task's incarnation:
+    a task that restarted is treated as removed and added (a context of this client made on
+    it again), every other task keeps this client's context, variables and functions
+    (measured: 0.04-0.2 s, the worker's variables readable after). It is called with the
+    server definition in force (`Context.get_server_def`), so nothing else changes.
+    """
+    ctx = _context.context()
+    ctx.update_server_def(ctx.get_server_def())
+
+
 def dataset_kind(dataset):
     """`"options"`, `"prefetch"`, `"batch"`, `"map"` or `"other"`."""
     return _KINDS.get(type(dataset).__name__, "other")

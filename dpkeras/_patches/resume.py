@@ -240,6 +240,20 @@ def _backup_applies(callback):
     )
 
 
+def has_backup(callback):
+    """Whether a `BackupAndRestore` of a dpkeras model has a backup to restore (its weights
+    in place, or committed and waiting to be renamed into place)."""
+    if not _backup_applies(callback):
+        return False
+    files = _keras_internals.backup_files(callback)
+    metadata = _read_metadata(files.metadata) or {}
+    committed = (metadata.get(_KEY) or {}).get("generation")
+    pending = committed is not None and os.path.exists(
+        os.path.join(callback.backup_dir, _pending_name(committed))
+    )
+    return os.path.exists(files.weights) or pending
+
+
 def _read_metadata(path):
     if not os.path.exists(path):
         return None

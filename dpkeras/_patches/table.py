@@ -20,6 +20,7 @@ from dpkeras._extended import optimizer_apply
 from dpkeras._patches import (
     cluster_loop,
     keras_rs,
+    lost_ps,
     outside_the_scope,
     resume,
     symbolic_build,
@@ -103,10 +104,15 @@ _SCOPES = (
 
 
 def _fit(original, model, *args, **kwargs):
-    with resume.fitting(model):
-        return outside_the_scope.refusing_an_idle_cluster(
-            functools.partial(task_failures.naming_failed_tasks, original), model, *args, **kwargs
-        )
+    def each_call(model, *args, **kwargs):  # its first epoch iterator is the one resumed
+        with resume.fitting(model):
+            return original(model, *args, **kwargs)
+
+    named = functools.partial(task_failures.naming_failed_tasks, each_call)
+    going_on = functools.partial(
+        lost_ps.going_on_after_a_lost_ps, named, inspect.signature(original)
+    )
+    return outside_the_scope.refusing_an_idle_cluster(going_on, model, *args, **kwargs)
 
 
 def _step_function(step):

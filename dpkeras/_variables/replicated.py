@@ -90,6 +90,16 @@ class ReplicatedVariable(WholeVariable):
             f"(placement.REPLICATED) has a copy on every compute device"
         )
 
+    def remake_on(self, task):
+        """0: its copies live on the workers, and only a lost ps is made again (a worker that
+        restarted under a running client ends training: docs/reliability.md)."""
+        if any(c.startswith(f"{task}/") for c in self.copy_devices):
+            raise NotImplementedError(
+                f"Replicated variable {self.name!r} has a copy on {task}, which restarted: "
+                f"a worker lost under a running client is not made again."
+            )
+        return 0
+
     def sum_gradient(self, reductions, grad, sum_repeats):
         """None: the optimizer all-reduces it among the compute devices, per copy."""
         return None

@@ -219,3 +219,16 @@ class ParameterVariable(WholeVariable):
 
     def why_not_xla(self):
         return placed.why_xla_cannot_reach(self._extended)
+
+    def remake_on(self, task):
+        if device_names.task_of(self.device) != task:
+            return 0
+        # The handle the creator's variable (`_primary`) holds is of the lost resource; reads
+        # and writes go through this object's handle, and reads cached per replica are of it.
+        setattr(
+            self,
+            _tf_internals.variable_handle_attribute(),
+            _tf_internals.new_variable_handle(self),
+        )
+        self._replica_reads = GraphCache()
+        return 1

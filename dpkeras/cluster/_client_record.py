@@ -182,12 +182,13 @@ def _write(task, record, line):
         tf.raw_ops.PrintV2(input=tf.constant(f"dpkeras: {task}: {line}"), output_stream="stderr")
 
 
-def claim(cluster, record):
+def claim(cluster, record, only=None):
     """Writes `record` (this client, training) on each ps and worker task this process
-    connected to; each task prints that the client connected. Call after connecting."""
+    connected to (or on task `only`); each task prints that the client connected. Call after
+    connecting."""
     where = f"at {record['address']} (pid {record['pid']} on host {record['host']})"
     for task in cluster.training:
-        if task in cluster.remote:
+        if task in cluster.remote and only in (None, task):
             _write(task, record, f"client {record['client']} {where} connected")
 
 

@@ -22,6 +22,7 @@ _FIRST_WORD = 2.0  # seconds of silence before the client names the tasks it wai
 _FINISH_WAIT = 5.0  # seconds the tasks get, at the client's exit, to hear it and to end
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
+_record = None  # this client's record on each task (`_client_record`), once connected
 # The tf.data datasets alive when this process connected as a task of the cluster (the chief,
 # or worker 0): each sits on a device that connecting renamed (/job:localhost/... became the
 # task's), and fails where it is used ("unknown device [Op:DatasetToGraphV2]"). A client that
@@ -144,7 +145,7 @@ def connect_to(cluster, timeout=None):
     """Connects this process to `cluster` (a `dpkeras.cluster._spec.Cluster`) as its client; a
     no-op if already connected to it. Called by `dpkeras.cluster.join` alone, the one step
     (see `dpkeras.cluster.connect` for what connecting does and raises)."""
-    global _connected
+    global _connected, _record
     if timeout is None:
         timeout = _config.setting("connect_timeout").value
     if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -185,9 +186,21 @@ def connect_to(cluster, timeout=None):
             tf.config.experimental_connect_to_cluster(cluster, job_name=own[0], task_index=own[1])
         _connected = cluster
         atexit.register(_quiet_teardown)  # registered first, so it runs last
-        record = own_record(cluster, address)
+        record = _record = own_record(cluster, address)
         claim(cluster, record)
         atexit.register(_at_exit, cluster, record)
+
+
+def reconnect_to_restarted(task):
+    """After `task` of the connected cluster restarted: connects this client to it again (its
+    state on every other task kept: `_tf_internals.reconnect_restarted_tasks`) and writes this
+    client's record on it again (`_client_record.claim`), so that it is known to serve this
+    client, as at connecting."""
+    with _lock:
+        if _connected is None:
+            raise RuntimeError("This process is not connected to a cluster.")
+        _tf_internals.reconnect_restarted_tasks()
+        claim(_connected, _record, only=task)
 
 
 def _refuse_own_address_in_use(cluster):

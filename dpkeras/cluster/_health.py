@@ -1,10 +1,12 @@
 """Whether a cluster's tasks answer, and naming the one that does not."""
 
+import contextlib
 import os
 import re
 import socket
 import sys
 import threading
+import time
 
 import tensorflow as tf
 
@@ -59,15 +61,17 @@ class TaskFailedError(tf.errors.UnavailableError):
     Attributes:
         task: str, the task's name, such as `"/job:ps/replica:0/task:1"`.
         address: str, its `host:port`.
+        reason: str, why it does not serve this client (`failed_tasks`).
         tensorflow_error: the exception TensorFlow raised for the lost task (usually a
             `tf.errors.UnavailableError`, whose message holds the gRPC details), or None.
     """
 
     __module__ = "dpkeras"  # a traceback names it as users import it: dpkeras.TaskFailedError
 
-    def __init__(self, task, address, reason, tensorflow_error=None):
+    def __init__(self, task, address, reason, tensorflow_error=None, advice=None):
         self.task = task
         self.address = address
+        self.reason = reason
         self.tensorflow_error = tensorflow_error
         state = "failed" if reason == _RESTARTED else "is unreachable"
         super().__init__(
@@ -75,7 +79,7 @@ class TaskFailedError(tf.errors.UnavailableError):
             None,
             f"{task} at {address} {state} ({reason}); synchronous training cannot continue. "
             f"Restart that task if it is down, then restart training from the last checkpoint "
-            f"(keras.callbacks.BackupAndRestore).",
+            f"(keras.callbacks.BackupAndRestore)." + (f" {advice}" if advice else ""),
         )
 
 
@@ -237,6 +241,7 @@ class HealthMonitor:
                 raise ValueError(
                     f"{label} must be a positive number of seconds. Received: {value!r}"
                 )
+        self.cluster_spec = cluster_spec
         self._tasks = cluster_of(cluster_spec).remote
         self._interval = interval
         self._failures = failures
@@ -296,3 +301,30 @@ def watch(cluster_spec):
         if _monitor is None:
             _monitor = HealthMonitor(cluster_spec).start()
         return _monitor
+
+
+@contextlib.contextmanager
+def paused():
+    """In the block, the process's `HealthMonitor` (`watch`) probes nothing: a lost ps being
+    waited for (`dpkeras._patches.lost_ps`) does not end the client. Started again after."""
+    global _monitor
+    with _lock:
+        monitor, _monitor = _monitor, None
+    if monitor is not None:
+        monitor.stop()
+    try:
+        yield
+    finally:
+        if monitor is not None:
+            watch(monitor.cluster_spec)
+
+
+def wait_until_it_answers(address, deadline, interval=0.5):
+    """Waits until the gRPC server at `address` answers (`probe`), at most until `deadline` (a
+    `time.monotonic()` value). Returns None when it answers, else why not (the last probe's
+    reason)."""
+    while True:
+        reason = probe(address, timeout=1.0)
+        if reason is None or time.monotonic() >= deadline:
+            return reason
+        time.sleep(interval)

@@ -1,0 +1,162 @@
+"""On a cluster, a ps lost in the middle of `fit` is waited for, restored, and `fit` goes on.
+
+A ps task that dies takes every variable it held with it (this client's resources there: the
+weights, optimizer slots, metric and seed states, its shards of a table); the step that needed
+them fails, and `dpkeras._health.name_failures` names the task (`TaskFailedError`). Where the
+`fit` has a `keras.callbacks.BackupAndRestore` with a backup in its directory, `fit` does not
+end there:
+
+1. it waits, bounded (`$DPKERAS_PS_RESTART_TIMEOUT`, 300 s by default), for the task to answer
+   at its address again (restarted by its scheduler: a TFJob's `restartPolicy: OnFailure`);
+2. connects again to that task alone, keeping this client's state on every other task
+   (`dpkeras.cluster._connect.reconnect_to_restarted`), and makes again, on it, every resource
+   of the strategy's variables that lived there (`PlacedVariable.remake_on`);
+3. calls Keras's `fit` again with the same arguments: `BackupAndRestore` restores every
+   variable from the backup (all of them, not only the lost ones, so that the state is one
+   backup's) and resumes at the batch after it (`dpkeras._patches.resume`), so the run ends
+   as an uninterrupted one would, exactly; Keras traces the step functions again (they held
+   the lost resources).
+
+The `History` returned holds the epochs of the calls, each epoch once (a resumed epoch's
+entry is the resumed call's). Callbacks see a second `on_train_begin`, as after a restart of
+the client. Without a backup, or with the wait set to 0, the `TaskFailedError` ends `fit` as
+before, saying what to add. A lost worker ends `fit` (docs/reliability.md).
+"""
+
+import logging
+import time
+
+import keras
+import tensorflow as tf
+
+from dpkeras import _config
+from dpkeras._extended.extended import extended_of
+from dpkeras._patches import resume
+from dpkeras._variables import placed
+from dpkeras.cluster import _connect, _health
+
+_log = logging.getLogger("dpkeras")
+
+
+def _backup_of(callbacks):
+    """The `BackupAndRestore` among `callbacks` that dpkeras restores (local), or None."""
+    for callback in callbacks or ():
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            return callback
+    return None
+
+
+def remake_lost_resources(extended, task):
+    """Makes again, on `task`, every resource of `extended`'s variables that lived there;
+    returns how many."""
+    made, seen = 0, set()
+    for variable in extended.variables():
+        ours = placed.of(variable)
+        if ours is None or id(ours) in seen:
+            continue
+        seen.add(id(ours))
+        made += ours.remake_on(task)
+    return made
+
+
+def _refusal(error, why):
+    """`error` (a `TaskFailedError` for a ps) again, saying why `fit` did not go on."""
+    return _health.TaskFailedError(
+        error.task, error.address, error.reason, error.tensorflow_error, advice=why
+    )
+
+
+def _merged(histories):
+    """One `History` of the calls' histories (None for a call that trained no epoch): each
+    epoch once, from the latest call that logged it (a resumed epoch's entry is the resumed
+    call's)."""
+    final = histories[-1]
+    kept = [h for h in histories if h is not None]
+    epochs, logs = [], {}
+    for i, history in enumerate(kept):
+        later = next((h.epoch[0] for h in kept[i + 1 :] if h.epoch), None)
+        for j, epoch in enumerate(history.epoch):
+            if later is not None and epoch >= later:
+                break
+            epochs.append(epoch)
+            for key, values in history.history.items():
+                logs.setdefault(key, []).append(values[j])
+    final.epoch, final.history = epochs, logs
+    return final
+
+
+def going_on_after_a_lost_ps(fit, signature, model, *args, **kwargs):
+    """Stands in for Keras's `fit` (`fit`: it, with `task_failures.naming_failed_tasks`'s
+    naming; `signature`: Keras's `fit`'s, to find its callbacks): see the module."""
+    extended = extended_of(model)
+    spec = None if extended is None else extended.cluster_spec
+    if spec is None:
+        return fit(model, *args, **kwargs)
+    callbacks = signature.bind(model, *args, **kwargs).arguments.get("callbacks")
+    histories, deadline, lost = [], None, None
+    while True:
+        try:
+            history = fit(model, *args, **kwargs)
+            histories.append(history)
+            return _merged(histories) if len(histories) > 1 else history
+        except _health.TaskFailedError as error:
+            if not error.task.startswith("/job:ps/"):
+                raise
+            timeout = _config.setting("ps_restart_timeout").value
+            backup = _backup_of(callbacks)
+            if timeout == 0:
+                raise _refusal(
+                    error, "($DPKERAS_PS_RESTART_TIMEOUT is 0: fit does not wait for it.)"
+                ) from None
+            if backup is None or not resume.has_backup(backup):
+                raise _refusal(
+                    error,
+                    "To have fit wait for a lost ps, restore every variable and go on, give "
+                    "fit a keras.callbacks.BackupAndRestore(backup_dir) (with save_freq "
+                    "set to a number of batches, it resumes at the batch after the last "
+                    "backup).",
+                ) from None
+            histories.append(getattr(model, "history", None))
+            lost = error
+            deadline = time.monotonic() + timeout
+            _recover(model, extended, error, backup, timeout, deadline)
+        except tf.errors.UnavailableError:
+            # Just after a recovery, a worker's connection to the restarted ps may still be
+            # waiting to connect again (gRPC backs off after failed attempts): the next call
+            # fails at its first step, changing nothing, and is made again, bounded.
+            if lost is None or time.monotonic() >= deadline:
+                raise
+            histories.append(None)
+            time.sleep(1.0)
+
+
+def _recover(model, extended, error, backup, timeout, deadline):
+    task, address = error.task, error.address
+    _log.warning(
+        "dpkeras: %s at %s was lost; waiting up to %d s for it to answer again, then every "
+        "variable is restored from the backup in %s and fit goes on.",
+        task,
+        address,
+        timeout,
+        backup.backup_dir,
+    )
+    started = time.monotonic()
+    with _health.paused():
+        why = _health.wait_until_it_answers(address, deadline)
+        if why is not None:
+            raise _refusal(
+                error,
+                f"It did not answer again within {timeout:g} s ($DPKERAS_PS_RESTART_TIMEOUT): "
+                f"{why}.",
+            ) from None
+        _connect.reconnect_to_restarted(task)
+        made = remake_lost_resources(extended, task)
+    # The step functions captured the lost resources: Keras makes them again.
+    model.train_function = model.test_function = model.predict_function = None
+    _log.warning(
+        "dpkeras: %s answers again after %.1f s; %d variable(s) made again on it; restoring "
+        "the backup and going on.",
+        task,
+        time.monotonic() - started,
+        made,
+    )
