@@ -327,6 +327,14 @@ def epoch_stream(epoch_iterator):
     return epoch_iterator.steps_per_epoch, epoch_iterator.data_adapter.num_batches
 
 
+def initial_epoch_attribute():
+    """The attribute in which a model keeps the epoch its next `fit` starts at: Keras 3.15's
+    `BackupAndRestore` sets the private `_initial_epoch` when it restores a backup, and `fit`
+    reads it. dpkeras sets it one epoch on for a backup found to be at its epoch's end
+    (`dpkeras._patches.resume`)."""
+    return "_initial_epoch"
+
+
 def backup_batch_count():
     """The names of the attributes in which a `BackupAndRestore` counts batches toward its
     next save: `(last batch seen, batches seen since the last save)`.

@@ -116,7 +116,8 @@ MUTANTS = (
         "    return extended.cluster_spec is not None and any(",
         "    return False and any(",
         (
-            "tests/test_task_pulls.py::test_replicas_of_one_worker_share_one_pull_of_each_distinct_id",
+            "tests/test_task_pulls.py::"
+            "test_replicas_of_one_worker_share_one_pull_of_each_distinct_id",
         ),
     ),
     Mutant(
@@ -321,7 +322,8 @@ MUTANTS = (
         "        if all(batch_rows.has_rows(c) for c in components):\n",
         "        if True:\n",
         (
-            "tests/test_composite_inputs.py::test_uneven_batches_of_composite_inputs_equal_one_device",
+            "tests/test_composite_inputs.py::"
+            "test_uneven_batches_of_composite_inputs_equal_one_device",
         ),
     ),
     Mutant(
@@ -378,7 +380,8 @@ MUTANTS = (
         "        return tf.cond(rows > 0, lambda: fn(*args, **kwargs), lambda: "
         "tf.nest.map_structure(its_rows, fn(*padded_args, **padded_kwargs)))\n",
         (
-            "tests/test_cluster_inputs.py::test_predict_on_every_batch_size_with_empty_shares_equals_one_device",
+            "tests/test_cluster_inputs.py::"
+            "test_predict_on_every_batch_size_with_empty_shares_equals_one_device",
         ),
     ),
     Mutant(
@@ -388,8 +391,10 @@ MUTANTS = (
         "        if isinstance(inputs, tf.RaggedTensor):\n",
         "        if False:\n",
         (
-            "tests/test_dynamic_embedding.py::test_ragged_ids_give_ragged_vectors_and_train_as_one_device",
-            "tests/test_cluster_inputs.py::test_uneven_composite_inputs_equal_one_device[ragged-dynamic-adam]",
+            "tests/test_dynamic_embedding.py::"
+            "test_ragged_ids_give_ragged_vectors_and_train_as_one_device",
+            "tests/test_cluster_inputs.py::"
+            "test_uneven_composite_inputs_equal_one_device[ragged-dynamic-adam]",
         ),
     ),
     Mutant(
@@ -418,7 +423,8 @@ MUTANTS = (
         (
             "tests/test_predict_on_batch.py::"
             "test_predict_on_batch_equals_one_device_for_every_batch_size",
-            "tests/test_whole_batches.py::test_train_and_test_on_batch_run_each_replica_on_its_share",
+            "tests/test_whole_batches.py::"
+            "test_train_and_test_on_batch_run_each_replica_on_its_share",
             "tests/test_whole_batches.py::test_fit_on_whole_batches_equals_one_device",
         ),
     ),
@@ -453,8 +459,10 @@ MUTANTS = (
         "self._in_dump = bool(_DUMP.search(text))",
         "self._in_dump = False",
         (
-            "tests/test_quiet.py::test_the_filter_keeps_everything_that_is_not_tensorflow_s_logging",
-            "tests/test_quiet.py::test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client",
+            "tests/test_quiet.py::"
+            "test_the_filter_keeps_everything_that_is_not_tensorflow_s_logging",
+            "tests/test_quiet.py::"
+            "test_a_served_task_hides_the_dump_tensorflow_logs_for_each_client",
         ),
     ),
     Mutant(
@@ -539,7 +547,8 @@ MUTANTS = (
         "        if not self.feeds_only_its_own_cpu():\n            return options\n",
         "        if True:\n            return options\n",
         (
-            "tests/test_cluster_costs.py::test_functions_made_per_epoch_do_not_grow_with_the_workers",
+            "tests/test_cluster_costs.py::"
+            "test_functions_made_per_epoch_do_not_grow_with_the_workers",
         ),
     ),
     Mutant(
@@ -744,7 +753,8 @@ MUTANTS = (
         "out[i] = [per_device[0][k] for r in range(n)]",
         (
             "tests/test_hybrid.py::"
-            "test_gradients_are_all_reduced_among_the_compute_devices_not_through_the_parameter_device",
+            "test_gradients_are_all_reduced_among_the_compute_devices_not_through_the_parameter_de"
+            "vice",
             "tests/test_hybrid.py::test_each_device_sums_on_itself_and_keeps_its_sum[traced]",
         ),
     ),
@@ -1029,7 +1039,8 @@ MUTANTS = (
         (
             "tests/test_quiet.py::"
             "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
-            "tests/test_quiet.py::test_a_client_s_filter_is_a_process_that_passes_on_its_last_lines",
+            "tests/test_quiet.py::"
+            "test_a_client_s_filter_is_a_process_that_passes_on_its_last_lines",
         ),
     ),
     Mutant(
@@ -1425,7 +1436,8 @@ MUTANTS = (
         "experimental_is_anonymous=True,",
         "experimental_is_anonymous=False,",
         (
-            "tests/test_cluster_reshard.py::test_a_client_after_a_killed_one_starts_with_its_own_tables",
+            "tests/test_cluster_reshard.py::"
+            "test_a_client_after_a_killed_one_starts_with_its_own_tables",
         ),
     ),
     Mutant(
@@ -1461,7 +1473,8 @@ MUTANTS = (
         "pass",
         (
             "tests/test_hybrid.py::"
-            "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid]",
+            "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid"
+            "]",
         ),
     ),
     Mutant(
@@ -1473,7 +1486,8 @@ MUTANTS = (
         "return self._write_every_copy(base, args, kwargs)",
         (
             "tests/test_hybrid.py::"
-            "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid]",
+            "test_an_export_writes_its_state_once_per_call_as_with_every_variable_on_the_ps[hybrid"
+            "]",
         ),
     ),
     Mutant(
@@ -1694,7 +1708,8 @@ MUTANTS = (
         "            yield resumption.first_step, end, batches\n",
         "            yield resumption.first_step, end, iterator\n",
         (
-            "tests/test_resume_mid_epoch.py::test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly[arrays-k2-then-k4]",
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly[arrays-k2-then-k4]",
         ),
     ),
     Mutant(
@@ -1728,7 +1743,8 @@ MUTANTS = (
         "        False\n",
         (
             "tests/test_resume_mid_epoch.py::"
-            "test_input_of_unknown_order_resumes_as_keras_does_with_a_warning[reshuffled-each-epoch]",
+            "test_input_of_unknown_order_resumes_as_keras_does_with_a_warning[reshuffled-each-epoc"
+            "h]",
         ),
     ),
     Mutant(
@@ -1740,6 +1756,188 @@ MUTANTS = (
         (
             "tests/test_resume_mid_epoch.py::"
             "test_input_of_unknown_order_resumes_as_keras_does_with_a_warning[unseeded-arrays]",
+        ),
+    ),
+    Mutant(
+        "straddle-reports-group-begin",
+        "a group straddling the resume point reports its Keras begin step to callbacks, not the "
+        "true first step (issue 44 review)",
+        "dpkeras/_input/resumption.py",
+        "            yield resumption.first_step, end, batches\n",
+        "            yield begin, end, batches\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_straddling_group_reports_its_true_first_step_to_callbacks",
+        ),
+    ),
+    Mutant(
+        "epoch-end-stream-not-passed",
+        "an epoch-end backup of a repeated stream with steps_per_epoch restarts the stream (issue "
+        "44 review)",
+        "dpkeras/_patches/resume.py",
+        "        if where.first_step or where.before:\n",
+        "        if where.first_step:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_an_epoch_end_backup_of_a_repeated_stream_resumes_exactly",
+        ),
+    ),
+    Mutant(
+        "epoch-end-restores-metrics",
+        "an epoch-end backup restores the last epoch's metric states into the next epoch (issue "
+        "44 review)",
+        "dpkeras/_patches/resume.py",
+        '            metrics = None if complete else ours.get("metrics")\n',
+        '            metrics = ours.get("metrics")\n',
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_an_epoch_end_backup_of_a_repeated_stream_resumes_exactly",
+        ),
+    ),
+    Mutant(
+        "last-epoch-iterator-noted",
+        "the last epoch iterator a fit makes (an evaluate's) is taken for the one it trains on "
+        "(issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "    if stack and stack[-1][1] is None:\n",
+        "    if stack:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_an_evaluate_in_on_train_begin_does_not_take_the_resumption",
+        ),
+    ),
+    Mutant(
+        "seen-since-saving-kept",
+        "a reused BackupAndRestore keeps its count of batches since its last save across the "
+        "resume (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "            setattr(callback, seen_since_saving, 0)\n",
+        "            pass\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_reused_callback_object_backs_up_where_an_uninterrupted_run_does",
+        ),
+    ),
+    Mutant(
+        "resumed-at-kept-across-fits",
+        "a reused BackupAndRestore keeps the epoch an earlier fit resumed at (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "    _RESUMED_AT.pop(callback, None)  # a callback used for an earlier fit\n",
+        "    pass\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_reused_callback_starting_over_counts_epochs_from_zero",
+        ),
+    ),
+    Mutant(
+        "rerandomize-unseen",
+        "Dataset.random(rerandomize_each_iteration=True) is taken as deterministic (issue 44 "
+        "review)",
+        "dpkeras/_tf_internals.py",
+        '        or getattr(dataset, "_rerandomize", False)\n',
+        "        or False\n",
+        ("tests/test_resume_mid_epoch.py::test_why_order_may_differ_sees[rerandomized]",),
+    ),
+    Mutant(
+        "python-pipeline-resumed",
+        "a pipeline calling Python is taken as deterministic (issue 44 review)",
+        "dpkeras/_input/resumption.py",
+        "    if _tf_internals.runs_python(dataset):\n",
+        "    if False:\n",
+        ("tests/test_resume_mid_epoch.py::test_why_order_may_differ_sees[py-function]",),
+    ),
+    Mutant(
+        "nested-function-nodes-unseen",
+        "an unseeded random op in a nested function (a tf.cond branch) is not seen (issue 44 "
+        "review)",
+        "dpkeras/_input/resumption.py",
+        "        yield from function.node_def\n",
+        "        yield from ()\n",
+        ("tests/test_resume_mid_epoch.py::test_why_order_may_differ_sees[unseeded-in-cond]",),
+    ),
+    Mutant(
+        "mid-pass-resumed",
+        "an epoch beginning in the middle of a pass over finite data is resumed at the next batch "
+        "(issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "    if before and num_batches is not None:\n",
+        "    if False:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_steps_per_epoch_in_the_middle_of_a_pass_resumes_as_keras_does",
+        ),
+    ),
+    Mutant(
+        "not-by-fit-reason-lost",
+        "the warning for a backup restored outside fit loses its reason (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        '        return None, "the backup was not restored by model.fit"\n',
+        '        return None, "of an unknown reason"\n',
+        ("tests/test_resume_mid_epoch.py::test_a_backup_restored_outside_fit_says_why",),
+    ),
+    Mutant(
+        "epoch-end-as-mid-epoch",
+        "a backup at an epoch's last batch is recorded as mid-epoch (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "        complete = steps is not None and batch + 1 >= steps\n",
+        "        complete = steps is not None and batch + 1 > steps\n",
+        ("tests/test_resume_mid_epoch.py::test_a_backup_at_an_epochs_last_batch_is_an_epoch_end",),
+    ),
+    Mutant(
+        "fit-stack-kept-on-exception",
+        "an interrupted fit stays on the stack of running fits (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "    try:\n        yield\n    finally:\n        del stack[",
+        "    yield\n    if True:\n        del stack[",
+        ("tests/test_resume_mid_epoch.py::test_an_interrupted_fit_leaves_no_fit_on_the_stack",),
+    ),
+    Mutant(
+        "unknown-length-stream-resumed",
+        "a stream of unknown length read on across epochs is resumed at a guessed position (issue "
+        "44 review)",
+        "dpkeras/_patches/resume.py",
+        "        if epoch > 0 and dataset.cardinality() != tf.data.INFINITE_CARDINALITY:\n",
+        "        if False:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_stream_of_unknown_length_with_steps_per_epoch_resumes_as_keras_does",
+        ),
+    ),
+    Mutant(
+        "unknown-length-last-batch-mid-epoch",
+        "a backup at the last batch of data of unknown length resumes an epoch with no batch left "
+        "(an empty history entry) (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "        if resumption.ended_at(dataset, done):  # the last batch: not mid-epoch after "
+        "all\n",
+        "        if False:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_backup_at_the_last_batch_of_data_of_unknown_length_is_an_epoch_end",
+        ),
+    ),
+    Mutant(
+        "stream-from-epoch-zero",
+        "a repeated stream of a fit from initial_epoch=1 is positioned as if it started at epoch "
+        "0 (issue 44 review)",
+        "dpkeras/_patches/resume.py",
+        "        max(epoch - initial_epoch, 0), steps_per_epoch",
+        "        epoch, steps_per_epoch",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_repeated_stream_fit_from_a_later_initial_epoch_resumes_exactly",
+        ),
+    ),
+    Mutant(
+        "stateful-pipeline-resumed",
+        "a pipeline drawing from a tf.random.Generator is resumed at the next batch (other draws) "
+        "(issue 44 review)",
+        "dpkeras/_input/resumption.py",
+        '                if node.op in _STATE_CHANGING_OPS or node.op.startswith("Stateful"):\n',
+        "                if False:\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_pipeline_whose_random_state_lives_on_resumes_as_keras_does[generator]",
         ),
     ),
 )

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from dpkeras import placement
 from dpkeras._input import resumption
+from dpkeras._patches import resume
 from dpkeras.testing import cpu_strategy
 from tests import resume_worker as worker
 
@@ -312,3 +313,277 @@ def test_a_dynamic_embedding_resumes_mid_epoch_with_its_index(tmp_path):
     assert len(history.history["loss"]) == 1
     assert int(model.optimizer.iterations.numpy()) == 16
     _same_state(reference, model)
+
+
+# -- from the review of issue 44 item 3 (each test fails under one break of tests/mutations.py)
+
+
+class Steps(keras.callbacks.Callback):
+    """Records `(epoch, step)` of each `on_train_batch_begin`."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.seen.append((self.epoch, batch))
+
+
+def test_a_straddling_group_reports_its_true_first_step_to_callbacks(tmp_path):
+    """Backed up every 2 batches with K=2, resumed with K=4 at batch 6: the group 4-7 runs
+    batches 6 and 7, and callbacks are told it begins at step 6 (not 4)."""
+    directory, strategy = str(tmp_path), cpu_strategy(2)
+    model = build(strategy, 2)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2), Interrupt(1, 6)]
+    with pytest.raises(RuntimeError):
+        model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    model, steps = build(strategy, 4), Steps()
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2), steps]
+    model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    assert steps.seen == [(1, 6), (2, 0), (2, 4)]
+
+
+def test_an_epoch_end_backup_of_a_repeated_stream_resumes_exactly(tmp_path):
+    """steps_per_epoch=5 over an infinite stream, backed up at each epoch's end: the restart
+    passes over the 10 batches epochs 0 and 1 read, and epoch 2's metrics start from zero."""
+    strategy = cpu_strategy(2)
+    expected = uninterrupted(strategy, repeated_dataset)
+    model, history = run(strategy, repeated_dataset, [(2, 2)], save_freq=5, directory=str(tmp_path))
+    assert_resumed_exactly(model, history, expected, 2)
+
+
+def test_an_evaluate_in_on_train_begin_does_not_take_the_resumption(tmp_path):
+    """A callback listed before BackupAndRestore evaluates in on_train_begin: the epoch
+    iterator resumed is still the training data's."""
+    x, y = worker.make_data()
+
+    class Evaluate(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.model.evaluate(x[:24], y[:24], verbose=0)
+
+    strategy, directory = cpu_strategy(2), str(tmp_path)
+    model = build(strategy)
+    history = model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=[Evaluate()])
+    expected = (worker.state_arrays(model), history.history)
+    for at in [(1, 5), None]:
+        model = build(strategy)
+        callbacks = [Evaluate(), keras.callbacks.BackupAndRestore(directory, save_freq=2)]
+        if at is not None:
+            callbacks.append(Interrupt(*at))
+        try:
+            history = model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+        except RuntimeError:
+            pass
+    assert_resumed_exactly(model, history, expected, 1)
+
+
+def test_a_reused_callback_object_backs_up_where_an_uninterrupted_run_does(tmp_path):
+    """As test_the_resumed_run_backs_up_at_the_batches_an_uninterrupted_one_does, with one
+    BackupAndRestore object for every fit: its count since the last save restarts at 0."""
+    directory, strategy = str(tmp_path), cpu_strategy(2)
+    backup = keras.callbacks.BackupAndRestore(directory, save_freq=3)
+    for at in [(1, 6), (2, 0)]:
+        model = build(strategy)
+        with pytest.raises(RuntimeError):
+            model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=[backup, Interrupt(*at)])
+    with open(os.path.join(directory, "training_metadata.json")) as f:
+        metadata = json.load(f)
+    assert (metadata["epoch"], metadata["batch"]) == (1, 6)
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (
+            lambda: tf.data.Dataset.random(seed=1, rerandomize_each_iteration=True).take(8),
+            "it draws a new order each time it is iterated (RandomDataset",
+        ),
+        (
+            lambda: tf.data.Dataset.range(8).map(
+                lambda i: tf.py_function(lambda v: v + 1, [i], tf.int64)
+            ),
+            "its pipeline calls Python",
+        ),
+        (
+            lambda: tf.data.Dataset.range(8).map(
+                lambda i: tf.cond(
+                    i > 3,
+                    lambda: tf.cast(i, tf.float32) + tf.random.uniform([]),
+                    lambda: tf.cast(i, tf.float32),
+                )
+            ),
+            "its random ops have no seed (RandomUniform)",
+        ),
+    ],
+    ids=["rerandomized", "py-function", "unseeded-in-cond"],
+)
+def test_why_order_may_differ_sees(make, why):
+    tf.random.set_seed(None)
+    found = resumption.why_order_may_differ(make())
+    assert found is not None and why in found
+
+
+def _fallback(data, interrupt, tmp_path, caplog, epochs=2):
+    strategy, directory = cpu_strategy(2), str(tmp_path)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2), Interrupt(*interrupt)]
+    with pytest.raises(RuntimeError):
+        model.fit(**data(), epochs=epochs, verbose=0, callbacks=callbacks)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2)]
+    with caplog.at_level(logging.INFO, logger="dpkeras"):
+        model.fit(**data(), epochs=epochs, verbose=0, callbacks=callbacks)
+    assert "trained a second time" in caplog.text
+    return caplog.text
+
+
+def test_steps_per_epoch_in_the_middle_of_a_pass_resumes_as_keras_does(tmp_path, caplog):
+    """steps_per_epoch=3 over 8 batches: epoch 1 begins at batch 3 of a pass."""
+    text = _fallback(lambda: arrays(True) | dict(steps_per_epoch=3), (1, 2), tmp_path, caplog)
+    assert "epoch 2 begins in the middle of a pass over the data" in text
+
+
+def test_a_stream_of_unknown_length_with_steps_per_epoch_resumes_as_keras_does(tmp_path, caplog):
+    x, y = worker.make_data()
+
+    def data():
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)
+        return dict(x=dataset.batch(BATCH), steps_per_epoch=3)
+
+    text = _fallback(data, (1, 2), tmp_path, caplog)
+    assert "its length is unknown" in text
+
+
+def test_a_backup_restored_outside_fit_says_why(tmp_path, caplog):
+    directory, strategy = str(tmp_path), cpu_strategy(2)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2), Interrupt(0, 3)]
+    with pytest.raises(RuntimeError):
+        model.fit(**arrays(True), epochs=1, verbose=0, callbacks=callbacks)
+    model = build(strategy)
+    backup = keras.callbacks.BackupAndRestore(directory, save_freq=2)
+    backup.set_model(model)
+    with strategy.scope(), caplog.at_level(logging.WARNING, logger="dpkeras"):
+        backup.on_train_begin()
+    assert "because the backup was not restored by model.fit" in caplog.text
+
+
+def test_an_interrupted_fit_leaves_no_fit_on_the_stack(tmp_path):
+    model = build(cpu_strategy(2))
+    callbacks = [keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2), Interrupt(0, 3)]
+    with pytest.raises(RuntimeError):
+        model.fit(**arrays(True), epochs=1, verbose=0, callbacks=callbacks)
+    assert not getattr(resume._fits, "stack", [])
+
+
+def test_a_reused_callback_starting_over_counts_epochs_from_zero(tmp_path):
+    """A callback that restored a backup at epoch 2 (and was interrupted before that epoch
+    ended), reused after its directory was removed, backs up epoch 0 as epoch 0."""
+    import shutil
+
+    directory, strategy = str(tmp_path / "backup"), cpu_strategy(2)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2), Interrupt(2, 3)]
+    with pytest.raises(RuntimeError):
+        model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    backup = keras.callbacks.BackupAndRestore(directory, save_freq=2)
+    for at, remove in [((2, 5), False), ((0, 5), True)]:
+        if remove:
+            shutil.rmtree(directory)
+        model = build(strategy)
+        with pytest.raises(RuntimeError):
+            model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=[backup, Interrupt(*at)])
+    with open(os.path.join(directory, "training_metadata.json")) as f:
+        metadata = json.load(f)
+    assert metadata["epoch"] == 0  # (its batch count is Keras's, stale from the earlier fit)
+
+
+def test_a_backup_at_an_epochs_last_batch_is_an_epoch_end(tmp_path, caplog):
+    """save_freq=8 over epochs of 8 batches: the backup after batch 7 of epoch 1 is the end of
+    epoch 1; the restart begins epoch 2 at its first batch (and does not go through an empty
+    epoch 1 again, which would call on_epoch_end(1) with no logs)."""
+    directory, strategy = str(tmp_path), cpu_strategy(2)
+    model = build(strategy)
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=8), Interrupt(2, 3)]
+    with pytest.raises(RuntimeError):
+        model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    with open(os.path.join(directory, "training_metadata.json")) as f:
+        metadata = json.load(f)
+    assert (metadata["epoch"], metadata["dpkeras"]["epoch_complete"]) == (2, True)
+    model, steps = build(strategy), Steps()
+    callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=8), steps]
+    with caplog.at_level(logging.INFO, logger="dpkeras"):
+        model.fit(**arrays(True), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    assert steps.seen[0] == (2, 0)
+    assert "resuming epoch" not in caplog.text
+
+
+# -- the review's scenarios, each different from an uninterrupted run before its fix
+
+
+def _unknown_length():
+    x, y = worker.make_data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)
+    return dict(x=dataset.batch(BATCH))
+
+
+def test_a_backup_at_the_last_batch_of_data_of_unknown_length_is_an_epoch_end(tmp_path, caplog):
+    """Data of unknown length: Keras gives no step count, so the backup after batch 8 of 8
+    could not know it ended its epoch. Resumed, the epoch is found to have no batch after it:
+    the next epoch begins, and history holds every epoch (not an empty entry)."""
+    strategy = cpu_strategy(2)
+    expected = uninterrupted(strategy, _unknown_length)
+    with caplog.at_level(logging.INFO, logger="dpkeras"):
+        model, history = run(strategy, _unknown_length, [(2, 0)], directory=str(tmp_path))
+    assert "the backup was taken after the last batch of epoch 2: resuming at epoch 3" in (
+        caplog.text
+    )
+    assert_resumed_exactly(model, history, expected, 2)
+
+
+def test_a_repeated_stream_fit_from_a_later_initial_epoch_resumes_exactly(tmp_path):
+    """fit(initial_epoch=1) over a repeated dataset with steps_per_epoch: the stream starts at
+    epoch 1, so epoch 3 begins 5 batches into it, not 10."""
+    strategy = cpu_strategy(2)
+    model = build(strategy)
+    history = model.fit(**repeated_dataset(), initial_epoch=1, epochs=EPOCHS, verbose=0)
+    expected = (worker.state_arrays(model), history.history)
+    directory = str(tmp_path)
+    for at in [(2, 3), None]:
+        model = build(strategy)
+        callbacks = [keras.callbacks.BackupAndRestore(directory, save_freq=2)]
+        if at is not None:
+            callbacks.append(Interrupt(*at))
+        try:
+            history = model.fit(
+                **repeated_dataset(), initial_epoch=1, epochs=EPOCHS, verbose=0, callbacks=callbacks
+            )
+        except RuntimeError:
+            pass
+    state, logs = expected
+    for e, a in zip(state, worker.state_arrays(model)):
+        np.testing.assert_array_equal(a, e)
+    assert history.history == {key: values[1:] for key, values in logs.items()}
+
+
+@pytest.mark.parametrize("kind", ["generator", "keras-layer"])
+def test_a_pipeline_whose_random_state_lives_on_resumes_as_keras_does(kind, tmp_path, caplog):
+    """A tf.random.Generator, or a Keras random layer (its seed generator's state), in the
+    pipeline draws on from epoch to epoch: a restarted run cannot repeat its epochs."""
+    x, y = worker.make_data()
+
+    def data():
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if kind == "generator":
+            generator = tf.random.Generator.from_seed(7)
+            dataset = dataset.map(lambda a, b: (a + generator.normal(tf.shape(a)) * 0.1, b))
+        else:
+            noise = keras.layers.GaussianNoise(0.1, seed=11)
+            dataset = dataset.map(lambda a, b: (noise(a, training=True), b))
+        return dict(x=dataset.batch(BATCH))
+
+    text = _fallback(data, (1, 3), tmp_path, caplog)
+    assert "it changes state that lives on from one epoch to the next" in text

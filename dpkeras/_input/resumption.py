@@ -37,7 +37,7 @@ def why_order_may_differ(dataset):
         return f"it is a {type(dataset).__name__}, not a tf.data.Dataset dpkeras can read"
     if _tf_internals.runs_python(dataset):
         return "its pipeline calls Python (py_function, numpy_function or from_generator)"
-    unseeded = set()
+    unseeded, stateful = set(), set()
     for current in _tf_internals.pipeline(dataset):
         if _tf_internals.dataset_seeds_unset(current):
             unseeded.add(type(current).__name__.lstrip("_"))
@@ -45,10 +45,18 @@ def why_order_may_differ(dataset):
             for node in _nodes(graph_def):
                 if seeds.unseeded(node):
                     unseeded.add(node.op)
+                if node.op in _STATE_CHANGING_OPS or node.op.startswith("Stateful"):
+                    stateful.add(node.op)
     if unseeded:
         return (
             f"its random ops have no seed ({', '.join(sorted(unseeded))}): call "
             f"keras.utils.set_random_seed before building the data, or give them seeds"
+        )
+    if stateful:
+        return (
+            f"it changes state that lives on from one epoch to the next "
+            f"({', '.join(sorted(stateful))}: a tf.random.Generator, a Keras random layer's "
+            f"seed generator, a variable), so a restarted run draws other values"
         )
     drawing = sorted(
         {
@@ -64,6 +72,20 @@ def why_order_may_differ(dataset):
             f"same dataset object ran before, which a restarted run does not repeat"
         )
     return None
+
+
+# Ops by which a pipeline's function changes state that outlives an epoch: a
+# `tf.random.Generator`'s draws (`RngReadAndSkip`, `Stateful*`), a Keras `SeedGenerator`'s or any
+# variable's update (`Assign*VariableOp`). Its n-th epoch then depends on the epochs before.
+_STATE_CHANGING_OPS = frozenset(
+    {
+        "AssignVariableOp",
+        "AssignAddVariableOp",
+        "AssignSubVariableOp",
+        "RngReadAndSkip",
+        "RngSkip",
+    }
+)
 
 
 def _nodes(graph_def):
@@ -109,10 +131,21 @@ class Resumption:
             after the backup, or 0 for a backup taken at an epoch's end.
         before: batches the epoch's iterator yields before the epoch's first batch
             (`stream_position`).
+        epoch_ended: the epoch has no batch after `first_step`: a backup of data of unknown
+            length taken at its epoch's last batch (`ended_at`), which is an epoch's end.
     """
 
     first_step: int
     before: int = 0
+    epoch_ended: bool = False
+
+
+def ended_at(dataset, batches):
+    """Whether `dataset` (of unknown length) has no element after its first `batches`: a
+    backup taken after them was at its epoch's end. Reads `batches` + 1 elements at most."""
+    for _ in dataset.skip(batches).take(1):
+        return False
+    return True
 
 
 def _discard(iterator, count):

@@ -365,7 +365,20 @@ def backup_on_train_begin(original, callback, logs=None):
     done = 0 if complete else int(metadata.get("batch", 0)) + 1
     steps_per_execution = int(ours.get("steps_per_execution", callback.model.steps_per_execution))
     epoch_iterator, where = _resumption_of(callback, epoch, done, steps_per_execution)
-    if epoch_iterator is not None:
+    if epoch_iterator is not None and where.epoch_ended:
+        # Data of unknown length: a backup at the epoch's last batch could not know it was
+        # the last (Keras gives no step count). It is that epoch's end: the next one begins.
+        _RESUMED_AT[callback] = epoch + 1
+        setattr(callback.model, _keras_internals.initial_epoch_attribute(), epoch + 1)
+        last_batch_seen, seen_since_saving = _keras_internals.backup_batch_count()
+        setattr(callback, last_batch_seen, 0)  # as at an epoch's end (`on_epoch_end`)
+        setattr(callback, seen_since_saving, 0)
+        _log.info(
+            "dpkeras: the backup was taken after the last batch of epoch %d: resuming at epoch %d",
+            epoch + 1,
+            epoch + 2,
+        )
+    elif epoch_iterator is not None:
         if where.first_step or where.before:
             metrics = None if complete else ours.get("metrics")
             _RESUMPTIONS[epoch_iterator] = (where, callback.model, metrics)
@@ -484,13 +497,14 @@ def backup_on_train_end(original, callback, logs=None):
 
 
 @contextlib.contextmanager
-def fitting(model):
-    """In the block, `model.fit` is running on this thread: the first Keras epoch iterator made
-    in it is its training data's (`note_epoch_iterator`), which a backup resumes."""
+def fitting(model, initial_epoch=0):
+    """In the block, `model.fit` is running on this thread, called with `initial_epoch`: the
+    first Keras epoch iterator made in it is its training data's (`note_epoch_iterator`), which
+    a backup resumes."""
     stack = getattr(_fits, "stack", None)
     if stack is None:
         stack = _fits.stack = []
-    entry = [model, None]
+    entry = [model, None, initial_epoch]
     stack.append(entry)
     try:
         yield
@@ -508,11 +522,13 @@ def note_epoch_iterator(epoch_iterator):
         stack[-1][1] = epoch_iterator
 
 
-def _training_iterator(model):
-    for fitted, epoch_iterator in reversed(getattr(_fits, "stack", None) or ()):
+def _training_fit(model):
+    """`(epoch iterator, initial_epoch)` of the innermost `fit` of `model` running here, or
+    `(None, 0)`."""
+    for fitted, epoch_iterator, initial_epoch in reversed(getattr(_fits, "stack", None) or ()):
         if fitted is model:
-            return epoch_iterator
-    return None
+            return epoch_iterator, initial_epoch
+    return None, 0
 
 
 def _resumption_of(callback, epoch, done, steps_per_execution):
@@ -521,7 +537,7 @@ def _resumption_of(callback, epoch, done, steps_per_execution):
     input's order is deterministic but where the epoch begins in its stream is not known:
     Keras's restart of the stream then differs from an uninterrupted run even at an epoch's
     end. `steps_per_execution`: the run's that took the backup."""
-    epoch_iterator = _training_iterator(callback.model)
+    epoch_iterator, initial_epoch = _training_fit(callback.model)
     if epoch_iterator is None:
         return None, "the backup was not restored by model.fit"
     dataset = _keras_internals.epoch_dataset(epoch_iterator)
@@ -535,13 +551,20 @@ def _resumption_of(callback, epoch, done, steps_per_execution):
                 f"with steps_per_epoch its epochs read on from one another, and its length is "
                 f"unknown, so where epoch {epoch + 1} begins in it is unknown"
             )
-    before = resumption.stream_position(epoch, steps_per_epoch, steps_per_execution, num_batches)
+    # Keras's stream starts at the epoch `fit` started at (`initial_epoch`, as in the run that
+    # took the backup: BackupAndRestore needs fit's arguments unchanged).
+    before = resumption.stream_position(
+        max(epoch - initial_epoch, 0), steps_per_epoch, steps_per_execution, num_batches
+    )
     if before and num_batches is not None:
         return None, (
             f"with steps_per_epoch={steps_per_epoch} over {num_batches} batches, epoch "
             f"{epoch + 1} begins in the middle of a pass over the data, where Keras's epoch "
             f"loop cannot be started"
         )
+    if done and steps_per_epoch is None and num_batches is None:
+        if resumption.ended_at(dataset, done):  # the last batch: not mid-epoch after all
+            return epoch_iterator, resumption.Resumption(0, 0, epoch_ended=True)
     return epoch_iterator, resumption.Resumption(done, before)
 
 

@@ -104,14 +104,18 @@ _SCOPES = (
 
 
 def _fit(original, model, *args, **kwargs):
+    signature = inspect.signature(original)
+    try:
+        initial_epoch = signature.bind(model, *args, **kwargs).arguments.get("initial_epoch", 0)
+    except TypeError:  # arguments fit does not take: Keras's own error says which
+        return original(model, *args, **kwargs)
+
     def each_call(model, *args, **kwargs):  # its first epoch iterator is the one resumed
-        with resume.fitting(model):
+        with resume.fitting(model, initial_epoch):
             return original(model, *args, **kwargs)
 
     named = functools.partial(task_failures.naming_failed_tasks, each_call)
-    going_on = functools.partial(
-        lost_ps.going_on_after_a_lost_ps, named, inspect.signature(original)
-    )
+    going_on = functools.partial(lost_ps.going_on_after_a_lost_ps, named, signature)
     return outside_the_scope.refusing_an_idle_cluster(going_on, model, *args, **kwargs)
 
 
