@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -50,12 +51,13 @@ def _client(code, spec):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _failing_client(code, spec):
+def _failing_client(code, spec, **extra_env):
     """Runs `code` (see `_run_client`) as a user's client runs, TensorFlow's log level and
     `DPKERAS_VERBOSE` unset, expecting it to fail: `(its stdout's last line as JSON, its
     stderr)`."""
     env = {k: v for k, v in server_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
     env.pop("DPKERAS_VERBOSE", None)
+    env.update(extra_env)
     proc = _run_client(code, spec, env)
     assert proc.returncode == 1, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
@@ -373,11 +375,16 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     )
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
-    failed, stderr = _failing_client(run(victim=victim, backup=str(tmp_path / "b")), local.spec)
+    # A lost ps is waited for (test_a_ps_lost_mid_fit_is_waited_for_...); 0 turns that off.
+    failed, stderr = _failing_client(
+        run(victim=victim, backup=str(tmp_path / "b")), local.spec, DPKERAS_PS_RESTART_TIMEOUT="0"
+    )
     local.restart(job, 1)
     assert failed.get("error") == "TaskFailedError", failed
     name = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "
     assert failed["message"].startswith(name), failed["message"]
+    if job == "ps":
+        assert "$DPKERAS_PS_RESTART_TIMEOUT is 0: fit does not wait for it." in failed["message"]
     # Named by `fit`'s own error, not by the health monitor (which ends the process, exit 75,
     # printing no JSON) nor by the client's timeout: no wall-clock bound is asserted.
     # TensorFlow's error is kept on the error, not printed: one short traceback, one last line.
@@ -390,6 +397,85 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     assert uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["epochs"] == [2, 3] and resumed["history"] == 2, resumed["epochs"]
     assert resumed["loss"] == uninterrupted["loss"][2:]
+    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+_LOST_PS_RUN = """
+    import signal
+    victim = {victim}
+    keras.utils.set_random_seed(4)
+    with dpkeras.scope(cluster=SPEC, parameter_device={placement!r}):
+        model = keras.Sequential([
+            keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 4),
+            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"], steps_per_execution={k})
+    rng = np.random.RandomState(3)
+    x, y = rng.randint(0, 50, (128, 4)).astype("int32"), rng.rand(128, 1).astype("float32")
+
+    class Kill(keras.callbacks.Callback):
+        killed = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if victim and not self.killed and self.model.optimizer.iterations.numpy() == 10:
+                self.killed = True
+                os.kill(victim, signal.SIGKILL)
+
+    callbacks = [keras.callbacks.BackupAndRestore({backup!r}, save_freq=3), Kill()]
+    history = model.fit(x, y, batch_size=32, epochs=4, shuffle=True, verbose=0,
+                        callbacks=callbacks)
+    print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
+                      "epochs": history.epoch, "history": history.history}}))
+    """
+
+
+@pytest.mark.parametrize(
+    "placement, k", [(None, 1), ("hybrid", 2)], ids=["all-on-ps-k1", "hybrid-k2"]
+)
+def test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
+    local, tmp_path, placement, k
+):
+    """ps 1 killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs, a backup
+    every 3 steps: the last after step 9), and restarted on its address by the test once it is
+    gone: the client's one `fit` waits for it, makes its variables there again, restores the
+    backup (mid-epoch: at the batch after it) and trains on. Weights, every epoch's history
+    and the epochs run equal an uninterrupted run's, exactly; the client logs both steps."""
+    run = functools.partial(_LOST_PS_RUN.format, placement=placement, k=k)
+    uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
+    ps = local.procs[("ps", 1)]
+    prefix = textwrap.dedent(f"""
+        import json, os
+        import numpy as np
+        import dpkeras, keras, tensorflow as tf
+        SPEC = json.loads({json.dumps(json.dumps(local.spec))})
+        """)
+    code = prefix + textwrap.dedent(run(victim=ps.pid, backup=str(tmp_path / "b")))
+    client = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server_env(),
+    )
+    try:
+        deadline = time.monotonic() + CLIENT_TIMEOUT
+        while ps.poll() is None and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ps.poll() is not None, "the client did not kill ps 1"
+        local.restart("ps", 1)
+        out, err = client.communicate(timeout=CLIENT_TIMEOUT)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    assert client.returncode == 0, err[-4000:]
+    resumed = json.loads(out.strip().splitlines()[-1])
+    task = f"/job:ps/replica:0/task:1 at {local.spec['ps'][1]} was lost; waiting up to 300 s"
+    made = re.search(r"answers again after [\d.]+ s; (\d+) variable\(s\) made again", err)
+    assert task in err and made and int(made.group(1)) > 0, err[-3000:]
+    assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
+    assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
