@@ -52,7 +52,9 @@ class TaskFailedError(tf.errors.UnavailableError):
 
     Synchronous training cannot go on without it: restart the task (`dpkeras serve` with the
     same arguments), then restart training from the last checkpoint
-    (`keras.callbacks.BackupAndRestore` resumes `fit` where it stopped).
+    (`keras.callbacks.BackupAndRestore` resumes `fit` where it stopped). A ps lost under a
+    `fit` with a `BackupAndRestore` backup is waited for instead, and `fit` goes on
+    (`dpkeras._patches.lost_ps`); this is raised when it cannot (`advice` says why).
 
     Raised without TensorFlow's error chained to it (`raise ... from None`): a traceback ends
     with one line naming the task, not ~30 lines of gRPC details first. That error is kept as
