@@ -480,6 +480,36 @@ def test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
+def test_a_ps_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(local):
+    """Without a BackupAndRestore there is nothing to restore the lost variables from: `fit`
+    does not wait, and its TaskFailedError says what to add."""
+    victim = local.procs[("ps", 1)].pid
+    failed, _ = _failing_client(
+        f"""
+        import signal
+        with dpkeras.scope(cluster=SPEC):
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse")
+
+        class Kill(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    os.kill({victim}, signal.SIGKILL)
+
+        try:
+            model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=16, epochs=2, verbose=0,
+                      callbacks=[Kill()])
+        except dpkeras.TaskFailedError as e:
+            print(json.dumps({{"task": e.task, "message": str(e)}}))
+            raise
+        """,
+        local.spec,
+    )
+    local.restart("ps", 1)
+    assert failed["task"] == "/job:ps/replica:0/task:1", failed
+    assert "give fit a keras.callbacks.BackupAndRestore(backup_dir)" in failed["message"], failed
+
+
 def test_a_model_trained_beside_a_cluster_strategy_never_entered_is_refused(local):
     """The strategy made, the scope forgotten: the model would train on the client alone while
     the cluster idles. Refused at fit, before a step; once the scope was entered, a model
