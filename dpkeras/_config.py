@@ -35,16 +35,16 @@ VARIABLES = {
     "cpus": "DPKERAS_CPUS",
     "client_start_timeout": "DPKERAS_CLIENT_START_TIMEOUT",
     "connect_timeout": "DPKERAS_CONNECT_TIMEOUT",
-    "ps_restart_timeout": "DPKERAS_PS_RESTART_TIMEOUT",
+    "task_restart_timeout": "DPKERAS_TASK_RESTART_TIMEOUT",
     "exit_with_client": "DPKERAS_EXIT_WITH_CLIENT",
     "verbose": "DPKERAS_VERBOSE",
     "tf_config": "TF_CONFIG",
 }
 DEFAULT_CLIENT_START_TIMEOUT = 1800.0  # seconds: a client's pod may start late
 DEFAULT_CONNECT_TIMEOUT = 60.0  # seconds the client waits for every task to answer
-# Seconds `fit` waits for a lost ps to answer again: a Kubernetes pod restarted on its node
+# Seconds `fit` waits for a lost task to answer again: a Kubernetes pod restarted on its node
 # (image cached) is back in well under a minute; a rescheduled one can take minutes.
-DEFAULT_PS_RESTART_TIMEOUT = 300.0
+DEFAULT_TASK_RESTART_TIMEOUT = 300.0
 _BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
@@ -105,8 +105,9 @@ class Config:
         cpus: int >= 1, logical CPU devices of a cluster task.
         client_start_timeout: float > 0, seconds a task waits for the client to appear.
         connect_timeout: float > 0, seconds the client waits for every task to answer.
-        ps_restart_timeout: float >= 0, seconds `fit` waits for a lost ps to answer again
-            before it restores the backup and goes on; 0: a lost ps ends `fit` at once.
+        task_restart_timeout: float >= 0, seconds `fit` waits for a lost task (a ps, or a
+            worker under all-on-ps) to answer again before it restores the backup and goes on;
+            0: a lost task ends `fit` at once.
         exit_with_client: bool, or None (`dpkeras serve` decides: on under `TF_CONFIG`).
         verbose: bool, whether dpkeras's commands show TensorFlow's log noise (`dpkeras._quiet`).
         tf_config: the text of `TF_CONFIG`, or None.
@@ -120,7 +121,7 @@ class Config:
     cpus: int = 1
     client_start_timeout: float = DEFAULT_CLIENT_START_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    ps_restart_timeout: float = DEFAULT_PS_RESTART_TIMEOUT
+    task_restart_timeout: float = DEFAULT_TASK_RESTART_TIMEOUT
     exit_with_client: object = None
     verbose: bool = False
     tf_config: object = None
@@ -264,7 +265,7 @@ _PARSERS = {
     "cpus": (_positive_int, _positive_int_text),
     "client_start_timeout": (_seconds, _seconds_text),
     "connect_timeout": (_seconds, _seconds_text),
-    "ps_restart_timeout": (_seconds_or_off, _seconds_or_off_text),
+    "task_restart_timeout": (_seconds_or_off, _seconds_or_off_text),
     "exit_with_client": (_boolean, _boolean_text),
     "verbose": (_boolean, _boolean_text),
     "tf_config": (None, _text),

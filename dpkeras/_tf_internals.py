@@ -217,7 +217,7 @@ def new_variable_handle(variable):
     shape and dtype that reads in a traced function infer from (as `tf.Variable` makes them).
 
     After a ps task restarted, the resources this client's variables had there are gone; the
-    client makes new ones in their place (`dpkeras._patches.lost_ps`). TensorFlow makes a
+    client makes new ones in their place (`dpkeras._patches.lost_tasks`). TensorFlow makes a
     variable's handle in the private `resource_variable_ops.eager_safe_variable_handle` and
     keeps it in the private `_handle` (`variable_handle_attribute`); no public API makes a
     variable's resource again.

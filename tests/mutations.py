@@ -1941,53 +1941,53 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "lost-ps-not-remade",
+        "lost-task-not-remade",
         "a lost ps's variables are not made again on it after it restarts (issue 44 item 2)",
-        "dpkeras/_patches/lost_ps.py",
+        "dpkeras/_patches/lost_tasks.py",
         "        made += ours.remake_on(task)\n",
         "        made += 0\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[all-on-ps-k1]",
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[ps-all-on-ps-k1]",
         ),
     ),
     Mutant(
-        "lost-ps-functions-kept",
+        "lost-task-functions-kept",
         "the step functions that captured a lost ps's resources are kept",
-        "dpkeras/_patches/lost_ps.py",
+        "dpkeras/_patches/lost_tasks.py",
         "    model.train_function = model.test_function = model.predict_function = None\n",
         "    pass\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[all-on-ps-k1]",
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[ps-all-on-ps-k1]",
         ),
     ),
     Mutant(
-        "lost-ps-not-reconnected",
+        "lost-task-not-reconnected",
         "the client does not connect again to a restarted ps",
-        "dpkeras/_patches/lost_ps.py",
+        "dpkeras/_patches/lost_tasks.py",
         "        _connect.reconnect_to_restarted(task)\n",
         "        pass\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[all-on-ps-k1]",
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[ps-all-on-ps-k1]",
         ),
     ),
     Mutant(
-        "lost-ps-history-last-call",
+        "lost-task-history-last-call",
         "fit returns the history of its last call only, not every epoch",
-        "dpkeras/_patches/lost_ps.py",
+        "dpkeras/_patches/lost_tasks.py",
         "            return _merged(histories) if len(histories) > 1 else history\n",
         "            return history\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[all-on-ps-k1]",
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[ps-all-on-ps-k1]",
         ),
     ),
     Mutant(
-        "lost-ps-wait-not-off",
-        "$DPKERAS_PS_RESTART_TIMEOUT=0 does not turn the wait off",
-        "dpkeras/_patches/lost_ps.py",
+        "lost-task-wait-not-off",
+        "$DPKERAS_TASK_RESTART_TIMEOUT=0 does not turn the wait off",
+        "dpkeras/_patches/lost_tasks.py",
         "            if timeout == 0:\n",
         "            if False:\n",
         (
@@ -1996,14 +1996,14 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "lost-ps-no-backup-unsaid",
+        "lost-task-no-backup-unsaid",
         "a ps lost under a fit without a backup ends it without saying what to add",
-        "dpkeras/_patches/lost_ps.py",
+        "dpkeras/_patches/lost_tasks.py",
         "            if backup is None or not resume.has_backup(backup):\n",
         "            if backup is None and False:\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_ps_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add",
+            "test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add",
         ),
     ),
 )

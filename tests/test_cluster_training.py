@@ -375,16 +375,15 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     )
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
-    # A lost ps is waited for (test_a_ps_lost_mid_fit_is_waited_for_...); 0 turns that off.
+    # A lost task is waited for (test_a_task_lost_mid_fit_is_waited_for_...); 0 turns it off.
     failed, stderr = _failing_client(
-        run(victim=victim, backup=str(tmp_path / "b")), local.spec, DPKERAS_PS_RESTART_TIMEOUT="0"
+        run(victim=victim, backup=str(tmp_path / "b")), local.spec, DPKERAS_TASK_RESTART_TIMEOUT="0"
     )
     local.restart(job, 1)
     assert failed.get("error") == "TaskFailedError", failed
     name = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "
     assert failed["message"].startswith(name), failed["message"]
-    if job == "ps":
-        assert "$DPKERAS_PS_RESTART_TIMEOUT is 0: fit does not wait for it." in failed["message"]
+    assert "$DPKERAS_TASK_RESTART_TIMEOUT is 0: fit does not wait for it." in failed["message"]
     # Named by `fit`'s own error, not by the health monitor (which ends the process, exit 75,
     # printing no JSON) nor by the client's timeout: no wall-clock bound is asserted.
     # TensorFlow's error is kept on the error, not printed: one short traceback, one last line.
@@ -401,7 +400,7 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
-_LOST_PS_RUN = """
+_LOST_TASK_RUN = """
     import signal
     victim = {victim}
     keras.utils.set_random_seed(4)
@@ -431,19 +430,22 @@ _LOST_PS_RUN = """
 
 
 @pytest.mark.parametrize(
-    "placement, k", [(None, 1), ("hybrid", 2)], ids=["all-on-ps-k1", "hybrid-k2"]
+    "job, placement, k",
+    [("ps", None, 1), ("ps", "hybrid", 2), ("worker", None, 1)],
+    ids=["ps-all-on-ps-k1", "ps-hybrid-k2", "worker-all-on-ps-k1"],
 )
-def test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
-    local, tmp_path, placement, k
+def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
+    local, tmp_path, job, placement, k
 ):
-    """ps 1 killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs, a backup
-    every 3 steps: the last after step 9), and restarted on its address by the test once it is
-    gone: the client's one `fit` waits for it, makes its variables there again, restores the
-    backup (mid-epoch: at the batch after it) and trains on. Weights, every epoch's history
-    and the epochs run equal an uninterrupted run's, exactly; the client logs both steps."""
-    run = functools.partial(_LOST_PS_RUN.format, placement=placement, k=k)
+    """Task 1 of `job` killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
+    a backup every 3 steps: the last after step 9), and restarted on its address by the test
+    once it is gone: the client's one `fit` waits for it, makes its variables there again (a
+    ps's), restores the backup (mid-epoch: at the batch after it) and trains on. Weights,
+    every epoch's history and the epochs run equal an uninterrupted run's, exactly; the client
+    logs both steps."""
+    run = functools.partial(_LOST_TASK_RUN.format, placement=placement, k=k)
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
-    ps = local.procs[("ps", 1)]
+    ps = local.procs[(job, 1)]
     prefix = textwrap.dedent(f"""
         import json, os
         import numpy as np
@@ -462,8 +464,8 @@ def test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         deadline = time.monotonic() + CLIENT_TIMEOUT
         while ps.poll() is None and client.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert ps.poll() is not None, "the client did not kill ps 1"
-        local.restart("ps", 1)
+        assert ps.poll() is not None, f"the client did not kill {job} 1"
+        local.restart(job, 1)
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
     finally:
         if client.poll() is None:
@@ -471,16 +473,16 @@ def test_a_ps_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
             client.communicate()
     assert client.returncode == 0, err[-4000:]
     resumed = json.loads(out.strip().splitlines()[-1])
-    task = f"/job:ps/replica:0/task:1 at {local.spec['ps'][1]} was lost; waiting up to 300 s"
+    task = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} was lost; waiting up to 300 s"
     made = re.search(r"answers again after [\d.]+ s; (\d+) variable\(s\) made again", err)
-    assert task in err and made and int(made.group(1)) > 0, err[-3000:]
+    assert task in err and made and (int(made.group(1)) > 0) == (job == "ps"), err[-3000:]
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
-def test_a_ps_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(local):
+def test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(local):
     """Without a BackupAndRestore there is nothing to restore the lost variables from: `fit`
     does not wait, and its TaskFailedError says what to add."""
     victim = local.procs[("ps", 1)].pid
@@ -737,3 +739,62 @@ def test_a_frozen_task_ends_the_client_through_the_strategy_s_own_monitor(local)
     assert proc.stderr.splitlines()[-1].startswith(
         f"dpkeras: /job:ps/replica:0/task:1 at {address} is unreachable (no answer within 2 s)"
     ), proc.stderr[-3000:]
+
+
+# Last in the module: the workers' collectives keep the incarnation of the worker restarted
+# here, so a hybrid client after it would fail until every worker restarts.
+def test_a_worker_lost_under_hybrid_ends_fit_saying_why(local, tmp_path):
+    """Under placement.hybrid() a worker holds copies of the replicated variables and takes
+    part in the workers' all-reduce, which a running client cannot take it back into: fit
+    waits for it, then ends with TaskFailedError saying so and to restart the client."""
+    worker = local.procs[("worker", 1)]
+    prefix = textwrap.dedent(f"""
+        import json, os
+        import numpy as np
+        import dpkeras, keras, tensorflow as tf
+        SPEC = json.loads({json.dumps(json.dumps(local.spec))})
+        """)
+    code = _WORKER_UNDER_HYBRID.format(victim=worker.pid, backup=str(tmp_path / "b"))
+    client = subprocess.Popen(
+        [sys.executable, "-c", prefix + textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server_env(),
+    )
+    try:
+        deadline = time.monotonic() + CLIENT_TIMEOUT
+        while worker.poll() is None and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker.poll() is not None, "the client did not kill worker 1"
+        local.restart("worker", 1)
+        out, err = client.communicate(timeout=CLIENT_TIMEOUT)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    failed = json.loads(out.strip().splitlines()[-1])
+    assert failed["error"] == "TaskFailedError", (failed, err[-3000:])
+    assert "the workers' all-reduce cannot take a restarted worker back" in failed["message"]
+    assert failed["message"].endswith("Restart the client."), failed["message"]
+
+
+_WORKER_UNDER_HYBRID = """
+    import signal
+    keras.utils.set_random_seed(4)
+    with dpkeras.scope(cluster=SPEC, parameter_device="hybrid"):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+
+    class Kill(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 3:
+                os.kill({victim}, signal.SIGKILL)
+
+    try:
+        model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=16, epochs=2, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore({backup!r}, save_freq=2), Kill()])
+        print(json.dumps({{"error": None}}))
+    except dpkeras.TaskFailedError as e:
+        print(json.dumps({{"error": type(e).__name__, "message": str(e)}}))
+    """

@@ -15,7 +15,7 @@ other module of dpkeras changes Keras, TensorFlow or keras-rs (tests/test_keras_
 - `atomic_files`: files that are at every moment old or new (standard library only);
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
-- `lost_ps`: on a cluster, a ps lost in the middle of `fit` is waited for (bounded), its
+- `lost_tasks`: on a cluster, a task lost in the middle of `fit` is waited for (bounded), its
   variables are made again and restored from the backup, and `fit` goes on;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
 - `xla`: with `jit_compile=True`, one decision whether XLA can compile a model's steps (its
@@ -37,8 +37,8 @@ no entry (`uninstall()` leaves models as they are). So `dpkeras.tf1` names a sec
 layer `conv_1` (`layer.name`, Keras's own suffix for a duplicate name; the functional model it
 is in refuses two layers of one name, and its saved files keep the name), and
 `dpkeras.train_step_transfers` sets `model.train_function = None` (as Keras's `compile` does)
-so the step is traced where its transfers are recorded (as `lost_ps` does, for a step that held
-a lost ps's resources). A model's structure that only Keras's
+so the step is traced where its transfers are recorded (as `lost_tasks` does, for a step that held
+a lost task's resources). A model's structure that only Keras's
 private state can hold (`shared_weights`) is written here, beside the table, and stays too.
 tests/test_keras_patches.py holds the rest of dpkeras to it: nothing outside `_patches/`
 assigns to Keras, TensorFlow or keras-rs, or registers with TensorFlow's dispatch.

@@ -20,7 +20,7 @@ from dpkeras._extended import optimizer_apply
 from dpkeras._patches import (
     cluster_loop,
     keras_rs,
-    lost_ps,
+    lost_tasks,
     outside_the_scope,
     resume,
     symbolic_build,
@@ -115,7 +115,7 @@ def _fit(original, model, *args, **kwargs):
             return original(model, *args, **kwargs)
 
     named = functools.partial(task_failures.naming_failed_tasks, each_call)
-    going_on = functools.partial(lost_ps.going_on_after_a_lost_ps, named, signature)
+    going_on = functools.partial(lost_tasks.going_on_after_a_lost_tasks, named, signature)
     return outside_the_scope.refusing_an_idle_cluster(going_on, model, *args, **kwargs)
 
 

@@ -86,7 +86,7 @@ class PlacedVariable:
     def remake_on(self, task):
         """Makes again, uninitialised, what of it lived on `task` (a task of the cluster that
         restarted and lost this client's resources); returns how many resources it made. The
-        values then come from a backup (`dpkeras._patches.lost_ps`)."""
+        values then come from a backup (`dpkeras._patches.lost_tasks`)."""
         return sum(part.remake_on(task) for part in self.parts if part is not self)
 
 

@@ -91,12 +91,14 @@ class ReplicatedVariable(WholeVariable):
         )
 
     def remake_on(self, task):
-        """0: its copies live on the workers, and only a lost ps is made again (a worker that
-        restarted under a running client ends training: docs/reliability.md)."""
+        """0 for a ps. A worker held one of its copies, and took part in the workers'
+        all-reduce, which TensorFlow's collectives do not let a running client make again
+        (they keep the incarnation of every worker they met): raises NotImplementedError."""
         if any(c.startswith(f"{task}/") for c in self.copy_devices):
             raise NotImplementedError(
-                f"Replicated variable {self.name!r} has a copy on {task}, which restarted: "
-                f"a worker lost under a running client is not made again."
+                f"Under placement.hybrid(), replicated variable {self.name!r} had a copy on "
+                f"{task}, and the workers' all-reduce cannot take a restarted worker back in a "
+                f"running client."
             )
         return 0
 

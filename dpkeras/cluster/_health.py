@@ -54,7 +54,7 @@ class TaskFailedError(tf.errors.UnavailableError):
     same arguments), then restart training from the last checkpoint
     (`keras.callbacks.BackupAndRestore` resumes `fit` where it stopped). A ps lost under a
     `fit` with a `BackupAndRestore` backup is waited for instead, and `fit` goes on
-    (`dpkeras._patches.lost_ps`); this is raised when it cannot (`advice` says why).
+    (`dpkeras._patches.lost_tasks`); this is raised when it cannot (`advice` says why).
 
     Raised without TensorFlow's error chained to it (`raise ... from None`): a traceback ends
     with one line naming the task, not ~30 lines of gRPC details first. That error is kept as
@@ -307,8 +307,8 @@ def watch(cluster_spec):
 
 @contextlib.contextmanager
 def paused():
-    """In the block, the process's `HealthMonitor` (`watch`) probes nothing: a lost ps being
-    waited for (`dpkeras._patches.lost_ps`) does not end the client. Started again after."""
+    """In the block, the process's `HealthMonitor` (`watch`) probes nothing: a lost task being
+    waited for (`dpkeras._patches.lost_tasks`) does not end the client. Started again after."""
     global _monitor
     with _lock:
         monitor, _monitor = _monitor, None

@@ -1,13 +1,15 @@
-"""On a cluster, a ps lost in the middle of `fit` is waited for, restored, and `fit` goes on.
+"""On a cluster, a task lost in the middle of `fit` is waited for, restored, and `fit` goes on.
 
 A ps task that dies takes every variable it held with it (this client's resources there: the
-weights, optimizer slots, metric and seed states, its shards of a table); the step that needed
-them fails, and `dpkeras._health.name_failures` names the task (`TaskFailedError`). Where the
-`fit` has a `keras.callbacks.BackupAndRestore` with a backup in its directory, `fit` does not
-end there:
+weights, optimizer slots, metric and seed states, its shards of a table); a worker that dies
+takes its input pipelines and the step functions instantiated there. The step that needed it
+fails, and `dpkeras._health.name_failures` names the task (`TaskFailedError`). Where the `fit`
+has a `keras.callbacks.BackupAndRestore` with a backup in its directory, `fit` does not end
+there:
 
-1. it waits, bounded (`$DPKERAS_PS_RESTART_TIMEOUT`, 300 s by default), for the task to answer
-   at its address again (restarted by its scheduler: a TFJob's `restartPolicy: OnFailure`);
+1. it waits, bounded (`$DPKERAS_TASK_RESTART_TIMEOUT`, 300 s by default), for the task to
+   answer at its address again (restarted by its scheduler: a TFJob's `restartPolicy:
+   OnFailure`);
 2. connects again to that task alone, keeping this client's state on every other task
    (`dpkeras.cluster._connect.reconnect_to_restarted`), and makes again, on it, every resource
    of the strategy's variables that lived there (`PlacedVariable.remake_on`);
@@ -15,12 +17,14 @@ end there:
    variable from the backup (all of them, not only the lost ones, so that the state is one
    backup's) and resumes at the batch after it (`dpkeras._patches.resume`), so the run ends
    as an uninterrupted one would, exactly; Keras traces the step functions again (they held
-   the lost resources).
+   the lost resources) and makes the epoch's input pipelines again on every worker.
 
 The `History` returned holds the epochs of the calls, each epoch once (a resumed epoch's
 entry is the resumed call's). Callbacks see a second `on_train_begin`, as after a restart of
 the client. Without a backup, or with the wait set to 0, the `TaskFailedError` ends `fit` as
-before, saying what to add. A lost worker ends `fit` (docs/reliability.md).
+before, saying what to add. Under `placement.hybrid()` a lost worker held copies of the
+replicated variables and took part in the workers' all-reduce, which TensorFlow's collectives
+do not let a running client make again: that ends `fit` (restart the client), saying so.
 """
 
 import logging
@@ -85,7 +89,7 @@ def _merged(histories):
     return final
 
 
-def going_on_after_a_lost_ps(fit, signature, model, *args, **kwargs):
+def going_on_after_a_lost_tasks(fit, signature, model, *args, **kwargs):
     """Stands in for Keras's `fit` (`fit`: it, with `task_failures.naming_failed_tasks`'s
     naming; `signature`: Keras's `fit`'s, to find its callbacks): see the module."""
     extended = extended_of(model)
@@ -100,18 +104,18 @@ def going_on_after_a_lost_ps(fit, signature, model, *args, **kwargs):
             histories.append(history)
             return _merged(histories) if len(histories) > 1 else history
         except _health.TaskFailedError as error:
-            if not error.task.startswith("/job:ps/"):
+            if not error.task.startswith(("/job:ps/", "/job:worker/")):
                 raise
-            timeout = _config.setting("ps_restart_timeout").value
+            timeout = _config.setting("task_restart_timeout").value
             backup = _backup_of(callbacks)
             if timeout == 0:
                 raise _refusal(
-                    error, "($DPKERAS_PS_RESTART_TIMEOUT is 0: fit does not wait for it.)"
+                    error, "($DPKERAS_TASK_RESTART_TIMEOUT is 0: fit does not wait for it.)"
                 ) from None
             if backup is None or not resume.has_backup(backup):
                 raise _refusal(
                     error,
-                    "To have fit wait for a lost ps, restore every variable and go on, give "
+                    "To have fit wait for a lost task, restore every variable and go on, give "
                     "fit a keras.callbacks.BackupAndRestore(backup_dir) (with save_freq "
                     "set to a number of batches, it resumes at the batch after the last "
                     "backup).",
@@ -121,7 +125,7 @@ def going_on_after_a_lost_ps(fit, signature, model, *args, **kwargs):
             deadline = time.monotonic() + timeout
             _recover(model, extended, error, backup, timeout, deadline)
         except tf.errors.UnavailableError:
-            # Just after a recovery, a worker's connection to the restarted ps may still be
+            # Just after a recovery, a task's connection to the restarted one may still be
             # waiting to connect again (gRPC backs off after failed attempts): the next call
             # fails at its first step, changing nothing, and is made again, bounded.
             if lost is None or time.monotonic() >= deadline:
@@ -146,11 +150,14 @@ def _recover(model, extended, error, backup, timeout, deadline):
         if why is not None:
             raise _refusal(
                 error,
-                f"It did not answer again within {timeout:g} s ($DPKERAS_PS_RESTART_TIMEOUT): "
+                f"It did not answer again within {timeout:g} s ($DPKERAS_TASK_RESTART_TIMEOUT): "
                 f"{why}.",
             ) from None
         _connect.reconnect_to_restarted(task)
-        made = remake_lost_resources(extended, task)
+        try:
+            made = remake_lost_resources(extended, task)
+        except NotImplementedError as e:
+            raise _refusal(error, f"{e} Restart the client.") from None
     # The step functions captured the lost resources: Keras makes them again.
     model.train_function = model.test_function = model.predict_function = None
     _log.warning(
