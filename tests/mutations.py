@@ -2006,6 +2006,25 @@ MUTANTS = (
             "test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add",
         ),
     ),
+    Mutant(
+        "lost-worker-not-waited-for",
+        "a worker lost mid-fit under all-on-ps ends fit instead of being waited for (issue 44 item 1, restarted worker)",
+        "dpkeras/_patches/lost_tasks.py",
+        '            if not error.task.startswith(("/job:ps/", "/job:worker/")):\n',
+        '            if not error.task.startswith(("/job:ps/",)):\n',
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[worker-all-on-ps-k1]",
+        ),
+    ),
+    Mutant(
+        "hybrid-worker-copies-ignored",
+        "under hybrid a restarted worker's copies are taken as made again, and fit fails on the workers' all-reduce instead of saying why",
+        "dpkeras/_variables/replicated.py",
+        '        if any(c.startswith(f"{task}/") for c in self.copy_devices):\n',
+        "        if False:\n",
+        ("tests/test_cluster_training.py::test_a_worker_lost_under_hybrid_ends_fit_saying_why",),
+    ),
 )
 
 
