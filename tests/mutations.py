@@ -2008,7 +2008,8 @@ MUTANTS = (
     ),
     Mutant(
         "lost-worker-not-waited-for",
-        "a worker lost mid-fit under all-on-ps ends fit instead of being waited for (issue 44 item 1, restarted worker)",
+        "a worker lost mid-fit under all-on-ps ends fit instead of being waited for "
+        "(issue 44 item 1, restarted worker)",
         "dpkeras/_patches/lost_tasks.py",
         '            if not error.task.startswith(("/job:ps/", "/job:worker/")):\n',
         '            if not error.task.startswith(("/job:ps/",)):\n',
@@ -2019,7 +2020,8 @@ MUTANTS = (
     ),
     Mutant(
         "hybrid-worker-copies-ignored",
-        "under hybrid a restarted worker's copies are taken as made again, and fit fails on the workers' all-reduce instead of saying why",
+        "under hybrid a restarted worker's copies are taken as made again, and fit fails on "
+        "the workers' all-reduce instead of saying why",
         "dpkeras/_variables/replicated.py",
         '        if any(c.startswith(f"{task}/") for c in self.copy_devices):\n',
         "        if False:\n",
