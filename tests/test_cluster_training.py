@@ -24,17 +24,22 @@ CLIENT_TIMEOUT = 300
 FROZEN_TIMEOUT = 120  # the default monitor needs 3 rounds of 2 s probes, 2 s apart
 
 
-def _run_client(code, spec, env):
-    """Runs `code` (with SPEC, json, np, keras, tf, dpkeras) in a fresh process; its result."""
+def _program(code, spec):
+    """`code` as a client's program, with SPEC, json, os, np, keras, tf and dpkeras."""
     prefix = textwrap.dedent(f"""
         import json, os
         import numpy as np
         import dpkeras, keras, tensorflow as tf
         SPEC = json.loads({json.dumps(json.dumps(spec))})
         """)
+    return prefix + textwrap.dedent(code)
+
+
+def _run_client(code, spec, env):
+    """Runs `code` (see `_program`) in a fresh process; its result."""
     try:
         return subprocess.run(
-            [sys.executable, "-c", prefix + textwrap.dedent(code)],
+            [sys.executable, "-c", _program(code, spec)],
             capture_output=True,
             text=True,
             env=env,
@@ -411,6 +416,31 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
+def _client_restarting(local, job, code):
+    """Runs `code` (see `_program`), which kills task 1 of `job`; restarts that task on its
+    address once it is gone, while the client runs on. `(returncode, stdout, stderr)`."""
+    task = local.procs[(job, 1)]
+    client = subprocess.Popen(
+        [sys.executable, "-c", _program(code, local.spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server_env(),
+    )
+    try:
+        deadline = time.monotonic() + CLIENT_TIMEOUT
+        while task.poll() is None and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert task.poll() is not None, f"the client did not kill {job} 1"
+        local.restart(job, 1)
+        out, err = client.communicate(timeout=CLIENT_TIMEOUT)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    return client.returncode, out, err
+
+
 _LOST_TASK_RUN = """
     import signal
     victim = {victim}
@@ -456,34 +486,12 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     logs both steps."""
     run = functools.partial(_LOST_TASK_RUN.format, placement=placement, k=k)
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
-    ps = local.procs[(job, 1)]
-    prefix = textwrap.dedent(f"""
-        import json, os
-        import numpy as np
-        import dpkeras, keras, tensorflow as tf
-        SPEC = json.loads({json.dumps(json.dumps(local.spec))})
-        """)
-    code = prefix + textwrap.dedent(run(victim=ps.pid, backup=str(tmp_path / "b")))
-    client = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server_env(),
+    victim = local.procs[(job, 1)].pid
+    returncode, out, err = _client_restarting(
+        local, job, run(victim=victim, backup=str(tmp_path / "b"))
     )
-    try:
-        deadline = time.monotonic() + CLIENT_TIMEOUT
-        while ps.poll() is None and client.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert ps.poll() is not None, f"the client did not kill {job} 1"
-        local.restart(job, 1)
-        out, err = client.communicate(timeout=CLIENT_TIMEOUT)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     _fresh_workers_after_a_worker_restart(local, job)
-    assert client.returncode == 0, err[-4000:]
+    assert returncode == 0, err[-4000:]
     resumed = json.loads(out.strip().splitlines()[-1])
     task = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} was lost; waiting up to 300 s"
     made = re.search(r"answers again after [\d.]+ s; (\d+) variable\(s\) made again", err)
@@ -759,32 +767,9 @@ def test_a_worker_lost_under_hybrid_ends_fit_saying_why(local, tmp_path):
     """Under placement.hybrid() a worker holds copies of the replicated variables and takes
     part in the workers' all-reduce, which a running client cannot take it back into: fit
     waits for it, then ends with TaskFailedError saying so and to restart the client."""
-    worker = local.procs[("worker", 1)]
-    prefix = textwrap.dedent(f"""
-        import json, os
-        import numpy as np
-        import dpkeras, keras, tensorflow as tf
-        SPEC = json.loads({json.dumps(json.dumps(local.spec))})
-        """)
-    code = _WORKER_UNDER_HYBRID.format(victim=worker.pid, backup=str(tmp_path / "b"))
-    client = subprocess.Popen(
-        [sys.executable, "-c", prefix + textwrap.dedent(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server_env(),
-    )
-    try:
-        deadline = time.monotonic() + CLIENT_TIMEOUT
-        while worker.poll() is None and client.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert worker.poll() is not None, "the client did not kill worker 1"
-        local.restart("worker", 1)
-        out, err = client.communicate(timeout=CLIENT_TIMEOUT)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
+    victim = local.procs[("worker", 1)].pid
+    code = _WORKER_UNDER_HYBRID.format(victim=victim, backup=str(tmp_path / "b"))
+    _, out, err = _client_restarting(local, "worker", code)
     failed = json.loads(out.strip().splitlines()[-1])
     assert failed["error"] == "TaskFailedError", (failed, err[-3000:])
     assert "the workers' all-reduce cannot take a restarted worker back" in failed["message"]
