@@ -446,13 +446,15 @@ _LOST_TASK_RUN = """
     victim = {victim}
     keras.utils.set_random_seed(4)
     with dpkeras.scope(cluster=SPEC, parameter_device={placement!r}):
+        embedding = (dpkeras.layers.DynamicEmbedding(4, 64, seed=7, name="de") if {dynamic}
+                     else keras.layers.Embedding(50, 4))
         model = keras.Sequential([
-            keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 4),
+            keras.Input((4,), dtype="int64"), embedding,
             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
             keras.layers.Dropout(0.2), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse", metrics=["mae"], steps_per_execution={k})
     rng = np.random.RandomState(3)
-    x, y = rng.randint(0, 50, (128, 4)).astype("int32"), rng.rand(128, 1).astype("float32")
+    x, y = rng.randint(0, 50, (128, 4)).astype("int64"), rng.rand(128, 1).astype("float32")
 
     class Kill(keras.callbacks.Callback):
         killed = False
@@ -471,20 +473,25 @@ _LOST_TASK_RUN = """
 
 
 @pytest.mark.parametrize(
-    "job, placement, k",
-    [("ps", None, 1), ("ps", "hybrid", 2), ("worker", None, 1)],
-    ids=["ps-all-on-ps-k1", "ps-hybrid-k2", "worker-all-on-ps-k1"],
+    "job, placement, k, dynamic",
+    [
+        ("ps", None, 1, False),
+        ("ps", "hybrid", 2, False),
+        ("ps", None, 1, True),
+        ("worker", None, 1, False),
+    ],
+    ids=["ps-all-on-ps-k1", "ps-hybrid-k2", "ps-dynamic-embedding", "worker-all-on-ps-k1"],
 )
 def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
-    local, tmp_path, job, placement, k
+    local, tmp_path, job, placement, k, dynamic
 ):
     """Task 1 of `job` killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
     a backup every 3 steps: the last after step 9), and restarted on its address by the test
-    once it is gone: the client's one `fit` waits for it, makes its variables there again (a
-    ps's), restores the backup (mid-epoch: at the batch after it) and trains on. Weights,
-    every epoch's history and the epochs run equal an uninterrupted run's, exactly; the client
-    logs both steps."""
-    run = functools.partial(_LOST_TASK_RUN.format, placement=placement, k=k)
+    once it is gone: the client's one `fit` waits for it, makes its variables (and a
+    `DynamicEmbedding`'s hash tables) there again, restores the backup (mid-epoch: at the batch
+    after it) and trains on. Weights, every epoch's history and the epochs run equal an
+    uninterrupted run's, exactly; the client logs both steps."""
+    run = functools.partial(_LOST_TASK_RUN.format, placement=placement, k=k, dynamic=dynamic)
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
     returncode, out, err = _client_restarting(
@@ -494,7 +501,7 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     assert returncode == 0, err[-4000:]
     resumed = json.loads(out.strip().splitlines()[-1])
     task = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} was lost; waiting up to 300 s"
-    made = re.search(r"answers again after [\d.]+ s; (\d+) variable\(s\) made again", err)
+    made = re.search(r"after [\d.]+ s; (\d+) variable\(s\) and table\(s\) made again", err)
     assert task in err and made and (int(made.group(1)) > 0) == (job == "ps"), err[-3000:]
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["history"] == uninterrupted["history"]

@@ -2,6 +2,9 @@
 
 import tensorflow as tf
 
+from dpkeras import _device_names as device_names
+from dpkeras import _tf_internals
+
 
 class KeyStrings:
     """For a `key_dtype="string"` layer: the string each id with a row was first seen as.
@@ -18,6 +21,13 @@ class KeyStrings:
             self.table = tf.lookup.experimental.MutableHashTable(
                 tf.int64, tf.string, default_value="", name=f"{layer_name}_strings"
             )
+
+    def remake_on(self, task):
+        """Makes its table again, empty, if it lived on `task` (restarted); returns how many."""
+        if device_names.task_of(device_names.canonical_device(self.device)) != task:
+            return 0
+        _tf_internals.remake_table(self.table, self.device, "")
+        return 1
 
     def check(self, ids, strings, known, has_row):
         """Counts `known` ids arriving with another string than the one kept, and keeps the

@@ -57,6 +57,12 @@ class RowIndex:
             else None
         )
 
+    def remake_on(self, task):
+        """Makes its hash tables that lived on `task` (restarted) again, empty; returns how
+        many. (Its rows and counts are variables, made again with the strategy's.)"""
+        made = self.table.remake_on(task)
+        return made + (0 if self.pending is None else self.pending.remake_on(task))
+
     # -- reading ------------------------------------------------------------------------------
 
     def lookup(self, ids):

@@ -264,6 +264,13 @@ class DynamicEmbedding(keras.layers.Layer):
                 rows = policy.victims(self.eviction, row_ids, counts, last_seen, everything, count)
             return index.evict(rows)
 
+    def remake_on(self, task):
+        """Makes its hash tables that lived on `task` of the cluster again, empty, after that
+        task restarted and lost them (`dpkeras._patches.lost_tasks`); returns how many. Their
+        entries then come from a backup, with the rest of the model."""
+        made = 0 if self._index is None else self._index.remake_on(task)
+        return made + (0 if self._strings is None else self._strings.remake_on(task))
+
     def track_optimizer(self, optimizer):
         """Resets `optimizer`'s slots of rows handed to new ids (needed in custom loops only;
         `fit` finds the model's optimizer). Call it, with the optimizer built, before the

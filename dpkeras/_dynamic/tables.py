@@ -2,6 +2,9 @@
 
 import tensorflow as tf
 
+from dpkeras import _device_names as device_names
+from dpkeras import _tf_internals
+
 
 class ShardedHashTable:
     """`tf.lookup.experimental.MutableHashTable`s, one per device, each holding the ids with
@@ -21,6 +24,7 @@ class ShardedHashTable:
 
     def __init__(self, devices, value_dtype, default_value, name):
         self.devices = list(devices)
+        self.default_value = default_value
         self.tables = []
         for i, device in enumerate(self.devices):
             with tf.init_scope(), tf.device(device):
@@ -37,6 +41,16 @@ class ShardedHashTable:
                         experimental_is_anonymous=True,
                     )
                 )
+
+    def remake_on(self, task):
+        """Makes the tables that lived on `task` (restarted: they are gone) again, empty;
+        returns how many. Their entries then come from a backup."""
+        made = 0
+        for table, device in zip(self.tables, self.devices):
+            if device_names.task_of(device_names.canonical_device(device)) == task:
+                _tf_internals.remake_table(table, device, self.default_value)
+                made += 1
+        return made
 
     def _each(self, ids):
         """`(table, device, its ids, their positions in ids)` for each table."""

@@ -34,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _config
+from dpkeras._dynamic.layer import DynamicEmbedding
 from dpkeras._extended.extended import extended_of
 from dpkeras._patches import resume
 from dpkeras._variables import placed
@@ -50,21 +51,31 @@ def _backup_of(callbacks):
     return None
 
 
-def remake_lost_resources(extended, task):
-    """Makes again, on `task`, every resource of `extended`'s variables that lived there;
-    returns how many."""
+def _layers(model):
+    for layer in getattr(model, "layers", ()):
+        yield layer
+        yield from _layers(layer)
+
+
+def remake_lost_resources(model, extended, task):
+    """Makes again, on `task`, every resource of `extended`'s variables that lived there, and
+    the hash tables of `model`'s `DynamicEmbedding`s; returns how many."""
     made, seen = 0, set()
     for variable in extended.variables():
         ours = placed.of(variable)
-        if ours is None or id(ours) in seen:
-            continue
-        seen.add(id(ours))
-        made += ours.remake_on(task)
+        for part in () if ours is None else ours.parts:  # a shard once, whoever lists it
+            if id(part) not in seen:
+                seen.add(id(part))
+                made += part.remake_on(task)
+    layers = {id(layer): layer for layer in _layers(model)}
+    for layer in layers.values():
+        if isinstance(layer, DynamicEmbedding):
+            made += layer.remake_on(task)
     return made
 
 
 def _refusal(error, why):
-    """`error` (a `TaskFailedError` for a ps) again, saying why `fit` did not go on."""
+    """`error` (a `TaskFailedError` for a lost task) again, saying why `fit` did not go on."""
     return _health.TaskFailedError(
         error.task, error.address, error.reason, error.tensorflow_error, advice=why
     )
@@ -89,7 +100,7 @@ def _merged(histories):
     return final
 
 
-def going_on_after_a_lost_tasks(fit, signature, model, *args, **kwargs):
+def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
     """Stands in for Keras's `fit` (`fit`: it, with `task_failures.naming_failed_tasks`'s
     naming; `signature`: Keras's `fit`'s, to find its callbacks): see the module."""
     extended = extended_of(model)
@@ -155,14 +166,14 @@ def _recover(model, extended, error, backup, timeout, deadline):
             ) from None
         _connect.reconnect_to_restarted(task)
         try:
-            made = remake_lost_resources(extended, task)
+            made = remake_lost_resources(model, extended, task)
         except NotImplementedError as e:
             raise _refusal(error, f"{e} Restart the client.") from None
     # The step functions captured the lost resources: Keras makes them again.
     model.train_function = model.test_function = model.predict_function = None
     _log.warning(
-        "dpkeras: %s answers again after %.1f s; %d variable(s) made again on it; restoring "
-        "the backup and going on.",
+        "dpkeras: %s answers again after %.1f s; %d variable(s) and table(s) made again on it; "
+        "restoring the backup and going on.",
         task,
         time.monotonic() - started,
         made,

@@ -115,7 +115,7 @@ def _fit(original, model, *args, **kwargs):
             return original(model, *args, **kwargs)
 
     named = functools.partial(task_failures.naming_failed_tasks, each_call)
-    going_on = functools.partial(lost_tasks.going_on_after_a_lost_tasks, named, signature)
+    going_on = functools.partial(lost_tasks.going_on_after_a_lost_task, named, signature)
     return outside_the_scope.refusing_an_idle_cluster(going_on, model, *args, **kwargs)
 
 
