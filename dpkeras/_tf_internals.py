@@ -234,17 +234,19 @@ def new_variable_handle(variable):
         )
 
 
-def remake_table(table, device, default_value):
-    """Makes a `tf.lookup` table's resource again, empty, on `device`, in the same Python
-    object (its checkpoint tracking and the layers holding it unchanged): after a ps task
-    restarted, the table this client had there is gone (`dpkeras._patches.lost_tasks`), and
-    so is its default value, a tensor made on `device` with it (`default_value` makes it
-    again). TensorFlow's tables make their resource in the private `_create_resource` and keep
-    it in the private `_resource_handle`, the default in the private `_default_value`; no
-    public API makes them again."""
+def new_table_state(table, device, default_value):
+    """`{attribute: value}` that make a `tf.lookup` table's resource again, empty, on
+    `device`, in the same Python object (its checkpoint tracking and the layers holding it
+    unchanged), once set on it in order: after a ps task restarted, the table this client had
+    there is gone (`dpkeras._patches.lost_tasks`), and so is its default value, a tensor made on
+    `device` with it (`default_value` makes it again). TensorFlow's tables make their resource
+    in the private `_create_resource` and keep it in the private `_resource_handle`, the
+    default in the private `_default_value`; no public API makes them again."""
     with tf.device(device):
-        table._default_value = tf.convert_to_tensor(default_value, table.value_dtype)
-        table._resource_handle = table._create_resource()
+        return {
+            "_default_value": tf.convert_to_tensor(default_value, table.value_dtype),
+            "_resource_handle": table._create_resource(),
+        }
 
 
 def variable_handle_attribute():

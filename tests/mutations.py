@@ -2027,6 +2027,18 @@ MUTANTS = (
         "        if False:\n",
         ("tests/test_cluster_training.py::test_a_worker_lost_under_hybrid_ends_fit_saying_why",),
     ),
+    Mutant(
+        "lost-task-tables-not-remade",
+        "a DynamicEmbedding's hash tables on a restarted ps are not made again",
+        "dpkeras/_patches/lost_tasks.py",
+        "            made += layer.remake_on(task)\n",
+        "            made += 0\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-dynamic-embedding]",
+        ),
+    ),
 )
 
 

@@ -26,7 +26,8 @@ class KeyStrings:
         """Makes its table again, empty, if it lived on `task` (restarted); returns how many."""
         if device_names.task_of(device_names.canonical_device(self.device)) != task:
             return 0
-        _tf_internals.remake_table(self.table, self.device, "")
+        for name, value in _tf_internals.new_table_state(self.table, self.device, "").items():
+            setattr(self.table, name, value)
         return 1
 
     def check(self, ids, strings, known, has_row):

@@ -10,6 +10,14 @@ from dpkeras._dynamic import ids as id_types
 from dpkeras._dynamic import index as row_index
 
 
+def _remake_tables_on(self, task):
+    """Makes its hash tables that lived on `task` of the cluster again, empty, after that task
+    restarted and lost them (`dpkeras._patches.lost_tasks`); returns how many. Their entries
+    then come from a backup, with the rest of the model. (`DynamicEmbedding.remake_on`.)"""
+    parts = [part for part in (self._index, self._strings) if part is not None]
+    return sum(part.remake_on(task) for part in parts)
+
+
 @keras.saving.register_keras_serializable(package="dpkeras")
 class DynamicEmbedding(keras.layers.Layer):
     """An embedding of ids from an unbounded space: a row per id seen, up to `capacity` rows.
@@ -264,12 +272,7 @@ class DynamicEmbedding(keras.layers.Layer):
                 rows = policy.victims(self.eviction, row_ids, counts, last_seen, everything, count)
             return index.evict(rows)
 
-    def remake_on(self, task):
-        """Makes its hash tables that lived on `task` of the cluster again, empty, after that
-        task restarted and lost them (`dpkeras._patches.lost_tasks`); returns how many. Their
-        entries then come from a backup, with the rest of the model."""
-        made = 0 if self._index is None else self._index.remake_on(task)
-        return made + (0 if self._strings is None else self._strings.remake_on(task))
+    remake_on = _remake_tables_on
 
     def track_optimizer(self, optimizer):
         """Resets `optimizer`'s slots of rows handed to new ids (needed in custom loops only;

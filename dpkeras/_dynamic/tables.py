@@ -48,7 +48,10 @@ class ShardedHashTable:
         made = 0
         for table, device in zip(self.tables, self.devices):
             if device_names.task_of(device_names.canonical_device(device)) == task:
-                _tf_internals.remake_table(table, device, self.default_value)
+                for name, value in _tf_internals.new_table_state(
+                    table, device, self.default_value
+                ).items():
+                    setattr(table, name, value)
                 made += 1
         return made
 
