@@ -1944,8 +1944,8 @@ MUTANTS = (
         "lost-task-not-remade",
         "a lost ps's variables are not made again on it after it restarts (issue 44 item 2)",
         "dpkeras/_patches/lost_tasks.py",
-        "        made += ours.remake_on(task)\n",
-        "        made += 0\n",
+        "                made += part.remake_on(task)\n",
+        "                made += 0\n",
         (
             "tests/test_cluster_training.py::"
             "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[ps-all-on-ps-k1]",
