@@ -239,7 +239,10 @@ ENTRIES = (
         "TensorFlowTrainer.fit",
         _FIT,
         _fit,
-        retire=f"{_FAILURES}; and {_SCOPES}",
+        retire=(
+            f"{_FAILURES}; and {_SCOPES}; and a strategy hook around fit to make a restarted "
+            f"task's resources again and call it again"
+        ),
     ),
     Attribute(
         _keras_internals.tensorflow_trainer,
