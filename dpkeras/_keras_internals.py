@@ -307,16 +307,34 @@ def epoch_iterator_class():
 
 
 def epoch_dataset(epoch_iterator):
-    """The `tf.data.Dataset` an epoch iterator's data adapter reads (Keras's pipeline of NumPy
-    arrays or tensors, or the user's dataset), or None for input dpkeras cannot see (a Python
-    generator, a `PyDataset`, a torch DataLoader, grain). Keras's adapters are private classes,
-    chosen by `get_data_adapter`; the adapter is the iterator's `data_adapter`."""
+    """The `tf.data.Dataset` an epoch iterator reads (Keras's pipeline of NumPy arrays or
+    tensors, or the user's dataset), or None for input dpkeras cannot see (a Python generator,
+    a `PyDataset`, a torch DataLoader, grain). Keras's adapters are private classes, chosen by
+    `get_data_adapter`; the adapter is the iterator's `data_adapter`, the dataset it distributed
+    its private `_distributed_dataset` (`distributed_epoch_dataset`).
+
+    For arrays, the pipeline the iterator made is returned, not a new one from the adapter
+    (`get_tf_dataset` converts every array to a tensor again: a second copy of the data): as
+    it is on one machine of CPU replicas (`dpkeras._input.plan.InputPlan.reads_whole_batches`),
+    or the one TensorFlow's `DistributedDataset` keeps in its private `_original_dataset`, or
+    the source dpkeras's own distributed datasets keep (`dpkeras._input.at_first_use`).
+    """
+    import tensorflow as tf
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
     adapter = getattr(epoch_iterator, "data_adapter", None)
-    if isinstance(adapter, (ArrayDataAdapter, TFDatasetAdapter)):
-        return adapter.get_tf_dataset()
+    if isinstance(adapter, TFDatasetAdapter):
+        return adapter.get_tf_dataset()  # the dataset it holds
+    if not isinstance(adapter, ArrayDataAdapter):
+        return None
+    distributed = distributed_epoch_dataset(epoch_iterator)
+    if isinstance(distributed, tf.data.Dataset):
+        return distributed
+    for name in ("_dpkeras_source", "_original_dataset"):
+        found = getattr(distributed, name, None)
+        if isinstance(found, tf.data.Dataset):
+            return found
     return None
 
 
