@@ -51,12 +51,6 @@ def _backup_of(callbacks):
     return None
 
 
-def _layers(model):
-    for layer in getattr(model, "layers", ()):
-        yield layer
-        yield from _layers(layer)
-
-
 def remake_lost_resources(model, extended, task):
     """Makes again, on `task`, every resource of `extended`'s variables that lived there, and
     the hash tables of `model`'s `DynamicEmbedding`s; returns how many."""
@@ -67,7 +61,7 @@ def remake_lost_resources(model, extended, task):
             if id(part) not in seen:
                 seen.add(id(part))
                 made += part.remake_on(task)
-    layers = {id(layer): layer for layer in _layers(model)}
+    layers = {id(layer): layer for layer in resume.all_layers(model)}
     for layer in layers.values():
         if isinstance(layer, DynamicEmbedding):
             made += layer.remake_on(task)

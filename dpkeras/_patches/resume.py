@@ -174,7 +174,7 @@ def layers_sharing_variables(model):
     One layer called in each tower is stored once, with both calls, and stays shared.
     """
     holders = {}
-    for layer in _all_layers(model):
+    for layer in all_layers(model):
         for v in layer.weights:
             names = holders.setdefault(id(v), [])
             if layer.name not in names:
@@ -183,10 +183,11 @@ def layers_sharing_variables(model):
     return sorted(list(g) for g in groups)
 
 
-def _all_layers(model):
+def all_layers(model):
+    """Every layer of `model`, nested models' layers included (a layer held twice, twice)."""
     for layer in getattr(model, "layers", ()):
         yield layer
-        yield from _all_layers(layer)
+        yield from all_layers(layer)
 
 
 def _warn_if_sharing_is_lost(model):
