@@ -326,14 +326,18 @@ def runs_python(dataset):
     Python runs only in the process that made the function: such a pipeline cannot run on
     another task.
     """
-    for current in pipeline(dataset):
-        for graph_def in dataset_function_graphs(current):
-            nodes = list(graph_def.node)
-            for library_function in graph_def.library.function:
-                nodes.extend(library_function.node_def)
-            if any(node.op in _PYTHON_OPS for node in nodes):
-                return True
-    return False
+    return any(
+        node.op in _PYTHON_OPS for current in pipeline(dataset) for node in function_nodes(current)
+    )
+
+
+def function_nodes(dataset):
+    """Every node of `dataset`'s own transformation functions (`dataset_function_graphs`),
+    those of the functions they call (a `tf.cond` branch, a nested map) included."""
+    for graph_def in dataset_function_graphs(dataset):
+        yield from graph_def.node
+        for library_function in graph_def.library.function:
+            yield from library_function.node_def
 
 
 def dataset_seeds_unset(dataset):

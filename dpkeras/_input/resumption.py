@@ -41,12 +41,11 @@ def why_order_may_differ(dataset):
     for current in _tf_internals.pipeline(dataset):
         if _tf_internals.dataset_seeds_unset(current):
             unseeded.add(type(current).__name__.lstrip("_"))
-        for graph_def in _tf_internals.dataset_function_graphs(current):
-            for node in _nodes(graph_def):
-                if seeds.unseeded(node):
-                    unseeded.add(node.op)
-                if node.op in _STATE_CHANGING_OPS or node.op.startswith("Stateful"):
-                    stateful.add(node.op)
+        for node in _tf_internals.function_nodes(current):
+            if seeds.unseeded(node):
+                unseeded.add(node.op)
+            if node.op in _STATE_CHANGING_OPS or node.op.startswith("Stateful"):
+                stateful.add(node.op)
     if unseeded:
         return (
             f"its random ops have no seed ({', '.join(sorted(unseeded))}): call "
@@ -86,12 +85,6 @@ _STATE_CHANGING_OPS = frozenset(
         "RngSkip",
     }
 )
-
-
-def _nodes(graph_def):
-    yield from graph_def.node
-    for function in graph_def.library.function:
-        yield from function.node_def
 
 
 def stream_position(epoch, steps_per_epoch, steps_per_execution, num_batches):
