@@ -54,10 +54,13 @@ _NOISE_ERRORS = re.compile(r"cuda_platform\.cc:\d+\] failed call to cuInit")
 # A record followed by a multi-line dump that ends at a blank line (eager_service_impl.cc).
 _DUMP = re.compile(r"SessionOptions: \S*\s*$")
 # The lines of a TensorFlow error status after its first (root errors, gRPC details, nodes): a
-# record whose message is a status goes on over lines like these, which go with it.
+# record whose message is a status goes on over lines like these, which go with it. A node line
+# may end the status and carry its payloads after it (`absl::Status::ToString`: "\t [[{{node
+# n}}]] [type.googleapis.com/tensorflow.DerivedStatus='']", a step failing for a lost ps).
 _STATUS_LINE = re.compile(
     r"\s+\(\d+\) [A-Z_]+: |Additional GRPC error information from |:[A-Z_]+:"
-    r"|\d+ (successful operations|derived errors ignored|root error\(s\) found)\.$|\s*\[\[.*\]\]$"
+    r"|\d+ (successful operations|derived errors ignored|root error\(s\) found)\.$"
+    r"|\s*\[\[.*\]\]( \[[\w./-]+='.*'\])*$"
 )
 # In a client, the WARNING that TensorFlow logs during a step failing for a lost task.
 _CLIENT_NOISE = re.compile(

@@ -466,6 +466,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "status-payload-shown",
+        "a lost task's warning whose status ends with its payloads passes on its lines after it",
+        "dpkeras/_quiet.py",
+        """    r"|\\s*\\[\\[.*\\]\\]( \\[[\\w./-]+='.*'\\])*$"\n""",
+        """    r"|\\s*\\[\\[.*\\]\\]$"\n""",
+        (
+            "tests/test_quiet.py::"
+            "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
+        ),
+    ),
+    Mutant(
         "compile-outside",
         "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
         "dpkeras/_patches/outside_the_scope.py",

@@ -222,6 +222,9 @@ _LOST_TASK_WARNING = [
     "  (1) UNAVAILABLE: {{function_node __inference_multi_step_on_iterator_1093}} "
     "recvmsg:Connection reset by peer",
     "\t [[{{node StatefulPartitionedCall/replica_2/div_no_nan/_98}}]]",
+    # A status's payloads follow its last line (seen when a ps is lost: a derived status).
+    "\t [[{{node StatefulPartitionedCall/replica_2/Cast/ReadVariableOp/_6}}]] "
+    "[type.googleapis.com/tensorflow.DerivedStatus='']",
     "0 successful operations.",
     "4 derived errors ignored.",
     "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
