@@ -56,11 +56,13 @@ _DUMP = re.compile(r"SessionOptions: \S*\s*$")
 # The lines of a TensorFlow error status after its first (root errors, gRPC details, nodes): a
 # record whose message is a status goes on over lines like these, which go with it. A node line
 # may end the status and carry its payloads after it (`absl::Status::ToString`: "\t [[{{node
-# n}}]] [type.googleapis.com/tensorflow.DerivedStatus='']", a step failing for a lost ps).
+# n}}]] [type.googleapis.com/tensorflow.DerivedStatus='']", a step failing for a lost ps). A
+# remote task's status held in it is cut at 3,072 characters, wherever that falls, and goes on
+# after "... [truncated]" ("%.3072s ... [truncated]" in libtensorflow_cc).
 _STATUS_LINE = re.compile(
     r"\s+\(\d+\) [A-Z_]+: |Additional GRPC error information from |:[A-Z_]+:"
     r"|\d+ (successful operations|derived errors ignored|root error\(s\) found)\.$"
-    r"|\s*\[\[.*\]\]( \[[\w./-]+='.*'\])*$"
+    r"|\s*\[\[.*\]\]( \[[\w./-]+='.*'\])*$|.* \.\.\. \[truncated\]$"
 )
 # In a client, the WARNING that TensorFlow logs during a step failing for a lost task.
 _CLIENT_NOISE = re.compile(

@@ -469,8 +469,20 @@ MUTANTS = (
         "status-payload-shown",
         "a lost task's warning whose status ends with its payloads passes on its lines after it",
         "dpkeras/_quiet.py",
-        """    r"|\\s*\\[\\[.*\\]\\]( \\[[\\w./-]+='.*'\\])*$"\n""",
-        """    r"|\\s*\\[\\[.*\\]\\]$"\n""",
+        """    r"|\\s*\\[\\[.*\\]\\]( \\[[\\w./-]+='.*'\\])*$|.* \\.\\.\\. \\[truncated\\]$"\n""",
+        """    r"|\\s*\\[\\[.*\\]\\]$|.* \\.\\.\\. \\[truncated\\]$"\n""",
+        (
+            "tests/test_quiet.py::"
+            "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",
+        ),
+    ),
+    Mutant(
+        "status-cut-shown",
+        "a lost task's warning whose status holds a remote status cut at 3,072 characters "
+        "passes on its lines after the cut",
+        "dpkeras/_quiet.py",
+        """|.* \\.\\.\\. \\[truncated\\]$"\n""",
+        """"\n""",
         (
             "tests/test_quiet.py::"
             "test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest",

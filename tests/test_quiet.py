@@ -225,6 +225,9 @@ _LOST_TASK_WARNING = [
     # A status's payloads follow its last line (seen when a ps is lost: a derived status).
     "\t [[{{node StatefulPartitionedCall/replica_2/Cast/ReadVariableOp/_6}}]] "
     "[type.googleapis.com/tensorflow.DerivedStatus='']",
+    # A remote status held in it, cut at 3,072 characters mid-line (seen twice in 40 runs).
+    "Additional GRPC ... [truncated]",
+    "\t [[{{node StatefulPartitionedCall/replic ... [truncated]",
     "0 successful operations.",
     "4 derived errors ignored.",
     "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
