@@ -15,6 +15,8 @@ Every consumer reads the `Config` that `config_in_force` returns (a strategy, `d
 | `cpus` | `DPKERAS_CPUS` (logical CPU devices of a task) | 1 |
 | `client_start_timeout` | `DPKERAS_CLIENT_START_TIMEOUT` (seconds) | 1800 |
 | `connect_timeout` | `DPKERAS_CONNECT_TIMEOUT` (seconds the client waits for the tasks) | 60 |
+| `task_restart_timeout` | `DPKERAS_TASK_RESTART_TIMEOUT` (seconds, 0: off) | 300 |
+| `elastic_workers` | `DPKERAS_ELASTIC_WORKERS` (1, 0, true, false) | True |
 | `exit_with_client` | `DPKERAS_EXIT_WITH_CLIENT` (1, 0, true, false) | None: `serve` decides |
 | `verbose` | `DPKERAS_VERBOSE` (1, 0, true, false: TensorFlow's log noise in commands) | False |
 | `tf_config` | `TF_CONFIG` (its text) | None |
@@ -36,6 +38,7 @@ VARIABLES = {
     "client_start_timeout": "DPKERAS_CLIENT_START_TIMEOUT",
     "connect_timeout": "DPKERAS_CONNECT_TIMEOUT",
     "task_restart_timeout": "DPKERAS_TASK_RESTART_TIMEOUT",
+    "elastic_workers": "DPKERAS_ELASTIC_WORKERS",
     "exit_with_client": "DPKERAS_EXIT_WITH_CLIENT",
     "verbose": "DPKERAS_VERBOSE",
     "tf_config": "TF_CONFIG",
@@ -108,6 +111,9 @@ class Config:
         task_restart_timeout: float >= 0, seconds `fit` waits for a lost task (a ps, or a
             worker under all-on-ps) to answer again before it restores the backup and goes on;
             0: a lost task ends `fit` at once.
+        elastic_workers: bool, whether `fit` goes on without a worker lost mid-`fit` (all-on-ps,
+            with a backup), on the other workers' replicas, taking it back once it answers
+            again; False: it is waited for, as a ps is.
         exit_with_client: bool, or None (`dpkeras serve` decides: on under `TF_CONFIG`).
         verbose: bool, whether dpkeras's commands show TensorFlow's log noise (`dpkeras._quiet`).
         tf_config: the text of `TF_CONFIG`, or None.
@@ -122,6 +128,7 @@ class Config:
     client_start_timeout: float = DEFAULT_CLIENT_START_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     task_restart_timeout: float = DEFAULT_TASK_RESTART_TIMEOUT
+    elastic_workers: bool = True
     exit_with_client: object = None
     verbose: bool = False
     tf_config: object = None
@@ -266,6 +273,7 @@ _PARSERS = {
     "client_start_timeout": (_seconds, _seconds_text),
     "connect_timeout": (_seconds, _seconds_text),
     "task_restart_timeout": (_seconds_or_off, _seconds_or_off_text),
+    "elastic_workers": (_boolean, _boolean_text),
     "exit_with_client": (_boolean, _boolean_text),
     "verbose": (_boolean, _boolean_text),
     "tf_config": (None, _text),

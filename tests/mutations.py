@@ -489,6 +489,77 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "elastic-left-out-watched",
+        "the health monitor probes a worker fit goes on without, and ends the client (exit 75)",
+        "dpkeras/cluster/_health.py",
+        "                if name in _left_out:  # training goes on without it (`leave_out`)\n",
+        "                if False:\n",
+        (
+            "tests/test_elastic_workers.py::"
+            "test_the_monitor_does_not_end_the_client_for_a_task_left_out",
+        ),
+    ),
+    Mutant(
+        "elastic-left-out-named",
+        "a worker fit goes on without is named for any later error on the cluster",
+        "dpkeras/cluster/_health.py",
+        "remote.items() if n not in _left_out}",
+        "remote.items()}",
+        ("tests/test_elastic_workers.py::test_a_task_left_out_is_not_named_until_taken_back",),
+    ),
+    Mutant(
+        "elastic-server-def-unchanged",
+        "a lost worker stays in the client's connection (functions are still sent to it)",
+        "dpkeras/cluster/_connect.py",
+        "                del job.tasks[index]\n",
+        "                pass\n",
+        (
+            "tests/test_elastic_workers.py::"
+            "test_the_server_definition_without_a_task_keeps_every_other",
+        ),
+    ),
+    Mutant(
+        "elastic-variables-not-checked",
+        "the replicas of a task that holds variables (hybrid's copies) are left out",
+        "dpkeras/_extended/extended.py",
+        "            if ours is not None and any(ours.lives_on(task) for task in tasks):\n",
+        "            if False:\n",
+        ("tests/test_elastic_workers.py::test_replicas_are_not_left_out_where_a_variable_lives",),
+    ),
+    Mutant(
+        "elastic-off",
+        "a lost worker is always waited for ($DPKERAS_ELASTIC_WORKERS read as 0)",
+        "dpkeras/_patches/lost_tasks.py",
+        ' or not _config.setting("elastic_workers").value:',
+        " or True:",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+        ),
+    ),
+    Mutant(
+        "elastic-never-taken-back",
+        "a left-out worker that answers again is never taken back",
+        "dpkeras/_patches/lost_tasks.py",
+        "            raise _Rejoin(task)\n",
+        "            pass\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+        ),
+    ),
+    Mutant(
+        "elastic-same-replicas",
+        "the replicas of a lost worker keep running (the next step fails again)",
+        "dpkeras/_extended/extended.py",
+        "        self._compute_devices = self._input.compute_devices\n",
+        "        pass\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+        ),
+    ),
+    Mutant(
         "compile-outside",
         "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
         "dpkeras/_patches/outside_the_scope.py",

@@ -420,7 +420,7 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
-def _client_restarting(local, job, code):
+def _client_restarting(local, job, code, **extra_env):
     """Runs `code` (see `_program`), which kills task 1 of `job`; restarts that task on its
     address once it is gone, while the client runs on. `(returncode, stdout, stderr)`."""
     task = local.procs[(job, 1)]
@@ -429,7 +429,7 @@ def _client_restarting(local, job, code):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=server_env(),
+        env={**server_env(), **extra_env},
     )
     try:
         deadline = time.monotonic() + CLIENT_TIMEOUT
@@ -498,8 +498,8 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     run = functools.partial(_LOST_TASK_RUN.format, placement=placement, k=k, dynamic=dynamic)
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
-    returncode, out, err = _client_restarting(
-        local, job, run(victim=victim, backup=str(tmp_path / "b"))
+    returncode, out, err = _client_restarting(  # a worker waited for, not left out
+        local, job, run(victim=victim, backup=str(tmp_path / "b")), DPKERAS_ELASTIC_WORKERS="0"
     )
     _fresh_workers_after_a_worker_restart(local, job)
     assert returncode == 0, err[-4000:]
@@ -511,6 +511,161 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+_ELASTIC_RUN = """
+    import signal, socket, time
+    victim, host, port = {victim}, {host!r}, {port}
+    keras.utils.set_random_seed(4)
+    with dpkeras.scope(cluster=SPEC):
+        model = keras.Sequential([
+            keras.Input((4,), dtype="int64"), keras.layers.Embedding(50, 4),
+            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"], steps_per_execution={k})
+    rng = np.random.RandomState(3)
+    x, y = rng.randint(0, 50, (128, 4)).astype("int64"), rng.rand(128, 1).astype("float32")
+
+    def answers():
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    class Kill(keras.callbacks.Callback):
+        killed = waited = False
+        replicas = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.replicas.append(self.model.distribute_strategy.num_replicas_in_sync)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if victim and not self.killed and self.model.optimizer.iterations.numpy() == 10:
+                self.killed = True
+                os.kill(victim, signal.SIGKILL)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.killed and not self.waited:  # it rejoins at the start of the next epoch
+                self.waited = True
+                deadline = time.monotonic() + 150
+                while not answers() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+
+    kill = Kill()
+    callbacks = [keras.callbacks.BackupAndRestore({backup!r}, save_freq=3), kill]
+    history = model.fit(x, y, batch_size=32, epochs=4, shuffle=True, verbose=0,
+                        callbacks=callbacks)
+    print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
+                      "epochs": history.epoch, "history": history.history,
+                      "replicas": kill.replicas}}))
+    """
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance(
+    local, tmp_path, k
+):
+    """Worker 1 (2 of the 4 replicas) killed with SIGKILL at step 10, in the middle of epoch
+    2 of 4 (a backup every 3 steps: the last after step 9): `fit` goes on at once on worker
+    0's 2 replicas at the same global batch, from the backup; the test restarts the worker,
+    and at the start of epoch 3 it is taken back (4 replicas), from the backup of epoch 2's
+    end. Weights and every epoch's history equal an uninterrupted run on 4 replicas within
+    float tolerance (the gradients are summed over other replicas in another order); the
+    client logs each change with the replica counts. The model has no Dropout: its masks are
+    drawn per replica (README, "Randomness"), so they change with the number of replicas."""
+    host, port = local.spec["worker"][1].rsplit(":", 1)
+    run = functools.partial(_ELASTIC_RUN.format, k=k, host=host, port=int(port))
+    uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
+    victim = local.procs[("worker", 1)].pid
+    returncode, out, err = _client_restarting(
+        local, "worker", run(victim=victim, backup=str(tmp_path / "b"))
+    )
+    _fresh_workers_after_a_worker_restart(local, "worker")
+    assert returncode == 0, err[-4000:]
+    resumed = json.loads(out.strip().splitlines()[-1])
+    task = "/job:worker/replica:0/task:1"
+    assert (
+        f"{task} at {local.spec['worker'][1]} was lost; fit goes on without it on 2 replica(s) "
+        f"(was 4) at the same global batch" in err
+    ), err[-3000:]
+    assert f"{task} answers again and rejoins: fit runs on 4 replica(s) (was 2)." in err
+    assert uninterrupted["replicas"] == [4, 4, 4, 4]
+    # Epoch 2 begun on 4, resumed on 2; epoch 3 begun on 2 (this callback runs before the one
+    # that takes the worker back, which ends the call), then on 4. With K=2 the last backup
+    # before epoch 3 is not at epoch 2's end (BackupAndRestore counts groups of steps): the
+    # call that takes the worker back trains the end of epoch 2 again, on 4.
+    expected = [4, 4, 4, 2, 2, 4] if k == 1 else [4, 4, 4, 2, 2, 4, 4]
+    assert resumed["replicas"] == expected, resumed["replicas"]
+    assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
+    for key, values in uninterrupted["history"].items():
+        np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
+    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
+
+
+def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path):
+    """Worker 1 killed in a first `fit`, which ends on worker 0's replicas; restarted by the
+    test only once that `fit` returned (the client writes a file, then waits for the worker to
+    answer): the second `fit`, without a backup, runs on all 4 replicas again."""
+    marker = tmp_path / "first-fit-done"
+    host, port = local.spec["worker"][1].rsplit(":", 1)
+    code = f"""
+        import signal, socket, time
+        keras.utils.set_random_seed(4)
+        with dpkeras.scope(cluster=SPEC):
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        seen = []
+
+        class Kill(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                seen.append(self.model.distribute_strategy.num_replicas_in_sync)
+
+            def on_train_batch_end(self, batch, logs=None):
+                if self.model.optimizer.iterations.numpy() == 3:
+                    os.kill({local.procs[("worker", 1)].pid}, signal.SIGKILL)
+
+        x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
+        backup = keras.callbacks.BackupAndRestore({str(tmp_path / "b")!r}, save_freq=2)
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[backup, Kill()])
+        open({str(marker)!r}, "w").close()
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(({host!r}, {port}), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[Kill()])
+        print(json.dumps({{"seen": seen, "loss": history.history["loss"]}}))
+        """
+    task = local.procs[("worker", 1)]
+    client = subprocess.Popen(
+        [sys.executable, "-c", _program(code, local.spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server_env(),
+    )
+    try:
+        deadline = time.monotonic() + CLIENT_TIMEOUT
+        while not marker.exists() and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert task.poll() is not None and marker.exists(), "the first fit did not end"
+        local.restart("worker", 1)
+        out, err = client.communicate(timeout=CLIENT_TIMEOUT)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    _fresh_workers_after_a_worker_restart(local, "worker")
+    assert client.returncode == 0, err[-4000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    # The first fit: epoch 0 on 4, resumed on 2 (epoch 0 again, then epoch 1); the second on 4.
+    assert result["seen"] == [4, 2, 2, 4], (result, err[-3000:])
+    assert "/job:worker/replica:0/task:1 answers again and rejoins" in err
+    assert np.isfinite(result["loss"]).all()
 
 
 def test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(local):

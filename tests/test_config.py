@@ -30,6 +30,7 @@ PRECEDENCE = {
     "client_start_timeout": (5, 5.0, "7.5", 7.5, 1800.0),
     "connect_timeout": (5, 5.0, "90", 90.0, 60.0),
     "task_restart_timeout": (None, None, "0", 0.0, 300.0),  # no argument: the variable only
+    "elastic_workers": (None, None, "0", False, True),  # no argument: the variable only
     "exit_with_client": (False, False, "TRUE", True, None),
     "verbose": (None, None, "1", True, False),  # --verbose sets $DPKERAS_VERBOSE
     "tf_config": (None, None, TF_CONFIG, TF_CONFIG, None),  # no argument: TF_CONFIG or None

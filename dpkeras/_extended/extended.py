@@ -14,6 +14,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from dpkeras import _device_names as device_names
 from dpkeras import _keras_internals, _tf_internals
 from dpkeras._device_names import canonical_device, short_device
 from dpkeras._extended import devices, keras_steps, optimizer_apply
@@ -86,6 +87,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         self._input = InputPlan.by_task(compute, canonical_device("/cpu:0"))
         compute = self._input.compute_devices  # grouped by task: replica order = input order
         self._compute_devices = compute
+        self._every_compute_device = compute  # with the tasks left out (`compute_without`)
         self._parameter_device = home
         self._parameter_devices = tuple(getattr(policy, "devices", ())) or (home,)
         self._device_reason = reason
@@ -113,6 +115,30 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         )
 
     # -- devices ------------------------------------------------------------------------------
+
+    def compute_without(self, tasks):
+        """Runs the replicas on every compute device of the strategy but those of `tasks`
+        (task names; none: every device again), feeding each task's replicas as before.
+
+        For a worker lost mid-`fit` (`dpkeras._patches.lost_tasks`): the global batch is cut
+        among fewer replicas, and Keras's step functions, made again, run on them. Raises
+        ValueError if no device would be left, or if a variable lives on one of `tasks` (its
+        values or its copies: a parameter device, or `placement.hybrid()`'s copies).
+        """
+        tasks = set(tasks)
+        for variable in self.variables():
+            ours = placed.of(variable)
+            if ours is not None and any(ours.lives_on(task) for task in tasks):
+                raise ValueError(
+                    f"Variable {ours.name!r} lives on {sorted(tasks)}: its replicas cannot be "
+                    f"left out."
+                )
+        compute = [d for d in self._every_compute_device if device_names.task_of(d) not in tasks]
+        if not compute:
+            raise ValueError(f"No compute device is left without {sorted(tasks)}.")
+        self._input = InputPlan.by_task(compute, self._input.local_host)
+        self._compute_devices = self._input.compute_devices
+        self._ledger = ReductionLedger(len(self._compute_devices), self._local_results)
 
     @property
     def _num_replicas_in_sync(self):

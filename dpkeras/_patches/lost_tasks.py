@@ -1,4 +1,4 @@
-"""On a cluster, a task lost in the middle of `fit` is waited for, restored, and `fit` goes on.
+"""On a cluster, a task lost in the middle of `fit` is left out or waited for, and `fit` goes on.
 
 A ps task that dies takes every variable it held with it (this client's resources there: the
 weights, optimizer slots, metric and seed states, its shards of a table); a worker that dies
@@ -18,6 +18,17 @@ there:
    backup's) and resumes at the batch after it (`dpkeras._patches.resume`), so the run ends
    as an uninterrupted one would, exactly; Keras traces the step functions again (they held
    the lost resources) and makes the epoch's input pipelines again on every worker.
+
+A worker whose loss takes no variable with it (every variable on the ps tasks) is not waited
+for, unless `$DPKERAS_ELASTIC_WORKERS` is 0: it is left out of this client's connection
+(`_connect.leave_out`), the strategy runs the replicas on the other workers' devices
+(`compute_without`), and `fit` is called again at once, as in 3, on fewer replicas at the same
+global batch: the result equals an uninterrupted run's within float tolerance, as N replicas
+equal one device. At the start of each later epoch, a left-out worker that answers again at its
+address (restarted) ends that call (`_Rejoining`, before the epoch's first step); it is
+connected again (`_connect.take_back`), its replicas run again, and `fit` is called again from
+the backup. A worker still left out when a `fit` ends is taken back at the start of a later
+`fit` if it answers by then.
 
 The `History` returned holds the epochs of the calls, each epoch once (a resumed epoch's
 entry is the resumed call's). Callbacks see a second `on_train_begin`, as after a restart of
@@ -94,6 +105,53 @@ def _merged(histories):
     return final
 
 
+class _Rejoin(Exception):
+    """Raised by `_Rejoining` at an epoch's start: a left-out worker answers again."""
+
+    def __init__(self, task):
+        super().__init__(f"{task} answers again")
+        self.task = task
+
+
+class _Rejoining(keras.callbacks.Callback):
+    """Added to a `fit` with a backup that goes on without lost workers: at the start of each
+    epoch after its first, a left-out worker that answers again at its address (`cluster`'s)
+    ends the call (`_Rejoin`, before any step of the epoch), so that it is taken back and the
+    next call goes on from the backup."""
+
+    def __init__(self, cluster):
+        super().__init__()
+        self._cluster = cluster
+        self._first = True
+
+    def on_train_begin(self, logs=None):
+        self._first = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._first:
+            self._first = False
+            return
+        task = _answering_again(self._cluster)
+        if task is not None:
+            raise _Rejoin(task)
+
+
+def _answering_again(cluster):
+    """A left-out task of `cluster` that answers again at its address, or None."""
+    for task in _health.left_out():
+        if _health.probe(cluster.tasks[task], timeout=0.5) is None:
+            return task
+    return None
+
+
+def _with_callback(signature, model, args, kwargs, callback):
+    """`(args, kwargs)` of a call of `fit` (`signature`) with `callback` after its callbacks."""
+    bound = signature.bind(model, *args, **kwargs)
+    callbacks = bound.arguments.get("callbacks")
+    bound.arguments["callbacks"] = [*(callbacks or ()), callback]
+    return bound.args[1:], bound.kwargs
+
+
 def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
     """Stands in for Keras's `fit` (`fit`: it, with `task_failures.naming_failed_tasks`'s
     naming; `signature`: Keras's `fit`'s, to find its callbacks): see the module."""
@@ -102,17 +160,29 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
     if spec is None:
         return fit(model, *args, **kwargs)
     callbacks = signature.bind(model, *args, **kwargs).arguments.get("callbacks")
+    backup = _backup_of(callbacks)
     histories, deadline, lost = [], None, None
+    # A worker left out by an earlier fit that answers again: taken back before this one.
+    while (task := _answering_again(spec)) is not None:
+        _take_back(model, extended, task)
     while True:
         try:
-            history = fit(model, *args, **kwargs)
+            call_args, call_kwargs = args, kwargs
+            if _health.left_out() and backup is not None and isinstance(callbacks, (list, tuple)):
+                rejoining = _Rejoining(spec)  # without a backup, the next fit takes it back
+                call_args, call_kwargs = _with_callback(signature, model, args, kwargs, rejoining)
+            history = fit(model, *call_args, **call_kwargs)
             histories.append(history)
             return _merged(histories) if len(histories) > 1 else history
+        except _Rejoin as back:
+            histories.append(getattr(model, "history", None))
+            _take_back(model, extended, back.task)
+            lost = back
+            deadline = time.monotonic() + _config.setting("task_restart_timeout").value
         except _health.TaskFailedError as error:
             if not error.task.startswith(("/job:ps/", "/job:worker/")):
                 raise
             timeout = _config.setting("task_restart_timeout").value
-            backup = _backup_of(callbacks)
             if timeout == 0:
                 raise _refusal(
                     error, "($DPKERAS_TASK_RESTART_TIMEOUT is 0: fit does not wait for it.)"
@@ -128,6 +198,8 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
             histories.append(getattr(model, "history", None))
             lost = error
             deadline = time.monotonic() + timeout
+            if _went_on_without(model, extended, error, backup):
+                continue
             _recover(model, extended, error, backup, timeout, deadline)
         except tf.errors.UnavailableError:
             # Just after a recovery, a task's connection to the restarted one may still be
@@ -137,6 +209,61 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
                 raise
             histories.append(None)
             time.sleep(1.0)
+
+
+def _forget_step_functions(model):
+    """Keras makes `model`'s step functions again at its next call: they captured the lost
+    resources, or ran on other replicas."""
+    model.train_function = model.test_function = model.predict_function = None
+
+
+def _went_on_without(model, extended, error, backup):
+    """For a worker lost under `$DPKERAS_ELASTIC_WORKERS` (on by default): leaves it out and
+    runs the replicas on the other workers' devices (`compute_without`), so that the next call
+    of `fit` restores the backup and goes on at the same global batch. Returns False (nothing
+    changed) for a ps, with the setting off, or where it cannot: a variable (a parameter
+    device, `placement.hybrid()`'s copies) lives on the worker, or no replica is left."""
+    task = error.task
+    if not task.startswith("/job:worker/") or not _config.setting("elastic_workers").value:
+        return False
+    before = len(extended.worker_devices)
+    try:
+        extended.compute_without([*_health.left_out(), task])
+    except ValueError:
+        return False
+    try:
+        _connect.leave_out(task)
+    except BaseException:
+        extended.compute_without(_health.left_out())
+        raise
+    _forget_step_functions(model)
+    _log.warning(
+        "dpkeras: %s at %s was lost; fit goes on without it on %d replica(s) (was %d) at the "
+        "same global batch, from the backup in %s; it rejoins at the start of an epoch once "
+        "it answers again at its address.",
+        task,
+        error.address,
+        len(extended.worker_devices),
+        before,
+        backup.backup_dir,
+    )
+    return True
+
+
+def _take_back(model, extended, task):
+    """Connects again to `task`, a left-out worker that answers again (restarted), and runs
+    replicas on its devices again: the next call of `fit` restores the backup of the epoch's
+    end and goes on with it."""
+    before = len(extended.worker_devices)
+    _connect.take_back(task)
+    extended.compute_without(_health.left_out())
+    _forget_step_functions(model)
+    _log.warning(
+        "dpkeras: %s answers again and rejoins: fit runs on %d replica(s) (was %d).",
+        task,
+        len(extended.worker_devices),
+        before,
+    )
 
 
 def _recover(model, extended, error, backup, timeout, deadline):
@@ -163,8 +290,7 @@ def _recover(model, extended, error, backup, timeout, deadline):
             made = remake_lost_resources(model, extended, task)
         except NotImplementedError as e:
             raise _refusal(error, f"{e} Restart the client.") from None
-    # The step functions captured the lost resources: Keras makes them again.
-    model.train_function = model.test_function = model.predict_function = None
+    _forget_step_functions(model)
     _log.warning(
         "dpkeras: %s answers again after %.1f s; %d variable(s) and table(s) made again on it; "
         "restoring the backup and going on.",

@@ -9,6 +9,8 @@ kind for its own `_update_replica`. `of` is the one test of "is this a dpkeras v
 
 import tensorflow as tf
 
+from dpkeras import _device_names as device_names
+
 
 class PlacedVariable:
     """A variable made under a dpkeras strategy, of any kind: the questions every kind answers.
@@ -23,8 +25,8 @@ class PlacedVariable:
     - its writes (`assign`, `scatter_*`) by context: cross-replica, replica k of n, the
       optimizer's update of one piece (`dpkeras._variables.pieces`);
     - where it lives: `device`, `parts` (the variables holding its values: its shards, or
-      itself), `copy_devices` (empty unless replicated), `slot_device` and `slot_rows` (how a
-      slot created beside it is placed);
+      itself), `copy_devices` (empty unless replicated), `lives_on(task)`, `slot_device` and
+      `slot_rows` (how a slot created beside it is placed);
     - `why_not_xla()`: why XLA cannot compile a step that reads it, or None.
     """
 
@@ -82,6 +84,12 @@ class PlacedVariable:
     def why_not_xla(self):
         """Why XLA cannot compile a step that reads it (a phrase), or None."""
         raise NotImplementedError
+
+    def lives_on(self, task):
+        """Whether any of its values (a part, or a copy) live on `task` (a task name such as
+        `/job:worker/replica:0/task:1`)."""
+        devices = [part.device for part in self.parts] + list(self.copy_devices)
+        return any(device_names.task_of(device) == task for device in devices)
 
     def remake_on(self, task):
         """Makes again, uninitialised, what of it lived on `task` (a task of the cluster that

@@ -11,6 +11,7 @@ import weakref
 import tensorflow as tf
 
 from dpkeras import _config, _quiet, _tf_internals
+from dpkeras.cluster import _health
 from dpkeras.cluster._client_record import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._local import free_port, port_in_use
@@ -23,6 +24,7 @@ _FINISH_WAIT = 5.0  # seconds the tasks get, at the client's exit, to hear it an
 _lock = threading.Lock()
 _connected = None  # the ClusterSpec this process connected to, or None
 _record = None  # this client's record on each task (`_client_record`), once connected
+_whole = None  # the server definition of connecting, with every task (`leave_out`)
 # The tf.data datasets alive when this process connected as a task of the cluster (the chief,
 # or worker 0): each sits on a device that connecting renamed (/job:localhost/... became the
 # task's), and fails where it is used ("unknown device [Op:DatasetToGraphV2]"). A client that
@@ -201,6 +203,44 @@ def reconnect_to_restarted(task):
             raise RuntimeError("This process is not connected to a cluster.")
         _tf_internals.reconnect_restarted_tasks()
         claim(_connected, _record, only=task)
+
+
+def leave_out(task):
+    """Drops `task` (a task of the connected cluster, lost) from this client's connection,
+    keeping its state on every other task: functions made afterwards are not sent to it, and
+    nothing waits for it. Its devices are no longer listed. `take_back` adds it again."""
+    global _whole
+    with _lock:
+        if _connected is None:
+            raise RuntimeError("This process is not connected to a cluster.")
+        if _whole is None:
+            _whole = _tf_internals.server_def()
+        _tf_internals.connect_with(_without(_whole, _health.left_out() + [task]))
+        _health.leave_out(task)
+
+
+def take_back(task):
+    """Connects this client again to `task`, left out (`leave_out`) and answering again at its
+    address (restarted), and writes this client's record on it (`_client_record.claim`)."""
+    with _lock:
+        if _connected is None or _whole is None:
+            raise RuntimeError(f"{task} was not left out of this client's cluster.")
+        rest = [name for name in _health.left_out() if name != task]
+        _tf_internals.connect_with(_without(_whole, rest))
+        _health.take_back(task)
+        claim(_connected, _record, only=task)
+
+
+def _without(definition, tasks):
+    """A copy of server definition `definition` whose cluster lacks `tasks` (task names)."""
+    left = type(definition)()
+    left.CopyFrom(definition)
+    for name in tasks:
+        job_name, index = name.split("/")[1][len("job:") :], int(name.rsplit(":", 1)[1])
+        for job in left.cluster.job:
+            if job.name == job_name:
+                del job.tasks[index]
+    return left
 
 
 def _refuse_own_address_in_use(cluster):

@@ -130,7 +130,7 @@ def failed_tasks(cluster_spec, timeout=1.0):
     When all answer and this process is connected to them, each also runs one op for this
     client (see `serves_this_client`: a restarted task answers probes but lost the client's
     context). No error message is read: an ordinary error on a healthy cluster (an id out of
-    range, a shape mismatch) names no task.
+    range, a shape mismatch) names no task. A task left out (`leave_out`) is not asked.
 
     Args:
         cluster_spec: `tf.train.ClusterSpec` (a resolved `Cluster` is read as it is).
@@ -139,7 +139,7 @@ def failed_tasks(cluster_spec, timeout=1.0):
     Returns:
         `{task name: reason}`, in cluster order; empty if every task answers and serves.
     """
-    tasks = cluster_of(cluster_spec).remote
+    tasks = {n: a for n, a in cluster_of(cluster_spec).remote.items() if n not in _left_out}
     dead = {}
     for name, address in tasks.items():
         reason = probe(address, timeout)
@@ -279,6 +279,9 @@ class HealthMonitor:
         misses = dict.fromkeys(self._tasks, 0)
         while not self._stop.is_set():
             for name, address in self._tasks.items():
+                if name in _left_out:  # training goes on without it (`leave_out`)
+                    misses[name] = 0
+                    continue
                 reason = probe(address, self._probe_timeout)
                 misses[name] = 0 if reason is None else misses[name] + 1
                 if misses[name] >= self._failures and not self._stop.is_set():
@@ -290,6 +293,24 @@ class HealthMonitor:
 
 _lock = threading.Lock()
 _monitor = None  # the HealthMonitor `watch` started, or None
+_left_out = set()  # tasks training goes on without (`leave_out`): neither watched nor named
+
+
+def leave_out(task):
+    """From now on `task` (a task name) is not expected to answer: training goes on without
+    it (a worker lost mid-`fit`, `dpkeras._patches.lost_tasks`). The monitor does not probe it,
+    and `failed_tasks` does not name it, until `take_back`."""
+    _left_out.add(task)
+
+
+def take_back(task):
+    """`task`, left out (`leave_out`), is expected to answer again: watched and named."""
+    _left_out.discard(task)
+
+
+def left_out():
+    """The tasks left out (`leave_out`), sorted."""
+    return sorted(_left_out)
 
 
 def watch(cluster_spec):
