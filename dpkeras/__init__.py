@@ -29,10 +29,11 @@ Each line is a floor, its rooms separated by semicolons; tests/test_package_map.
   a step sends (it runs Keras's steps as `_extended/` makes them); `layers`: the public
   `DynamicEmbedding`;
 - `_patches/`: every change dpkeras makes to Keras, TensorFlow and keras-rs, one table of
-  entries (crash-safe saving, exact resume, the symbolic build, naming failed tasks and waiting
-  for a lost one, the on-cluster loop, whole batches on CPU replicas, the optimizer summing
-  first, keras-rs's SparseCore tables refused, the `tf.gather` dispatcher, refusing a model
-  compiled or trained outside its strategy), checked and reversible (`uninstall()`);
+  entries (crash-safe saving, exact resume, the symbolic build, naming failed tasks and going
+  on without or after a lost one, the on-cluster loop, whole batches on CPU replicas, the
+  optimizer summing first, keras-rs's SparseCore tables refused, the `tf.gather` dispatcher,
+  refusing a model compiled or trained outside its strategy), checked and reversible
+  (`uninstall()`);
 - `_extended/`: the strategy's extended class and the parts it delegates to (devices, the
   variable creator, reductions, the all-reduce, the optimizer on the sum, Keras steps);
   `_dynamic/`: `DynamicEmbedding`'s hash index, admission and eviction, new rows' initial

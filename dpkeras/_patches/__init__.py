@@ -15,8 +15,9 @@ other module of dpkeras changes Keras, TensorFlow or keras-rs (tests/test_keras_
 - `atomic_files`: files that are at every moment old or new (standard library only);
 - `symbolic_build`: an unbuilt model built from the data's spec, not its first batch;
 - `task_failures`: `fit`, `evaluate` and `predict` name the cluster task that failed;
-- `lost_tasks`: on a cluster, a task lost in the middle of `fit` is waited for (bounded), its
-  variables are made again and restored from the backup, and `fit` goes on;
+- `lost_tasks`: on a cluster, a worker lost in the middle of `fit` is left out (and taken back
+  once it answers again), a ps waited for (bounded) and its variables made again; every
+  variable is restored from the backup, and `fit` goes on;
 - `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
 - `xla`: with `jit_compile=True`, one decision whether XLA can compile a model's steps (its
   variables answer), one warning when it cannot; `predict` compiles the whole step, as `fit`
