@@ -119,6 +119,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
     def compute_without(self, tasks):
         """Runs the replicas on every compute device of the strategy but those of `tasks`
         (task names; none: every device again), feeding each task's replicas as before.
+        Returns whether the devices changed (the step functions then need making again).
 
         For a worker lost mid-`fit` (`dpkeras._patches.lost_tasks`): the global batch is cut
         among fewer replicas, and Keras's step functions, made again, run on them. Raises
@@ -126,7 +127,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         values or its copies: a parameter device, or `placement.hybrid()`'s copies).
         """
         tasks = set(tasks)
-        for variable in self.variables():
+        for variable in self.variables() if tasks else ():
             ours = placed.of(variable)
             if ours is not None and any(ours.lives_on(task) for task in tasks):
                 raise ValueError(
@@ -136,9 +137,12 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         compute = [d for d in self._every_compute_device if device_names.task_of(d) not in tasks]
         if not compute:
             raise ValueError(f"No compute device is left without {sorted(tasks)}.")
+        if list(self._compute_devices) == compute:
+            return False
         self._input = InputPlan.by_task(compute, self._input.local_host)
         self._compute_devices = self._input.compute_devices
         self._ledger = ReductionLedger(len(self._compute_devices), self._local_results)
+        return True
 
     @property
     def _num_replicas_in_sync(self):

@@ -162,9 +162,12 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
     callbacks = signature.bind(model, *args, **kwargs).arguments.get("callbacks")
     backup = _backup_of(callbacks)
     histories, deadline, lost = [], None, None
-    # A worker left out by an earlier fit that answers again: taken back before this one.
+    # A worker left out by an earlier fit that answers again: taken back before this one; one
+    # still out (perhaps by another model's fit) runs no replica of this one.
     while (task := _answering_again(spec)) is not None:
         _take_back(model, extended, task)
+    if extended.compute_without(_health.left_out()):
+        _forget_step_functions(model)
     while True:
         try:
             call_args, call_kwargs = args, kwargs
