@@ -81,8 +81,9 @@ class Record(keras.callbacks.Callback):
 record = Record()
 backup = keras.callbacks.BackupAndRestore(tempfile.mkdtemp(), save_freq=SAVE_FREQ)
 model.fit(x, y, batch_size=256, epochs=EPOCHS, verbose=0, callbacks=[backup, record])
-weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in model.weights)
-slots = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in model.optimizer.variables)
+weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.weights)
+slots = sum(
+    int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables)
 print(json.dumps({"steps": record.steps, "killed_at": record.killed_at,
                   "bytes": weights + slots}))
 """

@@ -22,11 +22,12 @@ runs in a small process of its own, which passes on what the process wrote until
 process that crashes (a FATAL record aborts it) shows why. A filter in the process itself
 died with it, most times before passing on its last lines.
 
-A training script's own TensorFlow logging is left alone, but for one record dpkeras causes:
+A training script's own TensorFlow logging is left alone, but for two records dpkeras causes:
 a client connected to a cluster whose task dies gets, during the failing step, a WARNING
 "Unable to destroy remote tensor handles" holding the step's error with its gRPC details
-(~15 lines, more than once), before `TaskFailedError` names the task. Its level cannot be
-changed once TensorFlow is up (the client imported it before connecting), so
+(~15 lines, more than once), before `TaskFailedError` names the task; and, when `fit` goes on
+without a lost worker, an ERROR "Unable to close remote context ... for worker" (3 lines). Its
+level cannot be changed once TensorFlow is up (the client imported it before connecting), so
 `filter_client_stderr` drops those records (`is_client_noise`) from the client's descriptor 2
 through a child process, which outlives a client that crashes and passes on its last lines.
 
@@ -64,10 +65,13 @@ _STATUS_LINE = re.compile(
     r"|\d+ (successful operations|derived errors ignored|root error\(s\) found)\.$"
     r"|\s*\[\[.*\]\]( \[[\w./-]+='.*'\])*$|.* \.\.\. \[truncated\]$"
 )
-# In a client, the WARNING that TensorFlow logs during a step failing for a lost task.
-_CLIENT_NOISE = re.compile(
-    r"remote_tensor_handle_data\.cc:\d+\] Unable to destroy remote tensor handles"
-)
+# In a client, by severity: the WARNING that TensorFlow logs during a step failing for a lost
+# task, and the ERROR it logs when dpkeras leaves a lost worker out of the client's connection
+# (`dpkeras.cluster._connect.leave_out`: the context there cannot be closed, the task is gone).
+_CLIENT_NOISE = {
+    "W": re.compile(r"remote_tensor_handle_data\.cc:\d+\] Unable to destroy remote tensor handles"),
+    "E": re.compile(r"context\.cc:\d+\] Unable to close remote context with ID \d+ for worker: "),
+}
 
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "2"  # TensorFlow drops INFO and WARNING, keeps ERROR and FATAL
@@ -114,10 +118,12 @@ def is_noise(line):
 
 
 def is_client_noise(line):
-    """Whether one line starts the record a client need not see when a task dies (see the
-    module): TensorFlow's WARNING "Unable to destroy remote tensor handles"."""
+    """Whether one line starts a record a client need not see when a task dies (see the
+    module): TensorFlow's WARNING "Unable to destroy remote tensor handles", and its ERROR
+    "Unable to close remote context" for a worker left out."""
     record = _RECORD.match(line)
-    return record is not None and record.group(1) == "W" and bool(_CLIENT_NOISE.search(line))
+    pattern = None if record is None else _CLIENT_NOISE.get(record.group(1))
+    return pattern is not None and bool(pattern.search(line))
 
 
 class LineFilter:

@@ -205,6 +205,7 @@ def test_a_gpu_reports_its_peak_memory():
         ["-m", "benchmarks.cluster"],
         ["benchmarks/cluster.py"],
         ["-m", "benchmarks.dynamic_embedding"],
+        ["-m", "benchmarks.recovery"],
     ],
 )
 def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
@@ -215,6 +216,41 @@ def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
     assert "--out" in proc.stdout  # absl printed the flags (and exits 1 after --help)
     if "cluster" in " ".join(argv):
         assert "--input" in proc.stdout and "--epoch_steps" in proc.stdout
+
+
+_RECOVERY_SUMMARY = """
+import json
+from benchmarks import recovery
+
+steps = [[0.1 * i, i, 4] for i in range(1, 6)] + [[2.5, 5, 2], [3.0, 6, 2], [4.0, 7, 4]]
+record = {"steps": steps, "killed_at": 0.5, "bytes": 1024}
+print(json.dumps(recovery.summary("worker-left-out", record, restart=1.5, kill_at=5)))
+"""
+
+
+def test_the_recovery_benchmark_reads_its_costs_from_the_client_s_steps():
+    """Steps 1-5 at 0.1 s on 4 replicas, the kill after step 5 (at t=0.5), the last backup
+    after step 4: step 5 again at t=2.5 on 2 replicas, all 4 again from t=4.0 (in a process
+    of its own: absl flags)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _RECOVERY_SUMMARY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row == {
+        "case": "worker-left-out",
+        "step_s": pytest.approx(0.1),
+        "kill_to_next_step_s": pytest.approx(2.0),
+        "task_restart_s": 1.5,
+        "replicas_after": 2,
+        "kill_to_all_replicas_s": pytest.approx(3.5),
+        "steps_trained_again": 1,
+        "restored_bytes": 1024,
+    }
 
 
 _CLUSTER_REPORT = """

@@ -237,6 +237,29 @@ _LOST_TASK_WARNING = [
 ]
 
 
+# What a client printed when fit left a lost worker out (TensorFlow 2.21, log level unset).
+_LEFT_OUT_ERROR = [
+    "E0000 00:00:1795807542.605894    4620 context.cc:566] Unable to close remote context with "
+    "ID 14200391545627463603 for worker: /job:worker/replica:0/task:1 due to failed to connect "
+    "to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:56339: Failed to connect to remote "
+    "host: Connection refused",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while "
+    "calling /tensorflow.eager.EagerService/CloseContext:",
+    ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all '
+    "addresses; last error: UNKNOWN: ipv4:127.0.0.1:56339: Failed to connect to remote host: "
+    'Connection refused"}',
+]
+
+
+def test_a_client_drops_tensorflow_s_error_for_a_worker_left_out():
+    """The ERROR of closing the client's context on a worker `fit` left out goes, with its
+    status lines; another ERROR of that file is kept."""
+    other = "E1125 20:14:59.123456   32108 context.cc:566] Something else went wrong"
+    text = [*_LEFT_OUT_ERROR, "WARNING:dpkeras:dpkeras: ... was lost; fit goes on", other]
+    f = _quiet.LineFilter(_quiet.is_client_noise)
+    assert [line for line in text if f.keep(line)] == text[-2:]
+
+
 def test_a_client_drops_tensorflow_s_warnings_of_a_lost_task_and_keeps_the_rest():
     """The warning of a step failing for a lost task goes, with the lines of the error status
     it holds; what follows (a traceback, the program's lines) and every other record stay."""
