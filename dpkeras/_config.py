@@ -29,6 +29,7 @@ import dataclasses
 import enum
 import os
 import typing
+from math import inf
 
 VARIABLES = {
     "compute_devices": "DPKERAS_COMPUTE_DEVICES",
@@ -222,9 +223,11 @@ def _seconds(value, name):
 
 
 def _seconds_or_off(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    """A bounded wait: 0 (off) or more, finite (not NaN, not infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < inf:
         raise ValueError(
-            f"{name} must be a number of seconds, 0 or more (0: off). Received: {name}={value!r}"
+            f"{name} must be a number of seconds, 0 or more (0: off), and finite. "
+            f"Received: {name}={value!r}"
         )
     return float(value)
 
@@ -234,7 +237,8 @@ def _seconds_or_off_text(text, name):
         return _seconds_or_off(float(text.strip()), name)
     except ValueError:
         raise ValueError(
-            f"{name} must be a number of seconds, 0 or more (0: off). Received: {name}={text!r}"
+            f"{name} must be a number of seconds, 0 or more (0: off), and finite. "
+            f"Received: {name}={text!r}"
         ) from None
 
 

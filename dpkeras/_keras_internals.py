@@ -353,6 +353,15 @@ def initial_epoch_attribute():
     return "_initial_epoch"
 
 
+def save_backup(callback):
+    """Has a `BackupAndRestore` write its backup now (its private `_save_model`, which
+    dpkeras replaces for its models: `dpkeras._patches.resume.backup_save_model`). Keras 3.15
+    saves only from its batch and epoch hooks; a backup put off from an epoch's last batch to
+    its end (after validation) is written from `on_epoch_end`, where Keras would not write
+    one for a `save_freq` in batches."""
+    callback._save_model()
+
+
 def backup_batch_count():
     """The names of the attributes in which a `BackupAndRestore` counts batches toward its
     next save: `(last batch seen, batches seen since the last save)`.

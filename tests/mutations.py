@@ -568,6 +568,115 @@ MUTANTS = (
         ("tests/test_quiet.py::test_a_client_drops_tensorflow_s_error_for_a_worker_left_out",),
     ),
     Mutant(
+        "lost-task-test-function-kept",
+        "after a lost ps, the evaluation step that held its resources is kept (validation fails)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    model.train_function = model.test_function = model.predict_function = None\n",
+        "    model.train_function = None\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-all-on-ps-k1]",
+        ),
+    ),
+    Mutant(
+        "lost-task-epochs-twice",
+        "an epoch trained again after a lost task is in the History twice",
+        "dpkeras/_patches/lost_tasks.py",
+        "if later is not None and epoch >= later:",
+        "if later is not None and epoch > later:",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-epoch-trained-again]",
+        ),
+    ),
+    Mutant(
+        "lost-task-log-without-backup",
+        "the line logged for a lost task does not name the backup it restores",
+        "dpkeras/_patches/lost_tasks.py",
+        '"variable is restored from the backup in %s and fit goes on.",',
+        '"variable is restored from the backup and fit goes on.%s",',
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-all-on-ps-k1]",
+        ),
+    ),
+    Mutant(
+        "lost-task-waits-forever",
+        "the wait for a lost task never runs out",
+        "dpkeras/cluster/_health.py",
+        "if reason is None or time.monotonic() >= deadline:",
+        "if reason is None:",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_lost_ps_that_does_not_answer_within_the_wait_ends_fit_saying_so",
+        ),
+    ),
+    Mutant(
+        "lost-task-wait-ignored",
+        "a lost task that never answered is connected to anyway",
+        "dpkeras/_patches/lost_tasks.py",
+        "        if why is not None:\n",
+        "        if why is not None and False:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_lost_ps_that_does_not_answer_within_the_wait_ends_fit_saying_so",
+        ),
+    ),
+    Mutant(
+        "lost-task-reason-dropped",
+        "a refusal after a lost task no longer says why the task is unreachable",
+        "dpkeras/_patches/lost_tasks.py",
+        "error.task, error.address, error.reason, error.tensorflow_error",
+        'error.task, error.address, "lost", error.tensorflow_error',
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps-epoch]",
+        ),
+    ),
+    Mutant(
+        "lost-task-backup-subclass",
+        "a subclass of BackupAndRestore is not found: fit does not go on after a lost task",
+        "dpkeras/_patches/lost_tasks.py",
+        "if isinstance(callback, keras.callbacks.BackupAndRestore):",
+        "if type(callback) is keras.callbacks.BackupAndRestore:",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-all-on-ps-k1]",
+        ),
+    ),
+    Mutant(
+        "restart-timeout-nan",
+        "$DPKERAS_TASK_RESTART_TIMEOUT=nan or inf is taken (an endless wait)",
+        "dpkeras/_config.py",
+        "not 0 <= value < inf:",
+        "value < 0:",
+        ("tests/test_config.py::test_a_bad_environment_value_is_named",),
+    ),
+    Mutant(
+        "restart-timeout-whole-seconds",
+        "$DPKERAS_TASK_RESTART_TIMEOUT=2.5 is refused (read as a whole number)",
+        "dpkeras/_config.py",
+        "_seconds_or_off(float(text.strip()), name)",
+        "_seconds_or_off(int(text.strip()), name)",
+        ("tests/test_config.py::test_argument_then_environment_then_default",),
+    ),
+    Mutant(
+        "backup-last-batch-as-epoch-end",
+        "a backup at an epoch's last batch is written there as the epoch's end (a run lost in "
+        "that epoch's validation resumes at the next epoch, without the epoch's History entry)",
+        "dpkeras/_patches/resume.py",
+        "            _DEFERRED.add(callback)\n            return None\n        complete = False\n",
+        "            epoch, batch = epoch + 1, 0\n        else:\n            complete = False\n",
+        (
+            "tests/test_resume_mid_epoch.py::"
+            "test_a_run_lost_in_the_validation_after_a_backup_at_the_last_batch_logs_that_epoch",
+        ),
+    ),
+    Mutant(
         "compile-outside",
         "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
         "dpkeras/_patches/outside_the_scope.py",
@@ -1981,8 +2090,8 @@ MUTANTS = (
         "epoch-end-as-mid-epoch",
         "a backup at an epoch's last batch is recorded as mid-epoch (issue 44 review)",
         "dpkeras/_patches/resume.py",
-        "        complete = steps is not None and batch + 1 >= steps\n",
-        "        complete = steps is not None and batch + 1 > steps\n",
+        "        if steps is not None and batch + 1 >= steps:\n",
+        "        if steps is not None and batch + 1 > steps:\n",
         ("tests/test_resume_mid_epoch.py::test_a_backup_at_an_epochs_last_batch_is_an_epoch_end",),
     ),
     Mutant(

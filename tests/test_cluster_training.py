@@ -399,6 +399,7 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     name = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} "
     assert failed["message"].startswith(name), failed["message"]
     assert "$DPKERAS_TASK_RESTART_TIMEOUT is 0: fit does not wait for it." in failed["message"]
+    assert "is unreachable (Connection refused)" in failed["message"], failed["message"]
     # Named by `fit`'s own error, not by the health monitor (which ends the process, exit 75,
     # printing no JSON) nor by the client's timeout: no wall-clock bound is asserted.
     # TensorFlow's error is kept on the error, not printed: one short traceback, one last line.
@@ -418,6 +419,24 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     assert resumed["loss"] == uninterrupted["loss"][2:]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_a_lost_ps_that_does_not_answer_within_the_wait_ends_fit_saying_so(local, tmp_path):
+    """A ps killed mid-fit under a fit with a backup, never restarted within
+    `$DPKERAS_TASK_RESTART_TIMEOUT` (2.5 s): fit waits that long (no client timeout, no
+    monitor's exit 75), then ends with TaskFailedError naming the task, the wait and why."""
+    victim = local.procs[("ps", 1)].pid
+    code = _RESUMABLE_RUN.format(
+        victim=victim, backup=str(tmp_path / "b"), save_freq="epoch", shuffle=False
+    )
+    failed, _ = _failing_client(code, local.spec, DPKERAS_TASK_RESTART_TIMEOUT="2.5")
+    local.restart("ps", 1)
+    assert failed.get("error") == "TaskFailedError", failed
+    assert failed["message"].startswith(f"/job:ps/replica:0/task:1 at {local.spec['ps'][1]} ")
+    assert failed["message"].endswith(
+        "It did not answer again within 2.5 s ($DPKERAS_TASK_RESTART_TIMEOUT): Connection refused."
+    ), failed["message"]
+    assert failed["seconds"] >= 2.5, failed  # it waited
 
 
 def _client_restarting(local, job, code, **extra_env):
@@ -464,30 +483,43 @@ _LOST_TASK_RUN = """
         killed = False
 
         def on_train_batch_end(self, batch, logs=None):
-            if victim and not self.killed and self.model.optimizer.iterations.numpy() == 10:
+            if victim and not self.killed and self.model.optimizer.iterations.numpy() == {at}:
                 self.killed = True
                 os.kill(victim, signal.SIGKILL)
 
-    callbacks = [keras.callbacks.BackupAndRestore({backup!r}, save_freq=3), Kill()]
+    class Backup(keras.callbacks.BackupAndRestore):  # a subclass is a BackupAndRestore too
+        pass
+
+    callbacks = [Backup({backup!r}, save_freq={save_freq}), Kill()]
     history = model.fit(x, y, batch_size=32, epochs=4, shuffle=True, verbose=0,
-                        callbacks=callbacks)
+                        validation_data=(x[:64], y[:64]), callbacks=callbacks)
+    extended = model.distribute_strategy.extended  # the variables on the ps task killed
+    on_task = sum(v.device.startswith("/job:ps/replica:0/task:1/") for v in extended.variables())
     print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
-                      "epochs": history.epoch, "history": history.history}}))
+                      "epochs": history.epoch, "history": history.history,
+                      "on_task": on_task}}))
     """
 
 
 @pytest.mark.parametrize(
-    "job, placement, k, dynamic",
+    "job, placement, k, dynamic, save_freq, at",
     [
-        ("ps", None, 1, False),
-        ("ps", "hybrid", 2, False),
-        ("ps", None, 1, True),
-        ("worker", None, 1, False),
+        ("ps", None, 1, False, 3, 10),
+        ("ps", "hybrid", 2, False, 3, 10),
+        ("ps", None, 1, True, 3, 10),
+        ("worker", None, 1, False, 3, 10),
+        ("ps", None, 1, False, 5, 13),
     ],
-    ids=["ps-all-on-ps-k1", "ps-hybrid-k2", "ps-dynamic-embedding", "worker-all-on-ps-k1"],
+    ids=[
+        "ps-all-on-ps-k1",
+        "ps-hybrid-k2",
+        "ps-dynamic-embedding",
+        "worker-all-on-ps-k1",
+        "ps-epoch-trained-again",
+    ],
 )
 def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
-    local, tmp_path, job, placement, k, dynamic
+    local, tmp_path, job, placement, k, dynamic, save_freq, at
 ):
     """Task 1 of `job` killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
     a backup every 3 steps: the last after step 9), and restarted on its address by the test
@@ -495,7 +527,14 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     `DynamicEmbedding`'s hash tables) there again, restores the backup (mid-epoch: at the batch
     after it) and trains on. Weights, every epoch's history and the epochs run equal an
     uninterrupted run's, exactly; the client logs both steps."""
-    run = functools.partial(_LOST_TASK_RUN.format, placement=placement, k=k, dynamic=dynamic)
+    run = functools.partial(
+        _LOST_TASK_RUN.format,
+        placement=placement,
+        k=k,
+        dynamic=dynamic,
+        save_freq=save_freq,
+        at=at,
+    )
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
     returncode, out, err = _client_restarting(  # a worker waited for, not left out
@@ -504,9 +543,19 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     _fresh_workers_after_a_worker_restart(local, job)
     assert returncode == 0, err[-4000:]
     resumed = json.loads(out.strip().splitlines()[-1])
-    task = f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} was lost; waiting up to 300 s"
+    task = (
+        f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} was lost; waiting up to 300 s for "
+        f"it to answer again, then every variable is restored from the backup in "
+        f"{tmp_path / 'b'} and fit goes on."
+    )
     made = re.search(r"after [\d.]+ s; (\d+) variable\(s\) and table\(s\) made again", err)
-    assert task in err and made and (int(made.group(1)) > 0) == (job == "ps"), err[-3000:]
+    assert task in err and made, err[-3000:]
+    # Each variable on the ps once (a table's hash tables on it too, for a DynamicEmbedding).
+    expected = 0 if job == "worker" else resumed["on_task"]
+    assert int(made.group(1)) > expected if dynamic else int(made.group(1)) == expected, (
+        made.group(0),
+        resumed["on_task"],
+    )
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):

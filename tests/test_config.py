@@ -29,7 +29,7 @@ PRECEDENCE = {
     "cpus": (3, 3, "2", 2, 1),
     "client_start_timeout": (5, 5.0, "7.5", 7.5, 1800.0),
     "connect_timeout": (5, 5.0, "90", 90.0, 60.0),
-    "task_restart_timeout": (None, None, "0", 0.0, 300.0),  # no argument: the variable only
+    "task_restart_timeout": (None, None, "2.5", 2.5, 300.0),  # no argument: the variable only
     "elastic_workers": (None, None, "0", False, True),  # no argument: the variable only
     "exit_with_client": (False, False, "TRUE", True, None),
     "verbose": (None, None, "1", True, False),  # --verbose sets $DPKERAS_VERBOSE
@@ -108,14 +108,26 @@ def test_one_parameter_device_from_the_environment_is_a_string(monkeypatch):
         (
             "DPKERAS_TASK_RESTART_TIMEOUT",
             "-5",
-            "DPKERAS_TASK_RESTART_TIMEOUT must be a number of seconds, 0 or more (0: off). "
-            "Received: DPKERAS_TASK_RESTART_TIMEOUT='-5'",
+            "DPKERAS_TASK_RESTART_TIMEOUT must be a number of seconds, 0 or more (0: off), and "
+            "finite. Received: DPKERAS_TASK_RESTART_TIMEOUT='-5'",
         ),
         (
             "DPKERAS_TASK_RESTART_TIMEOUT",
             "later",
-            "DPKERAS_TASK_RESTART_TIMEOUT must be a number of seconds, 0 or more (0: off). "
-            "Received: DPKERAS_TASK_RESTART_TIMEOUT='later'",
+            "DPKERAS_TASK_RESTART_TIMEOUT must be a number of seconds, 0 or more (0: off), and "
+            "finite. Received: DPKERAS_TASK_RESTART_TIMEOUT='later'",
+        ),
+        (
+            "DPKERAS_TASK_RESTART_TIMEOUT",
+            "nan",
+            "DPKERAS_TASK_RESTART_TIMEOUT must be a number of seconds, 0 or more (0: off), and "
+            "finite. Received: DPKERAS_TASK_RESTART_TIMEOUT='nan'",
+        ),
+        (
+            "DPKERAS_TASK_RESTART_TIMEOUT",
+            "inf",
+            "DPKERAS_TASK_RESTART_TIMEOUT must be a number of seconds, 0 or more (0: off), and "
+            "finite. Received: DPKERAS_TASK_RESTART_TIMEOUT='inf'",
         ),
         (
             "DPKERAS_CLIENT_START_TIMEOUT",

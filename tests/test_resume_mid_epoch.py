@@ -138,6 +138,46 @@ def test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly(case, tmp_path, ca
     assert_resumed_exactly(model, history, expected, epoch)
 
 
+class InterruptValidation(keras.callbacks.Callback):
+    """Raises in the validation of epoch `epoch` (0-based), once."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.at, self.epoch = epoch, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self.epoch == self.at:
+            raise RuntimeError("interrupted")
+
+
+def test_a_run_lost_in_the_validation_after_a_backup_at_the_last_batch_logs_that_epoch(tmp_path):
+    """`save_freq=2` over 8-batch epochs backs up at each epoch's last batch; lost during
+    epoch 1's validation, the restarted fit runs that epoch's end (its validation,
+    `on_epoch_end`, its History entry) before going on: the backup at the last batch is written
+    at the epoch's end, after validation, so the restart resumes from the one before it.
+    Weights and every epoch's history equal an uninterrupted run's."""
+    strategy = cpu_strategy(2)
+    x, y = worker.make_data()
+    data = dict(x=x, y=y, batch_size=BATCH, shuffle=False, validation_data=(x[:24], y[:24]))
+    model = build(strategy)
+    expected = model.fit(**data, epochs=EPOCHS, verbose=0).history
+    state = worker.state_arrays(model)
+    model = build(strategy)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(**data, epochs=EPOCHS, verbose=0, callbacks=[backup, InterruptValidation(1)])
+    model = build(strategy)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2)
+    history = model.fit(**data, epochs=EPOCHS, verbose=0, callbacks=[backup])
+    assert history.epoch == [1, 2]  # epoch 1 resumed (at its last batch), its end run
+    assert history.history == {key: values[1:] for key, values in expected.items()}
+    for i, (e, a) in enumerate(zip(state, worker.state_arrays(model))):
+        np.testing.assert_array_equal(a, e, err_msg=f"variable {i}")
+
+
 def test_hybrid_placement_resumes_exactly(tmp_path):
     """Replicated copies (placement.hybrid()) resume as variables on the parameter device."""
     strategy = cpu_strategy(2, placement.hybrid())

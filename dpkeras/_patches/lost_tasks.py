@@ -272,7 +272,7 @@ def _take_back(model, extended, task):
 def _recover(model, extended, error, backup, timeout, deadline):
     task, address = error.task, error.address
     _log.warning(
-        "dpkeras: %s at %s was lost; waiting up to %d s for it to answer again, then every "
+        "dpkeras: %s at %s was lost; waiting up to %g s for it to answer again, then every "
         "variable is restored from the backup in %s and fit goes on.",
         task,
         address,

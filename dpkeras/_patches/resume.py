@@ -37,6 +37,10 @@ _RESUMED_AT = weakref.WeakKeyDictionary()
 
 # Keras epoch iterator -> the `resumption.Resumption` its next epoch starts at.
 _RESUMPTIONS = weakref.WeakKeyDictionary()
+# BackupAndRestore callbacks whose backup at an epoch's last batch waits for the epoch's end,
+# and those writing it there (`backup_on_epoch_end`).
+_DEFERRED = weakref.WeakSet()
+_AT_EPOCH_END = weakref.WeakSet()
 _fits = threading.local()  # the fits running on this thread: [model, its epoch iterator]
 
 
@@ -445,11 +449,18 @@ def backup_save_model(original, callback, save_weights):
     (epoch, batch), complete = _keras_internals.backup_position(callback), True
     epoch = max(epoch, _RESUMED_AT.get(callback, 0))  # see _RESUMED_AT
     files = _keras_internals.backup_files(callback)
-    if callback.save_freq != "epoch":  # a save after batch `batch` of the running epoch
+    if callback in _AT_EPOCH_END:  # `backup_on_epoch_end`: Keras counts the next epoch
+        batch = 0
+    elif callback.save_freq != "epoch":  # a save after batch `batch` of the running epoch
         steps = (callback.params or {}).get("steps")
-        complete = steps is not None and batch + 1 >= steps
-        if complete:
-            epoch, batch = epoch + 1, 0
+        if steps is not None and batch + 1 >= steps:
+            # The epoch's last batch: written at its end instead, after its validation and
+            # the callbacks before this one (`backup_on_epoch_end`). Written now, as the epoch's
+            # end, a run lost during that validation would resume at the next epoch, without
+            # this epoch's validation, end and History entry.
+            _DEFERRED.add(callback)
+            return None
+        complete = False
     previous = _recover_backup(callback)
     generation = int((previous.get(_KEY) or {}).get("generation", 0)) + 1
     if callback.double_checkpoint and os.path.exists(files.weights):
@@ -475,6 +486,21 @@ def backup_save_model(original, callback, save_weights):
     os.replace(pending, files.weights)
     atomic_files.fsync_dir(callback.backup_dir)
     return None
+
+
+def backup_on_epoch_end(original, callback, epoch, logs=None):
+    """`BackupAndRestore.on_epoch_end`: writes the backup that a number-of-batches `save_freq`
+    called for at the epoch's last batch (`backup_save_model` put it off), now that the
+    epoch's validation has run: it is the epoch's end."""
+    result = original(callback, epoch, logs)
+    if callback in _DEFERRED:
+        _DEFERRED.discard(callback)
+        _AT_EPOCH_END.add(callback)
+        try:
+            _keras_internals.save_backup(callback)
+        finally:
+            _AT_EPOCH_END.discard(callback)
+    return result
 
 
 def backup_on_train_end(original, callback, logs=None):

@@ -172,6 +172,14 @@ ENTRIES = (
     ),
     Attribute(
         _backup_and_restore,
+        "on_epoch_end",
+        "BackupAndRestore.on_epoch_end",
+        "(self, epoch, logs=None)",
+        resume.backup_on_epoch_end,
+        retire=_BACKUP,
+    ),
+    Attribute(
+        _backup_and_restore,
         "on_train_end",
         "BackupAndRestore.on_train_end",
         "(self, logs=None)",
