@@ -103,12 +103,14 @@ def error_frames(stderr, count=4):
     return [f"{os.path.basename(path)}:{name}" for path, name in frames[-count:]]
 
 
-def run_processes(commands, envs, timeout, grace=GRACE_SECONDS):
+def run_processes(commands, envs, timeout, grace=None):
     """Runs `commands` together; returns `[(returncode or None if killed, stdout, stderr)]`.
 
     When one exits with an error the others get `grace` seconds, then are killed (an MWMS
-    worker waits for its peers forever); all are killed after `timeout` seconds.
+    worker waits for its peers forever; default `GRACE_SECONDS`); all are killed after
+    `timeout` seconds.
     """
+    grace = GRACE_SECONDS if grace is None else grace
     files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]
     procs = [
         subprocess.Popen(c, stdout=o, stderr=e, env=env, text=True)
