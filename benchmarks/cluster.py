@@ -105,6 +105,12 @@ flags.DEFINE_integer("repeats", 3, "With --peers: measured fits, the median repo
 flags.DEFINE_integer(
     "eval_examples", 16384, "With --peers: held-out examples for the loss and AUC.", 1
 )
+flags.DEFINE_bool(
+    "keras_rs",
+    False,
+    "With --peers: the Keras 3 peers' DLRM from keras-rs (default: from Keras layers, the same "
+    "computation as tf-keras's).",
+)
 flags.DEFINE_list(
     "merge",
     [],
@@ -738,6 +744,7 @@ def run_peers(counts, ks):
         eval_examples=FLAGS.eval_examples,
         timeout=FLAGS.client_timeout,
         out=FLAGS.out,
+        keras_rs=FLAGS.keras_rs,
     )
     os.makedirs(FLAGS.out, exist_ok=True)
     for peer in FLAGS.peers:

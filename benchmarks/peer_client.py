@@ -17,13 +17,16 @@ strategies, and the Keras each runs under (`FRAMEWORK`):
   (dpkeras's variables on /cpu:0; MirroredStrategy's copied on each).
 
 tf-keras processes run with TF_USE_LEGACY_KERAS=1 and never import dpkeras (Keras 3 and
-tf-keras do not mix in one process).
+tf-keras do not mix in one process). The DLRM is built from Keras layers in both Kerases (the
+same computation everywhere), unless `"keras_rs": true` (Keras 3 clients only: keras-rs's
+`DistributedEmbedding` and `FeatureCross`).
 
-The data is one pass: the warm-up fit takes the first 2K global batches of the synthetic
-training set, each measured fit the next `steps` + 2K, none repeated (ParameterServerStrategy's
+The data is one pass: the warm-up fit takes the first W global batches of the synthetic
+training set (`"warm"`, a multiple of K; default 2K), then each repeat a short fit of W and a
+long fit of `steps` + W, none repeated (ParameterServerStrategy's
 workers each read their shard of those batches from a saved dataset, repeated in case one
-worker runs more steps than its shard holds). Each repeat times a short fit (2K steps) and a
-long one (`steps` + 2K) from start to end (for `pss` the end waits for the scheduled steps):
+worker runs more steps than its shard holds). Each repeat times its short fit and its long
+one from start to end (for `pss` the end waits for the scheduled steps):
 the steps' cost is the difference, without what a fit costs once (tracing is done by the
 warm-up fit); the repeat with the median time is reported.
 After training: the loss and (one output unit) AUC on a held-out set, computed from the
@@ -84,13 +87,13 @@ def own_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def data_plan(k, steps, repeats):
-    """`[(first batch, batches)]`: the warm-up fit's (2K), then each repeat's short fit (2K)
-    and long fit (`steps` + 2K), consecutive: one pass over the data."""
-    plan, first = [(0, 2 * k)], 2 * k
+def data_plan(warm, steps, repeats):
+    """`[(first batch, batches)]`: the warm-up fit's (`warm`), then each repeat's short fit
+    (`warm`) and long fit (`steps` + `warm`), consecutive: one pass over the data."""
+    plan, first = [(0, warm)], warm
     for _ in range(repeats):
-        plan += [(first, 2 * k), (first + 2 * k, steps + 2 * k)]
-        first += steps + 4 * k
+        plan += [(first, warm), (first + warm, steps + warm)]
+        first += steps + 2 * warm
     return plan
 
 
@@ -205,7 +208,9 @@ def make_fit_data(config, tf, x, y, strategy):
             return dict(x=dataset_creator(dataset_fn), steps_per_epoch=batches)
 
         return fit_data
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    # Whole batches, statically (MirroredStrategy's multi-step loop under Keras 3 fails on a
+    # batch dimension of unknown size: "You must feed a value for placeholder").
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
     if name.startswith("mwms"):
         options = tf.data.Options()
         policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -223,7 +228,7 @@ def held_out(config, keras, model):
     outside any strategy."""
     name, size = config["model"], config["size"]
     x, y = models.synthetic_data(name, config["eval_examples"], size, seed=HELD_OUT_SEED)
-    plain = models.build(name, size, keras_module=keras)
+    plain = models.build(name, size, keras_module=keras, keras_rs=config.get("keras_rs", False))
     plain.set_weights(model.get_weights())
     predictions = plain.predict(x, batch_size=4096, verbose=0)
     loss = keras.losses.get(models.MODELS[name].loss)
@@ -250,7 +255,10 @@ def train(config):
     keras = import_keras(framework)
     wire = _wire_module()
     name, k, batch = config["model"], config["k"], config["batch"]
-    plan = data_plan(k, config["steps"], config["repeats"])
+    warm = config.get("warm") or 2 * k
+    if warm % k or config["steps"] % k:
+        raise ValueError(f"warm={warm} and steps={config['steps']} must be multiples of K={k}")
+    plan = data_plan(warm, config["steps"], config["repeats"])
     rows = (plan[-1][0] + plan[-1][1]) * batch
     x, y = models.synthetic_data(name, rows, config["size"])
     if config["strategy"] == "pss":  # the workers read it from disk, their shard each
@@ -260,7 +268,9 @@ def train(config):
     spec = models.MODELS[name]
 
     def build():
-        model = models.build(name, config["size"], keras_module=keras)
+        model = models.build(
+            name, config["size"], keras_module=keras, keras_rs=config.get("keras_rs", False)
+        )
         model.compile(
             optimizer=keras.optimizers.get(spec.optimizer), loss=spec.loss, steps_per_execution=k
         )
@@ -310,7 +320,7 @@ def train(config):
         samples_per_s_runs=[round(steps * batch / r.seconds, 1) for r in runs],
         fit_seconds_runs=seconds,  # [short, long] of each repeat
         whole_fit_samples_per_s=statistics.median(
-            (steps + 2 * k) * batch / long_seconds for _, long_seconds in seconds
+            (steps + warm) * batch / long_seconds for _, long_seconds in seconds
         ),
         client_cpu_ms_per_step=1000 * best.cpu / steps,
         task_cpu_ms_per_step={t: 1000 * c / steps for t, c in best.task_cpu.items()},

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from benchmarks.peer_client import FRAMEWORK
-from dpkeras.cluster._local import free_ports
+from dpkeras.cluster._local import child_options, free_ports
 from dpkeras.testing import LocalCluster, server_env
 
 PEERS = ("dpkeras", "dpkeras_hybrid", "pss", "mwms", "mwms_tf_keras")
@@ -52,6 +52,9 @@ class Settings:
     eval_examples: int = 16384
     timeout: float = 900.0
     out: str = "results"
+    replicas: int = 2  # simulated CPU devices of `local_*` clients
+    keras_rs: bool = False  # Keras 3 clients' DLRM from keras-rs (tf-keras's never is)
+    warm: int = 0  # steps of the warm-up and short fits (0: 2K)
 
 
 def unavailable(strategy):
@@ -113,7 +116,7 @@ def run_processes(commands, envs, timeout, grace=None):
     grace = GRACE_SECONDS if grace is None else grace
     files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]
     procs = [
-        subprocess.Popen(c, stdout=o, stderr=e, env=env, text=True)
+        subprocess.Popen(c, stdout=o, stderr=e, env=env, text=True, **child_options())
         for c, env, (o, e) in zip(commands, envs, files)
     ]
     deadline = time.monotonic() + timeout
@@ -190,6 +193,9 @@ def base_config(strategy, model, k, workers, settings):
         repeats=settings.repeats,
         batch=settings.batch,
         eval_examples=settings.eval_examples,
+        replicas=settings.replicas,
+        warm=settings.warm,
+        keras_rs=settings.keras_rs and FRAMEWORK[strategy] == "keras",
         weights_out=weights_path(settings, strategy, model, k, workers),
     )
 
@@ -367,7 +373,8 @@ def markdown(records, settings):
     """The peers table: one row per record, failures and skips with their reason."""
     lines = [
         f"Peers on a loopback cluster: global batch {settings.batch} (PSS: {settings.batch} a "
-        f"step on one worker), model size {settings.size:g}, one pass over the data. "
+        f"step on one worker), model size {settings.size:g}, one pass over the data; the "
+        f"DLRM from {'keras-rs (Keras 3 peers)' if settings.keras_rs else 'Keras layers'}. "
         f"samples/s: steady, from the difference of a fit of {settings.steps} + 2K steps and "
         f"one of 2K (the median of {settings.repeats} repeats); whole fit: the longer fit "
         f"from start to end, what a fit of that length gets. Held-out loss (one device's, "

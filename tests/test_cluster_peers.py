@@ -144,11 +144,11 @@ def test_distances_from_one_device_per_framework(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "k, steps, repeats, expected",
-    [(10, 200, 1, [(0, 20), (20, 20), (40, 220)]), (2, 4, 2, [(0, 4), (4, 4), (8, 8), (16, 4),
+    "warm, steps, repeats, expected",
+    [(20, 200, 1, [(0, 20), (20, 20), (40, 220)]), (4, 4, 2, [(0, 4), (4, 4), (8, 8), (16, 4),
                                                                 (20, 8)])],
 )  # fmt: skip
-def test_the_data_is_one_pass_warm_up_then_short_and_long_fits(k, steps, repeats, expected):
-    plan = peer_client.data_plan(k, steps, repeats)
+def test_the_data_is_one_pass_warm_up_then_short_and_long_fits(warm, steps, repeats, expected):
+    plan = peer_client.data_plan(warm, steps, repeats)
     assert plan == expected
     assert all(a + n == b for (a, n), (b, _) in zip(plan, plan[1:]))  # consecutive, no repeat
