@@ -23,15 +23,15 @@ same computation everywhere), unless `"keras_rs": true` (Keras 3 clients only: k
 
 The data is one pass: the warm-up fit takes the first W global batches of the synthetic
 training set (`"warm"`, a multiple of K; default 2K), then each repeat a short fit of W and a
-long fit of `steps` + W, none repeated (ParameterServerStrategy's
-workers each read their shard of those batches from a saved dataset, repeated in case one
-worker runs more steps than its shard holds). Each repeat times its short fit and its long
-one from start to end (for `pss` the end waits for the scheduled steps):
-the steps' cost is the difference, without what a fit costs once (tracing is done by the
-warm-up fit); the repeat with the median time is reported.
-After training: the loss and (one output unit) AUC on a held-out set, computed from the
-trained weights in a model outside any strategy, and the weights saved for the comparison with
-one device.
+long fit of `steps` + W, none repeated (ParameterServerStrategy's workers each read their
+shard of those batches from a saved dataset, repeated in case one worker runs more steps than
+its shard holds). Each repeat times its short fit and its long one from start to end (for
+`pss` the end waits for the scheduled steps): the steps' cost is the difference, without what
+a fit costs once (tracing is done by the warm-up fit); the repeat with the median time is
+reported. After training: the loss and (one output unit) AUC on held-out examples (the last
+`eval_examples` of the same synthetic draw, never trained on), computed from the trained
+weights in a model outside any strategy, and the weights saved for the comparison with one
+device.
 """
 
 import importlib.util
@@ -60,7 +60,6 @@ FRAMEWORK = {
     "pss": "tf_keras",
     "mwms_tf_keras": "tf_keras",
 }
-HELD_OUT_SEED = 1  # the training set is seed 0
 
 
 def _wire_module():
@@ -223,11 +222,21 @@ def make_fit_data(config, tf, x, y, strategy):
     return fit_data
 
 
-def held_out(config, keras, model):
-    """Loss and (one sigmoid output) AUC of `model`'s weights on the held-out set, in a model
-    outside any strategy."""
+def split(data, rows):
+    """`(the first `rows` examples, the rest)` of `(x, y)` (x an array or a dict of them)."""
+
+    def cut(part):
+        return tuple(
+            {k: v[part] for k, v in a.items()} if isinstance(a, dict) else a[part] for a in data
+        )
+
+    return cut(slice(None, rows)), cut(slice(rows, None))
+
+
+def held_out(config, keras, model, x, y):
+    """Loss and (one sigmoid output) AUC of `model`'s weights on the held-out `(x, y)`, in a
+    model outside any strategy."""
     name, size = config["model"], config["size"]
-    x, y = models.synthetic_data(name, config["eval_examples"], size, seed=HELD_OUT_SEED)
     plain = models.build(name, size, keras_module=keras, keras_rs=config.get("keras_rs", False))
     plain.set_weights(model.get_weights())
     predictions = plain.predict(x, batch_size=4096, verbose=0)
@@ -260,7 +269,10 @@ def train(config):
         raise ValueError(f"warm={warm} and steps={config['steps']} must be multiples of K={k}")
     plan = data_plan(warm, config["steps"], config["repeats"])
     rows = (plan[-1][0] + plan[-1][1]) * batch
-    x, y = models.synthetic_data(name, rows, config["size"])
+    # One draw: the held-out examples follow the same teacher (and, for the DLRM, the same
+    # popular ids) as the training ones.
+    data = models.synthetic_data(name, rows + config["eval_examples"], config["size"])
+    (x, y), (x_held, y_held) = split(data, rows)
     if config["strategy"] == "pss":  # the workers read it from disk, their shard each
         tf.data.Dataset.from_tensor_slices((x, y)).save(os.path.join(config["data_dir"], "train"))
     strategy = make_strategy(config, tf)
@@ -329,7 +341,7 @@ def train(config):
         },
     )
     if config.get("task_index", 0) == 0:
-        record.update(held_out(config, keras, model))
+        record.update(held_out(config, keras, model, x_held, y_held))
         if config.get("weights_out"):
             np.savez(config["weights_out"], *model.get_weights())
     return record

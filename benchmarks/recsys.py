@@ -9,8 +9,8 @@ features, 26 categorical ones with Zipf ids, tables capped at 200,000 x `--size`
 synthetic data whose labels depend on the features (the dense ones linearly, each id through a
 fixed hash), so AUC measures learning: 0.5 is chance. Each strategy trains in a process of its
 own (`benchmarks/peer_client.py`) over one pass of the same training set; AUC is
-`keras.metrics.AUC` on `--eval_examples` held-out examples (another seed), from the trained
-weights in a model outside any strategy.
+`keras.metrics.AUC` on `--eval_examples` held-out examples (the end of the same draw, never
+trained on), from the trained weights in a model outside any strategy.
 
 - one machine (`local`): one device (Keras 3, and tf-keras: the reference of
   ParameterServerStrategy), dpkeras and MirroredStrategy on `--replicas` simulated CPU devices
