@@ -23,15 +23,15 @@ same computation everywhere), unless `"keras_rs": true` (Keras 3 clients only: k
 
 The data is one pass: the warm-up fit takes the first W global batches of the synthetic
 training set (`"warm"`, a multiple of K; default 2K), then each repeat a short fit of W and a
-long fit of `steps` + W, none repeated (ParameterServerStrategy's workers each read their
-shard of those batches from a saved dataset, repeated in case one worker runs more steps than
-its shard holds). Each repeat times its short fit and its long one from start to end (for
-`pss` the end waits for the scheduled steps): the steps' cost is the difference, without what
-a fit costs once (tracing is done by the warm-up fit); the repeat with the median time is
-reported. After training: the loss and (one output unit) AUC on held-out examples (the last
-`eval_examples` of the same synthetic draw, never trained on), computed from the trained
-weights in a model outside any strategy, and the weights saved for the comparison with one
-device.
+long fit of `steps` + W, none repeated, each fit given a dataset of its own examples
+(ParameterServerStrategy's workers each read their shard of them from a saved dataset,
+repeated in case one worker runs more steps than its shard holds). Each repeat times its short
+fit and its long one from start to end (for `pss` the end waits for the scheduled steps): the
+steps' cost is the difference, without what a fit costs once (tracing is done by the warm-up
+fit); the repeat with the median time is reported. After training: the loss and (one output
+unit) AUC on held-out examples (the last `eval_examples` of the same synthetic draw, never
+trained on), computed from the trained weights in a model outside any strategy, and the
+weights saved for the comparison with one device.
 """
 
 import importlib.util
@@ -190,34 +190,56 @@ class Window:
         return Measure()
 
 
-def make_fit_data(config, tf, x, y, strategy):
-    """`fit_data(first, batches)`: the kwargs of a fit over those global batches."""
+def rows_of(data, first, count):
+    """Examples `[first, first + count)` of `(x, y)` (views, no copy)."""
+    return split(split(data, first)[1], count)[0]
+
+
+def segment_path(config, first):
+    """Where a `pss` client saves the examples of the fit that starts at batch `first`."""
+    return os.path.join(config["data_dir"], f"from-batch-{first}")
+
+
+def save_segments(config, tf, data, plan):
+    """Saves each fit's examples as a dataset of its own (`pss`: the workers read them; a
+    dataset's `skip` would read every skipped element)."""
+    batch = config["batch"]
+    for first, batches in plan:
+        rows = rows_of(data, first * batch, batches * batch)
+        tf.data.Dataset.from_tensor_slices(rows).save(segment_path(config, first))
+
+
+def make_fit_data(config, tf, data):
+    """`fit_data(first, batches)`: the kwargs of a fit over those global batches of `data`,
+    a dataset of that fit's examples only (made when called, not skipped to)."""
     batch = config["batch"]
     name = config["strategy"]
     if name == "pss":
-        path = os.path.join(config["data_dir"], "train")
         dataset_creator = import_keras("tf_keras").utils.experimental.DatasetCreator
 
         def fit_data(first, batches):
+            path = segment_path(config, first)
+
             def dataset_fn(context):
-                rows = tf.data.Dataset.load(path).skip(first * batch).take(batches * batch)
+                rows = tf.data.Dataset.load(path)
                 rows = rows.shard(context.num_input_pipelines, context.input_pipeline_id)
                 return rows.batch(batch, drop_remainder=True).repeat()
 
             return dict(x=dataset_creator(dataset_fn), steps_per_epoch=batches)
 
         return fit_data
-    # Whole batches, statically (MirroredStrategy's multi-step loop under Keras 3 fails on a
-    # batch dimension of unknown size: "You must feed a value for placeholder").
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
-    if name.startswith("mwms"):
-        options = tf.data.Options()
-        policy = tf.data.experimental.AutoShardPolicy.DATA
-        options.experimental_distribute.auto_shard_policy = policy
-        dataset = dataset.with_options(options)
 
     def fit_data(first, batches):
-        return dict(x=dataset.skip(first).take(batches), steps_per_epoch=batches)
+        rows = rows_of(data, first * batch, batches * batch)
+        # Whole batches, statically (MirroredStrategy's multi-step loop under Keras 3 fails on
+        # a batch dimension of unknown size: "You must feed a value for placeholder").
+        dataset = tf.data.Dataset.from_tensor_slices(rows).batch(batch, drop_remainder=True)
+        if name.startswith("mwms"):
+            options = tf.data.Options()
+            policy = tf.data.experimental.AutoShardPolicy.DATA
+            options.experimental_distribute.auto_shard_policy = policy
+            dataset = dataset.with_options(options)
+        return dict(x=dataset, steps_per_epoch=batches)
 
     return fit_data
 
@@ -274,7 +296,7 @@ def train(config):
     data = models.synthetic_data(name, rows + config["eval_examples"], config["size"])
     (x, y), (x_held, y_held) = split(data, rows)
     if config["strategy"] == "pss":  # the workers read it from disk, their shard each
-        tf.data.Dataset.from_tensor_slices((x, y)).save(os.path.join(config["data_dir"], "train"))
+        save_segments(config, tf, (x, y), plan)
     strategy = make_strategy(config, tf)
     keras.utils.set_random_seed(1234)
     spec = models.MODELS[name]
@@ -293,7 +315,7 @@ def train(config):
     else:
         with strategy.scope():
             model = build()
-    fit_data = make_fit_data(config, tf, x, y, strategy)
+    fit_data = make_fit_data(config, tf, (x, y))
     pids = dict(config.get("pids", {}), client=os.getpid())
     first = own_cpu()
     model.fit(**fit_data(*plan[0]), epochs=1, verbose=0)  # traces
