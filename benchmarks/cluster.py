@@ -728,15 +728,9 @@ def write(records):
     print(table)
 
 
-def run_peers(counts, ks):
-    """The peers comparison: every peer at every W; writes `<out>/peers.{jsonl,md}`."""
-    unknown = sorted(set(FLAGS.peers) - set(peers.PEERS)) + sorted(set(FLAGS.models) - set(MODELS))
-    if unknown:
-        raise app.UsageError(
-            f"Unknown peers or models: {unknown}. Peers: {', '.join(peers.PEERS)}; models: "
-            f"{', '.join(MODELS)}"
-        )
-    settings = peers.Settings(
+def peer_settings():
+    """The peers' `Settings` from the flags."""
+    return peers.Settings(
         size=FLAGS.size,
         steps=FLAGS.steps,
         repeats=FLAGS.repeats,
@@ -746,12 +740,11 @@ def run_peers(counts, ks):
         out=FLAGS.out,
         keras_rs=FLAGS.keras_rs,
     )
+
+
+def write_peers(records, settings):
+    """Writes `<out>/peers.{jsonl,md}` and prints the table."""
     os.makedirs(FLAGS.out, exist_ok=True)
-    for peer in FLAGS.peers:
-        reason = peers.unavailable(peer)
-        if reason:
-            print(f"{peer}: not run: {reason}", flush=True)
-    records = peers.run_all(counts, FLAGS.models, ks, FLAGS.peers, settings)
     with open(os.path.join(FLAGS.out, "peers.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     table = peers.markdown(records, settings)
@@ -760,8 +753,44 @@ def run_peers(counts, ks):
     print(table)
 
 
+def merge_peers(paths):
+    """The peers table of earlier runs' peers.jsonl (a later file's record of the same model,
+    peer, W and K replaces an earlier one's), their distances recomputed from the weights
+    files they name; the flags describe the runs."""
+    found = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    found[(r["model"], r["strategy"], r["workers"], r["k"])] = r
+    records = peers.add_distances(list(found.values()))
+    write_peers(records, peer_settings())
+
+
+def run_peers(counts, ks):
+    """The peers comparison: every peer at every W; writes `<out>/peers.{jsonl,md}`."""
+    unknown = sorted(set(FLAGS.peers) - set(peers.PEERS)) + sorted(set(FLAGS.models) - set(MODELS))
+    if unknown:
+        raise app.UsageError(
+            f"Unknown peers or models: {unknown}. Peers: {', '.join(peers.PEERS)}; models: "
+            f"{', '.join(MODELS)}"
+        )
+    settings = peer_settings()
+    os.makedirs(FLAGS.out, exist_ok=True)
+    for peer in FLAGS.peers:
+        reason = peers.unavailable(peer)
+        if reason:
+            print(f"{peer}: not run: {reason}", flush=True)
+    records = peers.run_all(counts, FLAGS.models, ks, FLAGS.peers, settings)
+    write_peers(records, settings)
+
+
 def main(argv):
     del argv
+    if FLAGS.merge and all(os.path.basename(p) == "peers.jsonl" for p in FLAGS.merge):
+        merge_peers(FLAGS.merge)
+        return
     if FLAGS.merge:
         records = []
         for path in FLAGS.merge:

@@ -369,6 +369,13 @@ def _distance(record):
     return loss, "" if distance is None else f"{distance[0]:.1e}"
 
 
+def shorten(text, limit=240):
+    """`text`, its middle elided beyond `limit` characters (a tensor's values in a message)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit * 2 // 3]} ... {text[-limit // 3 :]}"
+
+
 def markdown(records, settings):
     """The peers table: one row per record, failures and skips with their reason."""
     lines = [
@@ -392,14 +399,14 @@ def markdown(records, settings):
         head = f"| {r['model']} | {r['strategy']} | {r['workers']} | {r['k']} |"
         if "skipped" in r or "error" in r:
             why = f"not run: {r['skipped']}" if "skipped" in r else f"failed: {r['error']}"
-            lines.append(f"{head} {why.replace('|', '/')} |" + " |" * 10)
+            lines.append(f"{head} {shorten(why).replace('|', '/')} |" + " |" * 10)
             continue
         client, ps, workers = _cpu(r)
         ps_kb, worker_kb, client_kb = _bytes(r)
         loss, weights = _distance(r)
         auc = f"{r['held_out_auc']:.4f}" if "held_out_auc" in r else ""
         lines.append(
-            f"{head} {r['samples_per_s']:,.0f} | {r['whole_fit_samples_per_s']:,.0f} | "
+            f"{head} {r['samples_per_s']:,.0f} | {r.get('whole_fit_samples_per_s', 0):,.0f} | "
             f"{client} | {ps} | {workers} | {ps_kb} | {worker_kb} | {client_kb} | {loss} | "
             f"{auc} | {weights} |"
         )
