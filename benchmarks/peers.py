@@ -271,16 +271,19 @@ def weight_distance(path, reference):
     return diff / norm, max(float(np.max(np.abs(x - y))) for x, y in zip(xs, ys))
 
 
-def add_distances(records):
+def add_distances(records, by_k=True):
     """Adds each record's `reference_loss`, `reference_auc` and (synchronous peers)
-    `weights_vs_reference` from its framework's one-device record of the same model and K."""
+    `weights_vs_reference` from its framework's one-device record of the same model and K (any
+    K with `by_k=False`: when every K was given the same data plan, `Settings.warm`)."""
+
+    def key(r):
+        return (r["model"], r["k"] if by_k else None, r["framework"])
+
     refs = {
-        (r["model"], r["k"], r["framework"]): r
-        for r in records
-        if r["strategy"] in REFERENCE.values() and "held_out_loss" in r
+        key(r): r for r in records if r["strategy"] in REFERENCE.values() and "held_out_loss" in r
     }
     for r in records:
-        ref = refs.get((r["model"], r["k"], r["framework"]))
+        ref = refs.get(key(r))
         if ref is None or r is ref or "held_out_loss" not in r:
             continue
         r["reference_loss"] = ref["held_out_loss"]

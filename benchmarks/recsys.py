@@ -68,6 +68,9 @@ flags.DEFINE_float("size", 0.25, "Model size (tables capped at 200,000 x size ro
 flags.DEFINE_integer("eval_examples", 65536, "Held-out examples for AUC.", 1)
 flags.DEFINE_integer("client_timeout", 1200, "Seconds before a client is killed.", 1)
 flags.DEFINE_string("out", "results", "Directory for recsys.{jsonl,md}.")
+flags.DEFINE_string(
+    "records", None, "A recsys.jsonl of an earlier run to report (with the run's flags), not run."
+)
 flags.DEFINE_bool(
     "keras_rs",
     False,
@@ -112,7 +115,7 @@ def run(echo=print):
                     keep(peers.run_peer(strategy, "dlrm", FLAGS.k, FLAGS.workers, config, cluster))
         if "pss" in FLAGS.cluster:
             keep(peers.run_peer("pss", "dlrm", FLAGS.k, FLAGS.workers, config))
-    return peers.add_distances(records)
+    return peers.add_distances(records, by_k=False)  # one data plan at every K
 
 
 def _where(record):
@@ -131,7 +134,8 @@ def markdown(records, info):
         f"{records[0].get('samples', 0):,} synthetic examples; samples/s steady after warm-up "
         f"(the median of {FLAGS.repeats}: a fit of {FLAGS.steps} + W steps less one of W, W = "
         f"{2 * max(FLAGS.k, FLAGS.mirrored_k)}), "
-        f"AUC and loss on {FLAGS.eval_examples:,} held-out examples (one device's beside).",
+        f"AUC and loss on {FLAGS.eval_examples:,} held-out examples (one device's beside; "
+        f"tf-keras's for PSS); weights: relative L2 distance from one device's.",
         "",
         *[line for line in machine.lines(info) if not line.startswith("Devices:")],
         f"Devices: no GPU; one machine: one process, its CPU split into {FLAGS.replicas} + 1 "
@@ -140,23 +144,29 @@ def markdown(records, info):
         f"same cores, with other work.",
         "",
         "| where | strategy | devices | K | samples/s | whole fit | AUC (one device) | held-out "
-        "loss | CPU client ms/step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "loss | weights vs one device | CPU client ms/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         where, devices = _where(r)
         head = f"| {where} | {r['strategy']} | {devices} | {r['k']} |"
         if "skipped" in r or "error" in r:
             why = f"not run: {r['skipped']}" if "skipped" in r else f"failed: {r['error']}"
-            lines.append(f"{head} {why.replace('|', '/')} | | | | |")
+            lines.append(f"{head} {peers.shorten(why).replace('|', '/')} | | | | | |")
             continue
         auc = f"{r['held_out_auc']:.4f}"
         if "reference_auc" in r:
             auc += f" ({r['reference_auc']:.4f})"
         client = r.get("client_cpu_ms_per_step")
+        distance = r.get("weights_vs_reference")
+        if r["strategy"] in peers.ASYNCHRONOUS:
+            weights = "asynchronous: n/a"
+        else:
+            weights = "reference" if "reference_loss" not in r else ""
+            weights = f"{distance[0]:.1e}" if distance else weights
         lines.append(
             f"{head} {r['samples_per_s']:,.0f} | {r['whole_fit_samples_per_s']:,.0f} | {auc} | "
-            f"{r['held_out_loss']:.4f} | {'-' if client is None else f'{client:.1f}'} |"
+            f"{r['held_out_loss']:.4f} | {weights} | {'-' if client is None else f'{client:.1f}'} |"
         )
     lines += ["", "Published, on other hardware (not measured here):", ""]
     lines += [f"- {what}: {figure}" for what, figure in PUBLISHED]
@@ -178,9 +188,22 @@ def main(argv):
                 f"--steps={FLAGS.steps} and 2 x the larger K must be multiples of --k="
                 f"{FLAGS.k} and --mirrored_k={FLAGS.mirrored_k}."
             )
-    info = machine.describe([], FLAGS.replicas, "/cpu:0")
     os.makedirs(FLAGS.out, exist_ok=True)
-    records = run()
+    if FLAGS.records:  # the run's machine (its load at the start), when it wrote one
+        with open(FLAGS.records) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        records = peers.add_distances(records, by_k=False)
+        saved = os.path.join(os.path.dirname(FLAGS.records), "recsys-machine.json")
+        if os.path.exists(saved):
+            with open(saved) as f:
+                info = json.load(f)
+        else:
+            info = dict(machine.describe([], FLAGS.replicas, "/cpu:0"), loadavg_at_start=None)
+    else:
+        info = machine.describe([], FLAGS.replicas, "/cpu:0")
+        with open(os.path.join(FLAGS.out, "recsys-machine.json"), "w") as f:
+            json.dump(info, f)
+        records = run()
     table = markdown(records, info)
     with open(os.path.join(FLAGS.out, "recsys.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
