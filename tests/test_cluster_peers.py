@@ -152,3 +152,14 @@ def test_the_data_is_one_pass_warm_up_then_short_and_long_fits(warm, steps, repe
     plan = peer_client.data_plan(warm, steps, repeats)
     assert plan == expected
     assert all(a + n == b for (a, n), (b, _) in zip(plan, plan[1:]))  # consecutive, no repeat
+
+
+def test_the_peers_dlrm_is_built_from_keras_layers_even_with_keras_rs_installed():
+    """The same computation as tf-keras's (which cannot use keras-rs) unless asked."""
+    pytest.importorskip("keras_rs")
+    from benchmarks import models
+
+    kinds = {type(layer).__name__ for layer in models.build("dlrm", 0.002, keras_rs=False).layers}
+    assert "Embedding" in kinds and "FeatureCross" in kinds and "DistributedEmbedding" not in kinds
+    kinds = {type(layer).__name__ for layer in models.build("dlrm", 0.002).layers}
+    assert "DistributedEmbedding" in kinds  # the other benchmarks' default is unchanged
