@@ -30,6 +30,13 @@ a finite tf.data dataset), and their projection to 64 workers.
     python -m benchmarks.cluster --strategies=dpkeras,dpkeras_hybrid --models=mlp,dlrm \
         --k=10 --input_rounds=0 --epoch_steps=0
     python -m benchmarks.cluster --merge=a/cluster.jsonl,b/cluster.jsonl --out=both
+    python -m benchmarks.cluster --peers=dpkeras,dpkeras_hybrid,pss,mwms,mwms_tf_keras \
+        --workers=1,2 --models=mlp,recommender,dlrm --k=10 --batch=256 --steps=200 --repeats=3
+
+With `--peers`, runs instead TensorFlow's cluster strategies beside dpkeras's two placements
+on the same loopback cluster (`benchmarks/peers.py`: ParameterServerStrategy and
+MultiWorkerMirroredStrategy under tf-keras, MultiWorkerMirroredStrategy under Keras 3), and
+writes `<out>/peers.{jsonl,md}`; a peer that cannot run or fails is a row saying why.
 
 Writes `<out>/cluster.{jsonl,md,png}`. On one machine the "network" is loopback and every
 process shares the cores: the numbers show costs and how they grow, not a speed-up.
@@ -47,6 +54,7 @@ from absl import app, flags
 if __package__ in (None, ""):  # run as `python benchmarks/cluster.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import peers
 from benchmarks.models import MODELS
 from dpkeras.testing import LocalCluster, server_env
 
@@ -87,6 +95,22 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("epoch_repeats", 3, "Repeats of the per-epoch measurement.", lower_bound=1)
 flags.DEFINE_integer("client_timeout", 900, "Seconds before a client is killed.", lower_bound=1)
 flags.DEFINE_string("out", "results", "Directory for cluster.{jsonl,md,png}.")
+flags.DEFINE_list(
+    "peers",
+    [],
+    f"Instead of --strategies: the peers comparison (benchmarks/peers.py), of: "
+    f"{', '.join(peers.PEERS)}; each model's one-device references are added.",
+)
+flags.DEFINE_integer("repeats", 3, "With --peers: measured fits, the median reported.", 1)
+flags.DEFINE_integer(
+    "eval_examples", 16384, "With --peers: held-out examples for the loss and AUC.", 1
+)
+flags.DEFINE_bool(
+    "keras_rs",
+    False,
+    "With --peers: the Keras 3 peers' DLRM from keras-rs (default: from Keras layers, the same "
+    "computation as tf-keras's).",
+)
 flags.DEFINE_list(
     "merge",
     [],
@@ -704,8 +728,69 @@ def write(records):
     print(table)
 
 
+def peer_settings():
+    """The peers' `Settings` from the flags."""
+    return peers.Settings(
+        size=FLAGS.size,
+        steps=FLAGS.steps,
+        repeats=FLAGS.repeats,
+        batch=FLAGS.batch,
+        eval_examples=FLAGS.eval_examples,
+        timeout=FLAGS.client_timeout,
+        out=FLAGS.out,
+        keras_rs=FLAGS.keras_rs,
+    )
+
+
+def write_peers(records, settings):
+    """Writes `<out>/peers.{jsonl,md}` and prints the table."""
+    os.makedirs(FLAGS.out, exist_ok=True)
+    with open(os.path.join(FLAGS.out, "peers.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    table = peers.markdown(records, settings)
+    with open(os.path.join(FLAGS.out, "peers.md"), "w") as f:
+        f.write(table)
+    print(table)
+
+
+def merge_peers(paths):
+    """The peers table of earlier runs' peers.jsonl (a later file's record of the same model,
+    peer, W and K replaces an earlier one's), their distances recomputed from the weights
+    files they name; the flags describe the runs."""
+    found = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    found[(r["model"], r["strategy"], r["workers"], r["k"])] = r
+    records = peers.add_distances(list(found.values()))
+    write_peers(records, peer_settings())
+
+
+def run_peers(counts, ks):
+    """The peers comparison: every peer at every W; writes `<out>/peers.{jsonl,md}`."""
+    unknown = sorted(set(FLAGS.peers) - set(peers.PEERS)) + sorted(set(FLAGS.models) - set(MODELS))
+    if unknown:
+        raise app.UsageError(
+            f"Unknown peers or models: {unknown}. Peers: {', '.join(peers.PEERS)}; models: "
+            f"{', '.join(MODELS)}"
+        )
+    settings = peer_settings()
+    os.makedirs(FLAGS.out, exist_ok=True)
+    for peer in FLAGS.peers:
+        reason = peers.unavailable(peer)
+        if reason:
+            print(f"{peer}: not run: {reason}", flush=True)
+    records = peers.run_all(counts, FLAGS.models, ks, FLAGS.peers, settings)
+    write_peers(records, settings)
+
+
 def main(argv):
     del argv
+    if FLAGS.merge and all(os.path.basename(p) == "peers.jsonl" for p in FLAGS.merge):
+        merge_peers(FLAGS.merge)
+        return
     if FLAGS.merge:
         records = []
         for path in FLAGS.merge:
@@ -722,6 +807,9 @@ def main(argv):
     ks = [int(k) for k in FLAGS.k]
     if any(FLAGS.steps % k for k in ks):
         raise app.UsageError(f"--steps={FLAGS.steps} must be a multiple of every --k {ks}.")
+    if FLAGS.peers:
+        run_peers(counts, ks)
+        return
     if any(FLAGS.epoch_steps % (10 * k) for k in ks):
         raise app.UsageError(
             f"--epoch_steps={FLAGS.epoch_steps} must be a multiple of 10 x every --k {ks} (its "

@@ -192,12 +192,12 @@ def _recommender(keras, size):
 
 
 _SEQUENCE, _VOCABULARY = 64, 5000
-_POSITION_EMBEDDING = []
+_POSITION_EMBEDDING = {}  # Keras module name -> the class
 
 
 def _position_embedding_class(keras):
-    """A layer adding a learned position vector to each token (defined once, lazily)."""
-    if not _POSITION_EMBEDDING:
+    """A layer adding a learned position vector to each token (defined once per Keras)."""
+    if keras.__name__ not in _POSITION_EMBEDDING:
 
         class PositionEmbedding(keras.layers.Layer):
             def build(self, input_shape):
@@ -208,8 +208,8 @@ def _position_embedding_class(keras):
             def call(self, x):
                 return x + self.table
 
-        _POSITION_EMBEDDING.append(PositionEmbedding)
-    return _POSITION_EMBEDDING[0]
+        _POSITION_EMBEDDING[keras.__name__] = PositionEmbedding
+    return _POSITION_EMBEDDING[keras.__name__]
 
 
 def _transformer(keras, size):
@@ -248,11 +248,21 @@ def dlrm_rows(size):
     return [min(c, cap) for c in CRITEO_KAGGLE_CARDINALITIES]
 
 
-def _dlrm_embeddings(keras, size, inputs):
+def _keras_rs(keras, wanted=True):
+    """The keras_rs module when `wanted`, installed and `keras` is Keras 3 (keras-rs is built on
+    it); else raises ImportError."""
+    if not wanted or keras.__name__ != "keras":
+        raise ImportError("keras-rs not wanted, or not with this Keras")
+    import keras_rs
+
+    return keras_rs
+
+
+def _dlrm_embeddings(keras, size, inputs, keras_rs=True):
     """The 26 embedded features, `(batch, DLRM_DIM)` each, from keras-rs or Keras."""
     rows = dlrm_rows(size)
     try:
-        import keras_rs
+        keras_rs = _keras_rs(keras, keras_rs)
     except ImportError:
         return [
             keras.layers.Flatten()(keras.layers.Embedding(n, DLRM_DIM, name=f"cat_{i}_table")(x))
@@ -277,18 +287,18 @@ def _dlrm_embeddings(keras, size, inputs):
     return [embedded[f"cat_{i}"] for i in range(len(rows))]
 
 
-_CROSS = []
+_CROSS = {}  # Keras module name -> the fallback FeatureCross class
 
 
-def _cross_layer(keras):
+def _cross_layer(keras, keras_rs=True):
     """keras-rs's `FeatureCross` (DCNv2), or the same computation as a Keras layer."""
     try:
-        import keras_rs
+        keras_rs = _keras_rs(keras, keras_rs)
 
         return lambda i: keras_rs.layers.FeatureCross(projection_dim=64, name=f"cross_{i}")
     except ImportError:
         pass
-    if not _CROSS:
+    if keras.__name__ not in _CROSS:
 
         class FeatureCross(keras.layers.Layer):
             """DCNv2's cross layer: `x0 * (V(U x) + b) + x`, U and V of rank 64."""
@@ -303,18 +313,18 @@ def _cross_layer(keras):
             def call(self, x0, x):
                 return x0 * self.up(self.down(x)) + x
 
-        _CROSS.append(FeatureCross)
-    return lambda i: _CROSS[0](name=f"cross_{i}")
+        _CROSS[keras.__name__] = FeatureCross
+    return lambda i: _CROSS[keras.__name__](name=f"cross_{i}")
 
 
-def _dlrm(keras, size):
+def _dlrm(keras, size, keras_rs=True):
     layers = keras.layers
     dense = keras.Input((DLRM_DENSE,), name="dense_features")
     ids = [keras.Input((1,), dtype="int32", name=f"cat_{i}") for i in range(26)]
     bottom = layers.Dense(64, activation="relu")(dense)
     bottom = layers.Dense(DLRM_DIM, activation="relu")(bottom)
-    x0 = layers.Concatenate()([bottom] + _dlrm_embeddings(keras, size, ids))
-    cross = _cross_layer(keras)
+    x0 = layers.Concatenate()([bottom] + _dlrm_embeddings(keras, size, ids, keras_rs))
+    cross = _cross_layer(keras, keras_rs)
     x = x0
     for i in range(3):
         x = cross(i)(x0, x)
@@ -428,13 +438,20 @@ _BUILDERS = {
 }
 
 
-def build(name, size=1.0):
-    """Builds (does not compile) model `name` at `size`; call under the strategy's scope."""
-    import keras
+def build(name, size=1.0, keras_module=None, keras_rs=True):
+    """Builds (does not compile) model `name` at `size`; call under the strategy's scope.
 
+    `keras_module`: the Keras to build with (default: Keras 3, `import keras`); `tf_keras`
+    builds the same model in TensorFlow's Keras 2 (its DLRM from Keras layers: keras-rs is
+    built on Keras 3). `keras_rs=False`: the DLRM from Keras layers under Keras 3 too.
+    """
+    if keras_module is None:
+        import keras as keras_module
     if name not in _BUILDERS:
         raise ValueError(f"Unknown model {name!r}. Valid models: {', '.join(MODELS)}")
-    return _BUILDERS[name](keras, size)
+    if name == "dlrm":
+        return _dlrm(keras_module, size, keras_rs=keras_rs)
+    return _BUILDERS[name](keras_module, size)
 
 
 def synthetic_data(name, examples, size=1.0, seed=0):

@@ -1,0 +1,165 @@
+"""The cluster benchmark's peers (benchmarks/peers.py): who runs, how, and that a peer that
+cannot run or fails becomes a row with its reason. No TensorFlow training and no tf-keras
+needed: the clients here are small Python processes standing in for the real ones."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import peer_client, peers
+
+
+def test_the_peers_are_tensorflows_cluster_strategies_beside_dpkeras():
+    assert peers.PEERS == ("dpkeras", "dpkeras_hybrid", "pss", "mwms", "mwms_tf_keras")
+    frameworks = {p: peer_client.FRAMEWORK[p] for p in peers.PEERS}
+    assert frameworks == {
+        "dpkeras": "keras",
+        "dpkeras_hybrid": "keras",
+        "pss": "tf_keras",
+        "mwms": "keras",
+        "mwms_tf_keras": "tf_keras",
+    }
+    assert peers.REFERENCE == {"keras": "one_process", "tf_keras": "one_process_tf_keras"}
+
+
+def test_a_tf_keras_peer_runs_in_a_process_of_its_own_with_legacy_keras(monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # must not leak into Keras 3 clients
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {}}')
+    config = {"strategy": "pss", "model": "dlrm", "k": 10}
+    argv = peers.client_command(config)
+    assert argv[:3] == [sys.executable, "-m", "benchmarks.peer_client"]
+    assert json.loads(argv[3]) == config
+    assert peers.client_env("pss")["TF_USE_LEGACY_KERAS"] == "1"
+    assert "TF_CONFIG" not in peers.client_env("pss")
+    for keras_3 in ("dpkeras", "mwms", "one_process"):
+        assert "TF_USE_LEGACY_KERAS" not in peers.client_env(keras_3)
+    tf_config = {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}
+    env = peers.client_env("mwms_tf_keras", tf_config)
+    assert json.loads(env["TF_CONFIG"]) == tf_config and env["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def _nothing_may_start(*args, **kwargs):
+    raise AssertionError("nothing may start for a peer that cannot run")
+
+
+def test_without_tf_keras_its_peers_are_rows_saying_so(monkeypatch, tmp_path):
+    real = peers.importlib.util.find_spec
+    monkeypatch.setattr(
+        peers.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tf_keras" else real(name, *a),
+    )
+    monkeypatch.setattr(peers, "run_processes", _nothing_may_start)
+    monkeypatch.setattr(peers, "LocalCluster", _nothing_may_start)
+    settings = peers.Settings(out=str(tmp_path))
+    for peer in ("pss", "mwms_tf_keras", "one_process_tf_keras"):
+        record = peers.run_peer(peer, "dlrm", 10, 2, settings)
+        assert record["skipped"] == peers.TF_KERAS_MISSING, record
+        assert "error" not in record and "samples_per_s" not in record
+    assert peers.unavailable("dpkeras") is None and peers.unavailable("mwms") is None
+    table = peers.markdown([record], settings)
+    assert "| dlrm | one_process_tf_keras | 2 | 10 | not run: tf-keras is not installed" in table
+
+
+# A stand-in client: worker 0 fails as Keras 3's MWMS does under fit; the others wait for it
+# forever, as MWMS workers wait for their peers.
+_FAILING_CLIENT = """
+import json, sys, time
+config = json.loads(sys.argv[1])
+def _maybe_symbolic_build():
+    raise ValueError("Attempt to convert a value ({'ids': PerReplica:{0: 1}}) with an "
+                     "unsupported type (<class 'dict'>) to a Tensor.")
+if config.get("task_index", 0) == 0:
+    _maybe_symbolic_build()
+time.sleep(600)
+"""
+
+
+def test_a_peer_that_raises_is_a_row_with_its_message_not_a_crash(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        peers,
+        "client_command",
+        lambda config: [sys.executable, "-c", _FAILING_CLIENT, json.dumps(config)],
+    )
+    monkeypatch.setattr(peers, "GRACE_SECONDS", 1)
+    settings = peers.Settings(out=str(tmp_path), timeout=120)
+    record = peers.run_peer("mwms", "recommender", 10, 2, settings)
+    assert record["error"].startswith("process 0 of 2: ValueError: Attempt to convert a value")
+    assert record["error"].endswith("to a Tensor."), record
+    assert record["error_frames"][-1] == "<string>:_maybe_symbolic_build"
+    assert (record["strategy"], record["workers"], record["framework"]) == ("mwms", 2, "keras")
+    table = peers.markdown([record], settings)
+    assert "| recommender | mwms | 2 | 10 | failed: process 0 of 2: ValueError: Attempt" in table
+
+
+def test_a_killed_process_and_a_silent_one_are_failures_too():
+    base = {"strategy": "pss"}
+    killed = peers.outcome(base, [(None, "", "")])
+    assert killed["error"] == "killed (timed out, or a peer failed)"
+    silent = peers.outcome(base, [(0, "no json here\n", "")])
+    assert silent["error"] == "process 0 printed no record"
+    # an error exit is reported before the peers killed because of it
+    both = peers.outcome(base, [(None, "", ""), (1, "", "Traceback\nRuntimeError: boom\n")])
+    assert both["error"] == "process 1 of 2: RuntimeError: boom"
+    assert peers.outcome(base, [(0, '{"a": 1}\n', "")]) == [{"a": 1}]
+
+
+def test_mwms_workers_merge_into_one_row_without_a_client():
+    workers = [
+        {"strategy": "mwms_tf_keras", "client_cpu_ms_per_step": 5.0 + i, "samples_per_s": 9.0,
+         "task_cpu_ms_per_step": {"client": 5.0 + i}, "wire_bytes_per_step": {"client": [i, 2]}}
+        for i in range(2)
+    ]  # fmt: skip
+    record = peers.merge_workers(workers)
+    assert record["client_cpu_ms_per_step"] is None
+    assert record["task_cpu_ms_per_step"] == {"worker:0": 5.0, "worker:1": 6.0}
+    assert record["wire_bytes_per_step"] == {"worker:0": [0, 2], "worker:1": [1, 2]}
+
+
+def test_distances_from_one_device_per_framework(tmp_path):
+    def weights(name, *arrays):
+        path = str(tmp_path / f"{name}.npz")
+        np.savez(path, *arrays)
+        return path
+
+    def record(strategy, framework, loss, path):
+        return dict(strategy=strategy, framework=framework, model="mlp", k=10,
+                    held_out_loss=loss, weights_path=path)  # fmt: skip
+
+    ones = np.ones((2, 2), np.float32)
+    records = [
+        record("one_process", "keras", 0.5, weights("a", ones)),
+        record("one_process_tf_keras", "tf_keras", 0.6, weights("b", ones)),
+        record("dpkeras", "keras", 0.5, weights("c", ones * 1.5)),
+        record("pss", "tf_keras", 0.7, weights("d", ones * 3)),
+        record("mwms_tf_keras", "tf_keras", 0.6, weights("e", np.ones(3))),
+    ]
+    peers.add_distances(records)
+    _, _, ours, pss, shapes = records
+    assert ours["reference_loss"] == 0.5 and ours["weights_vs_reference"] == (0.5, 0.5)
+    assert pss["reference_loss"] == 0.6 and "weights_vs_reference" not in pss  # asynchronous
+    assert shapes["weights_vs_reference"] is None  # arrays that do not match: no distance
+
+
+@pytest.mark.parametrize(
+    "warm, steps, repeats, expected",
+    [(20, 200, 1, [(0, 20), (20, 20), (40, 220)]), (4, 4, 2, [(0, 4), (4, 4), (8, 8), (16, 4),
+                                                                (20, 8)])],
+)  # fmt: skip
+def test_the_data_is_one_pass_warm_up_then_short_and_long_fits(warm, steps, repeats, expected):
+    plan = peer_client.data_plan(warm, steps, repeats)
+    assert plan == expected
+    assert all(a + n == b for (a, n), (b, _) in zip(plan, plan[1:]))  # consecutive, no repeat
+
+
+def test_the_peers_dlrm_is_built_from_keras_layers_even_with_keras_rs_installed():
+    """The same computation as tf-keras's (which cannot use keras-rs) unless asked."""
+    pytest.importorskip("keras_rs")
+    from benchmarks import models
+
+    kinds = {type(layer).__name__ for layer in models.build("dlrm", 0.002, keras_rs=False).layers}
+    assert "Embedding" in kinds and "FeatureCross" in kinds and "DistributedEmbedding" not in kinds
+    kinds = {type(layer).__name__ for layer in models.build("dlrm", 0.002).layers}
+    assert "DistributedEmbedding" in kinds  # the other benchmarks' default is unchanged
