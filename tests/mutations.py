@@ -677,6 +677,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "elastic-worker-0-left-out",
+        "worker 0, which runs the step loop, is left out when lost (the next step fails)",
+        "dpkeras/_patches/lost_tasks.py",
+        '    if _loop.loop_device(extended.cluster_spec).startswith(f"{task}/"):\n',
+        "    if False:\n",
+        (
+            "tests/test_elastic_workers.py::"
+            "test_worker_0_runs_the_step_loop_and_is_waited_for_not_left_out",
+        ),
+    ),
+    Mutant(
         "compile-outside",
         "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
         "dpkeras/_patches/outside_the_scope.py",

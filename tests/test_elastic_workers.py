@@ -105,3 +105,20 @@ def test_replicas_are_not_left_out_where_a_variable_lives():
     assert list(extended.worker_devices) == before
     assert extended.compute_without([]) is False  # nothing changed: the steps are kept
     assert list(extended.worker_devices) == before
+
+
+def test_worker_0_runs_the_step_loop_and_is_waited_for_not_left_out():
+    """Every step is run from worker 0's CPU (`_loop.loop_device`): lost, it cannot be left out
+    (the next step would have nowhere to run, "unknown device"), so `fit` waits for it as for
+    a ps. Decided before anything changes: the strategy is not touched."""
+    from dpkeras._patches import lost_tasks
+
+    error = _health.TaskFailedError("/job:worker/replica:0/task:0", "127.0.0.1:1", "gone")
+
+    class Untouched:
+        cluster_spec = None
+
+        def compute_without(self, tasks):
+            raise AssertionError("the strategy's devices were changed")
+
+    assert lost_tasks._went_on_without(None, Untouched(), error, backup=None) is False

@@ -19,8 +19,9 @@ there:
    as an uninterrupted one would, exactly; Keras traces the step functions again (they held
    the lost resources) and makes the epoch's input pipelines again on every worker.
 
-A worker whose loss takes no variable with it (every variable on the ps tasks) is not waited
-for, unless `$DPKERAS_ELASTIC_WORKERS` is 0: it is left out of this client's connection
+A worker whose loss takes no variable with it (every variable on the ps tasks) and that does
+not run the step loop (worker 0 does) is not waited for, unless `$DPKERAS_ELASTIC_WORKERS` is
+0: it is left out of this client's connection
 (`_connect.leave_out`), the strategy runs the replicas on the other workers' devices
 (`compute_without`), and `fit` is called again at once, as in 3, on fewer replicas at the same
 global batch: the result equals an uninterrupted run's within float tolerance, as N replicas
@@ -49,7 +50,7 @@ from dpkeras._dynamic.layer import DynamicEmbedding
 from dpkeras._extended.extended import extended_of
 from dpkeras._patches import resume
 from dpkeras._variables import placed
-from dpkeras.cluster import _connect, _health
+from dpkeras.cluster import _connect, _health, _loop
 
 _log = logging.getLogger("dpkeras")
 
@@ -225,9 +226,12 @@ def _went_on_without(model, extended, error, backup):
     runs the replicas on the other workers' devices (`compute_without`), so that the next call
     of `fit` restores the backup and goes on at the same global batch. Returns False (nothing
     changed) for a ps, with the setting off, or where it cannot: a variable (a parameter
-    device, `placement.hybrid()`'s copies) lives on the worker, or no replica is left."""
+    device, `placement.hybrid()`'s copies) lives on the worker, no replica is left, or the
+    worker runs the step loop (worker 0, `_loop.loop_device`: waited for)."""
     task = error.task
     if not task.startswith("/job:worker/") or not _config.setting("elastic_workers").value:
+        return False
+    if _loop.loop_device(extended.cluster_spec).startswith(f"{task}/"):
         return False
     before = len(extended.worker_devices)
     try:

@@ -238,7 +238,7 @@ def _without(definition, tasks):
     for name in tasks:
         job_name, index = name.split("/")[1][len("job:") :], int(name.rsplit(":", 1)[1])
         for job in left.cluster.job:
-            if job.name == job_name:
+            if job.name == job_name and index in job.tasks:
                 del job.tasks[index]
     return left
 
