@@ -730,16 +730,7 @@ def write(records):
 
 def peer_settings():
     """The peers' `Settings` from the flags."""
-    return peers.Settings(
-        size=FLAGS.size,
-        steps=FLAGS.steps,
-        repeats=FLAGS.repeats,
-        batch=FLAGS.batch,
-        eval_examples=FLAGS.eval_examples,
-        timeout=FLAGS.client_timeout,
-        out=FLAGS.out,
-        keras_rs=FLAGS.keras_rs,
-    )
+    return peers.settings_from(FLAGS)
 
 
 def write_peers(records, settings):

@@ -57,6 +57,23 @@ class Settings:
     warm: int = 0  # steps of the warm-up and short fits (0: 2K)
 
 
+def settings_from(flags, **more):
+    """`Settings` from the flags both `benchmarks/cluster.py` and `benchmarks/recsys.py` define
+    (`--size`, `--steps`, `--repeats`, `--batch`, `--eval_examples`, `--client_timeout`, `--out`,
+    `--keras_rs`), with `more` on top."""
+    return Settings(
+        size=flags.size,
+        steps=flags.steps,
+        repeats=flags.repeats,
+        batch=flags.batch,
+        eval_examples=flags.eval_examples,
+        timeout=flags.client_timeout,
+        out=flags.out,
+        keras_rs=flags.keras_rs,
+        **more,
+    )
+
+
 def unavailable(strategy):
     """Why `strategy` cannot run in this environment, or None."""
     if FRAMEWORK[strategy] == "tf_keras" and importlib.util.find_spec("tf_keras") is None:

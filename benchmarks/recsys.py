@@ -81,16 +81,9 @@ flags.DEFINE_bool(
 
 def settings():
     """The peers' `Settings` from the flags."""
-    return peers.Settings(
-        size=FLAGS.size,
-        steps=FLAGS.steps,
-        repeats=FLAGS.repeats,
-        batch=FLAGS.batch,
-        eval_examples=FLAGS.eval_examples,
-        timeout=FLAGS.client_timeout,
-        out=FLAGS.out,
+    return peers.settings_from(
+        FLAGS,
         replicas=FLAGS.replicas,
-        keras_rs=FLAGS.keras_rs,
         warm=2 * max(FLAGS.k, FLAGS.mirrored_k),  # the same data plan at every K
     )
 

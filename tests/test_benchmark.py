@@ -218,6 +218,16 @@ def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
         assert "--input" in proc.stdout and "--epoch_steps" in proc.stdout
 
 
+def _last_json_line_of(code):
+    """Runs `code` in a Python process of its own (the benchmarks define absl flags of the same
+    names) from the checkout; its stdout's last line, as JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 _RECOVERY_SUMMARY = """
 import json
 from benchmarks import recovery
@@ -232,15 +242,7 @@ def test_the_recovery_benchmark_reads_its_costs_from_the_client_s_steps():
     """Steps 1-5 at 0.1 s on 4 replicas, the kill after step 5 (at t=0.5), the last backup
     after step 4: step 5 again at t=2.5 on 2 replicas, all 4 again from t=4.0 (in a process
     of its own: absl flags)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _RECOVERY_SUMMARY],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = _last_json_line_of(_RECOVERY_SUMMARY)
     assert row == {
         "case": "worker-left-out",
         "step_s": pytest.approx(0.1),
@@ -275,15 +277,7 @@ def test_the_cluster_benchmark_reports_per_epoch_costs_and_projects_them():
     """The per-epoch and per-fit columns, and the projection to 64 workers of the client's CPU
     with its per-epoch cost (in a process of its own: benchmarks.cluster and benchmarks.compare
     define the same absl flags)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _CLUSTER_REPORT],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _last_json_line_of(_CLUSTER_REPORT)
     (p,) = out["projection"]
     assert p["step_ms"] == pytest.approx(0.5 + 0.64)
     assert p["epoch_ms"] == pytest.approx(10.0 + 128.0)
@@ -329,11 +323,7 @@ def test_the_cluster_benchmark_compares_all_on_ps_with_hybrid_and_projects_both(
     """All-on-ps and hybrid side by side: CPU per process, bytes per ps task, worker link and
     client, the dense bytes and the ring's 2(W-1)/W x dense, the ps-bytes ratio; and each
     mode's ceilings at 64 workers with its first limit (in a process of its own: absl flags)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _MODES_REPORT], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _last_json_line_of(_MODES_REPORT)
     assert out["ratios"] == {"('recommender', 1, 10)": 0.04, "('recommender', 2, 10)": 0.04}
     table = out["table"]
     assert (
