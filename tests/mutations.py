@@ -688,6 +688,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "take-back-not-reached",
+        "a worker taken back is used at once, before worker 0 and the ps tasks reach it again",
+        "dpkeras/cluster/_connect.py",
+        "        claim(_connected, _record, only=task)\n    _wait_until_reached(task)\n\n\ndef _wait",
+        "        claim(_connected, _record, only=task)\n\n\ndef _wait",
+        (
+            "tests/test_cluster_training.py::"
+            "test_every_task_reaches_a_worker_taken_back_when_take_back_returns",
+        ),
+    ),
+    Mutant(
         "compile-outside",
         "a model of a dpkeras strategy compiled outside its scope is let through, as Keras does",
         "dpkeras/_patches/outside_the_scope.py",

@@ -11,7 +11,7 @@ import weakref
 import tensorflow as tf
 
 from dpkeras import _config, _quiet, _tf_internals
-from dpkeras.cluster import _health
+from dpkeras.cluster import _health, _loop
 from dpkeras.cluster._client_record import claim, finish, own_record, refuse_if_in_use
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._local import free_port, port_in_use
@@ -203,6 +203,7 @@ def reconnect_to_restarted(task):
             raise RuntimeError("This process is not connected to a cluster.")
         _tf_internals.reconnect_restarted_tasks()
         claim(_connected, _record, only=task)
+    _wait_until_reached(task)
 
 
 def leave_out(task):
@@ -229,6 +230,54 @@ def take_back(task):
         _tf_internals.connect_with(_without(_whole, rest))
         _health.take_back(task)
         claim(_connected, _record, only=task)
+    _wait_until_reached(task)
+
+
+def _wait_until_reached(task):
+    """Waits until every other task this client runs functions on reaches `task`, connected
+    again after its restart, both ways, as a step does: worker 0, which coordinates each step,
+    sends it a function; each task receives a tensor from it and it one from each.
+
+    Its address answering this client does not mean the others reach it: a task that tried to
+    reach it while it was down backs off (gRPC waits up to two minutes between attempts,
+    growing with each failure) and, until its next attempt, fails every call to it at once
+    ("failed to connect to all addresses; ... Connection refused"). Bounded by
+    `$DPKERAS_TASK_RESTART_TIMEOUT`.
+
+    Raises:
+        tf.errors.UnavailableError: if a task still cannot reach `task` when the time is up.
+    """
+    others = [
+        name
+        for name in _connected.training
+        if name != task and name not in _health.left_out()
+    ]
+    if not others:
+        return
+    coordinator = _loop.loop_device(None)
+
+    @tf.function
+    def round_trip(x):
+        with tf.device(f"{task}/device:CPU:0"):
+            there = x + 1.0
+        sums = []
+        for name in others:
+            with tf.device(f"{name}/device:CPU:0"):
+                here = there + 1.0
+            with tf.device(f"{task}/device:CPU:0"):
+                sums.append(here + 1.0)
+        return tf.add_n(sums)
+
+    deadline = time.monotonic() + _config.setting("task_restart_timeout").value
+    while True:
+        try:
+            with tf.device(coordinator):
+                round_trip(tf.constant(0.0)).numpy()
+            return
+        except tf.errors.UnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _without(definition, tasks):
