@@ -691,7 +691,8 @@ MUTANTS = (
         "take-back-not-reached",
         "a worker taken back is used at once, before worker 0 and the ps tasks reach it again",
         "dpkeras/cluster/_connect.py",
-        "        claim(_connected, _record, only=task)\n    _wait_until_reached(task)\n\n\ndef _wait",
+        "        claim(_connected, _record, only=task)\n"
+        "    _wait_until_reached(task)\n\n\ndef _wait",
         "        claim(_connected, _record, only=task)\n\n\ndef _wait",
         (
             "tests/test_cluster_training.py::"

@@ -1070,6 +1070,7 @@ def test_every_task_reaches_a_worker_taken_back_when_take_back_returns(local, tm
             results.append({{"failures": failures, "after": call(), "out": _health.left_out()}})
         print(json.dumps(results))
         """
+
     def tell_pid(round):  # written whole, then named: the client never reads a part
         (tmp_path / "pid").write_text(str(local.procs[("worker", 1)].pid))
         (tmp_path / "pid").rename(tmp_path / f"pid-{round}")

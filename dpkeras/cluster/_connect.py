@@ -248,9 +248,7 @@ def _wait_until_reached(task):
         tf.errors.UnavailableError: if a task still cannot reach `task` when the time is up.
     """
     others = [
-        name
-        for name in _connected.training
-        if name != task and name not in _health.left_out()
+        name for name in _connected.training if name != task and name not in _health.left_out()
     ]
     if not others:
         return
