@@ -206,6 +206,7 @@ def test_a_gpu_reports_its_peak_memory():
         ["benchmarks/cluster.py"],
         ["-m", "benchmarks.dynamic_embedding"],
         ["-m", "benchmarks.recovery"],
+        ["-m", "benchmarks.divergence"],
     ],
 )
 def test_the_benchmarks_run_as_modules_and_as_scripts(argv):
@@ -990,3 +991,36 @@ def test_seeds_benchmark_compares_seeded_and_unseeded_epochs(tmp_path):
     ]
     assert all(r["client_cpu_ms_per_epoch"] > 0 and r["wall_ms_per_epoch"] > 0 for r in rows)
     assert "unseeded: client CPU" in proc.stdout
+
+
+_DIVERGENCE = """
+import json
+import numpy as np
+from benchmarks import divergence
+
+# Integer weights: every pre-activation exact. Unit 1 reads the user features only, and user
+# 2's are zero: example 2's unit 1 is its bias alone, 7.45e-9 in one run, -1.86e-9 in the other.
+one = [np.arange(10, dtype="float32").reshape(5, 2) + 1,
+       np.array([[3, 1], [2, 2], [0, 0]], "float32"),
+       np.array([[1, 0, 2], [1, 0, -1], [0, 1, 1], [0, 1, 0]], "float32"),
+       np.array([0.5, 7.45e-9, -0.5], "float32")]
+items, users = np.array([0, 4, 2]), np.array([1, 0, 2])
+cluster = [w.copy() for w in one]
+cluster[3][1] = np.float32(-1.86e-9)
+found = divergence.flips(items, users, one, cluster)
+record = dict(workers=4, batch=3, steps=9, threshold=1e-6, parted_at=8, largest_before=9e-8,
+              largest_at=3.2e-5, flips=[[1, 1, 7.45e-9, -1.86e-9]])
+quiet = dict(record, parted_at=None, largest_at=None, flips=[])
+print(json.dumps([found, divergence.report(record), divergence.report(quiet)]))
+"""
+
+
+def test_the_divergence_benchmark_names_the_example_and_unit_whose_relu_flipped():
+    found, parted, quiet = _last_json_line_of(_DIVERGENCE)
+    assert found == [[2, 1, pytest.approx(7.45e-9, rel=1e-6), pytest.approx(-1.86e-9, rel=1e-6)]]
+    assert "step 8 parts them by 3.2e-05" in parted[1]
+    assert parted[2] == (
+        "  example 1 of that batch, first Dense unit 1: pre-activation 7.45e-09 on one "
+        "device, -1.86e-09 under dpkeras (ReLU on one side, off on the other)"
+    )
+    assert quiet[1] == "  no step parted them by more than 1e-06 in 9 steps (largest 9e-08)"
