@@ -688,6 +688,31 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "reconnect-no-claim",
+        "a restarted ps connected again holds no record of its client (a second client could "
+        "train there)",
+        "dpkeras/cluster/_connect.py",
+        "        _tf_internals.reconnect_restarted_tasks()\n"
+        "        claim(_connected, _record, only=task)\n",
+        "        _tf_internals.reconnect_restarted_tasks()\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-all-on-ps-k1]",
+        ),
+    ),
+    Mutant(
+        "take-back-no-claim",
+        "a worker taken back holds no record of its client (a second client could train there)",
+        "dpkeras/cluster/_connect.py",
+        "        _health.take_back(task)\n        claim(_connected, _record, only=task)\n",
+        "        _health.take_back(task)\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+        ),
+    ),
+    Mutant(
         "take-back-not-reached",
         "a worker taken back is used at once, before worker 0 and the ps tasks reach it again",
         "dpkeras/cluster/_connect.py",

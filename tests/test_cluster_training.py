@@ -464,7 +464,28 @@ def _client_restarting(local, job, code, **extra_env):
     return client.returncode, out, err
 
 
-_LOST_TASK_RUN = """
+# Each ps and worker task's client record (`_client_record`): [whether it names this client,
+# its state]; a task restarted holds none until the client claims it again.
+_RECORDS = """
+    def records():
+        from dpkeras.cluster._client_record import RecordReader
+        found = {{}}
+        for job in ("ps", "worker"):
+            for index, address in enumerate(SPEC[job]):
+                reader = RecordReader(address, f"/job:{{job}}/replica:0/task:{{index}}")
+                try:
+                    record = reader.record()
+                finally:
+                    reader.close()
+                found[f"{{job}}{{index}}"] = record and [record["pid"] == os.getpid(),
+                                                         record["state"]]
+        return found
+"""
+
+
+_LOST_TASK_RUN = (
+    _RECORDS
+    + """
     import signal
     victim = {victim}
     keras.utils.set_random_seed(4)
@@ -497,8 +518,9 @@ _LOST_TASK_RUN = """
     on_task = sum(v.device.startswith("/job:ps/replica:0/task:1/") for v in extended.variables())
     print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
                       "epochs": history.epoch, "history": history.history,
-                      "on_task": on_task}}))
+                      "on_task": on_task, "records": records()}}))
     """
+)
 
 
 @pytest.mark.parametrize(
@@ -560,9 +582,14 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+    # The restarted task knows its client again (a second client would be refused there).
+    assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
+    assert len(resumed["records"]) == 4
 
 
-_ELASTIC_RUN = """
+_ELASTIC_RUN = (
+    _RECORDS
+    + """
     import signal, socket, time
     victim, host, port = {victim}, {host!r}, {port}
     keras.utils.set_random_seed(4)
@@ -607,8 +634,9 @@ _ELASTIC_RUN = """
                         callbacks=callbacks)
     print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
                       "epochs": history.epoch, "history": history.history,
-                      "replicas": kill.replicas}}))
+                      "replicas": kill.replicas, "records": records()}}))
     """
+)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -652,6 +680,9 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
         np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
+    # The worker taken back knows its client again (a second client would be refused there).
+    assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
+    assert len(resumed["records"]) == 4
 
 
 def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path):
