@@ -713,6 +713,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "take-back-keeps-step-functions",
+        "a worker taken back is left idle: the step functions traced on fewer replicas are kept",
+        "dpkeras/_patches/lost_tasks.py",
+        "    extended.compute_without(_health.left_out())\n    _forget_step_functions(model)\n",
+        "    extended.compute_without(_health.left_out())\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+        ),
+    ),
+    Mutant(
         "take-back-not-reached",
         "a worker taken back is used at once, before worker 0 and the ps tasks reach it again",
         "dpkeras/cluster/_connect.py",

@@ -611,10 +611,15 @@ _ELASTIC_RUN = (
 
     class Kill(keras.callbacks.Callback):
         killed = waited = False
-        replicas = []
+        replicas, functions = [], []  # the functions kept alive: their ids stay distinct
 
         def on_epoch_begin(self, epoch, logs=None):
             self.replicas.append(self.model.distribute_strategy.num_replicas_in_sync)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            function = self.model.train_function
+            if not any(function is seen for seen, _ in self.functions):
+                self.functions.append((function, self.replicas[-1]))
 
         def on_train_batch_end(self, batch, logs=None):
             if victim and not self.killed and self.model.optimizer.iterations.numpy() == 10:
@@ -634,7 +639,8 @@ _ELASTIC_RUN = (
                         callbacks=callbacks)
     print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
                       "epochs": history.epoch, "history": history.history,
-                      "replicas": kill.replicas, "records": records()}}))
+                      "replicas": kill.replicas, "records": records(),
+                      "functions": [n for _, n in kill.functions]}}))
     """
 )
 
@@ -680,6 +686,10 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
         np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
         np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
+    # A step function per replica count: traced again on 2 replicas, and again on 4 (the
+    # function of 2 replicas would leave the worker taken back idle).
+    assert uninterrupted["functions"] == [4]
+    assert resumed["functions"] == [4, 2, 4], resumed["functions"]
     # The worker taken back knows its client again (a second client would be refused there).
     assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
     assert len(resumed["records"]) == 4
