@@ -724,6 +724,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "wait-off-asks-for-a-backup",
+        "with $DPKERAS_TASK_RESTART_TIMEOUT=0 and no backup, the error asks for a backup "
+        "(which would not make fit wait)",
+        "dpkeras/_patches/lost_tasks.py",
+        "            if timeout == 0:\n",
+        "            if timeout == 0 and backup is not None:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add",
+        ),
+    ),
+    Mutant(
         "take-back-not-reached",
         "a worker taken back is used at once, before worker 0 and the ps tasks reach it again",
         "dpkeras/cluster/_connect.py",

@@ -759,9 +759,12 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
     assert np.isfinite(result["loss"]).all()
 
 
-def test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(local):
+@pytest.mark.parametrize("timeout", [None, "0"], ids=["default-wait", "wait-off"])
+def test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(local, timeout):
     """Without a BackupAndRestore there is nothing to restore the lost variables from: `fit`
-    does not wait, and its TaskFailedError says what to add."""
+    does not wait, and its TaskFailedError says what to add; with the wait turned off
+    ($DPKERAS_TASK_RESTART_TIMEOUT=0) a backup would not make it wait, and the error says
+    that instead."""
     victim = local.procs[("ps", 1)].pid
     failed, _ = _failing_client(
         f"""
@@ -783,10 +786,13 @@ def test_a_task_lost_under_a_fit_without_a_backup_ends_it_saying_what_to_add(loc
             raise
         """,
         local.spec,
+        **({} if timeout is None else {"DPKERAS_TASK_RESTART_TIMEOUT": timeout}),
     )
     local.restart("ps", 1)
     assert failed["task"] == "/job:ps/replica:0/task:1", failed
-    assert "give fit a keras.callbacks.BackupAndRestore(backup_dir)" in failed["message"], failed
+    backup = "give fit a keras.callbacks.BackupAndRestore(backup_dir)" in failed["message"]
+    off = "$DPKERAS_TASK_RESTART_TIMEOUT is 0: fit does not wait for it." in failed["message"]
+    assert (backup, off) == ((True, False) if timeout is None else (False, True)), failed
 
 
 def test_a_model_trained_beside_a_cluster_strategy_never_entered_is_refused(local):
