@@ -136,7 +136,7 @@ MUTANTS = (
         "    if True:  # mutant: no restore\n        return None\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker]",
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker-epoch]",
         ),
     ),
     Mutant(
@@ -158,7 +158,7 @@ MUTANTS = (
         "        if True:\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps]",
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[ps-epoch]",
         ),
     ),
     Mutant(
@@ -1296,7 +1296,7 @@ MUTANTS = (
         (
             "tests/test_cluster.py::test_name_failures_names_the_refusing_task",
             "tests/test_cluster_training.py::"
-            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker]",
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker-epoch]",
         ),
     ),
     Mutant(
@@ -1308,7 +1308,7 @@ MUTANTS = (
         "        pass\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker]",
+            "test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly[worker-epoch]",
         ),
     ),
     Mutant(
