@@ -111,6 +111,12 @@ flags.DEFINE_bool(
     "With --peers: the Keras 3 peers' DLRM from keras-rs (default: from Keras layers, the same "
     "computation as tf-keras's).",
 )
+flags.DEFINE_string(
+    "baseline",
+    "",
+    "With --peers=...,dpkeras_baseline: a checkout of another dpkeras commit (`git worktree add "
+    "DIR COMMIT`), trained all-on-ps beside this one in the same run (a before/after).",
+)
 flags.DEFINE_list(
     "merge",
     [],
@@ -730,7 +736,7 @@ def write(records):
 
 def peer_settings():
     """The peers' `Settings` from the flags."""
-    return peers.settings_from(FLAGS)
+    return peers.settings_from(FLAGS, baseline=FLAGS.baseline)
 
 
 def write_peers(records, settings):

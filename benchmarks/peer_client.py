@@ -53,6 +53,7 @@ FRAMEWORK = {
     "one_process": "keras",
     "dpkeras": "keras",
     "dpkeras_hybrid": "keras",
+    "dpkeras_baseline": "keras",
     "mwms": "keras",
     "local_dpkeras": "keras",
     "local_mirrored": "keras",
@@ -115,7 +116,7 @@ def make_strategy(config, tf):
     spec = config.get("spec")
     if name.startswith("one_process"):
         return None
-    if name in ("dpkeras", "dpkeras_hybrid"):
+    if name in ("dpkeras", "dpkeras_hybrid", "dpkeras_baseline"):
         import dpkeras
 
         where = dpkeras.placement.hybrid() if name == "dpkeras_hybrid" else None
@@ -329,6 +330,8 @@ def train(config):
         "replicas": 1 if strategy is None else strategy.num_replicas_in_sync,
         "first_fit_cpu_s": own_cpu() - first,
     }
+    if "dpkeras" in sys.modules:  # which dpkeras ran (`dpkeras_baseline`: another checkout's)
+        record["dpkeras_from"] = os.path.dirname(os.path.realpath(sys.modules["dpkeras"].__file__))
     runs, losses, seconds = [], [], []
     for short, long in zip(plan[1::2], plan[2::2]):
         windows = []

@@ -34,7 +34,8 @@ from benchmarks.peer_client import FRAMEWORK
 from dpkeras.cluster._local import child_options, free_ports
 from dpkeras.testing import LocalCluster, server_env
 
-PEERS = ("dpkeras", "dpkeras_hybrid", "pss", "mwms", "mwms_tf_keras")
+PEERS = ("dpkeras", "dpkeras_hybrid", "dpkeras_baseline", "pss", "mwms", "mwms_tf_keras")
+OURS = ("dpkeras", "dpkeras_hybrid", "dpkeras_baseline")  # one client on the shared cluster
 REFERENCE = {"keras": "one_process", "tf_keras": "one_process_tf_keras"}
 ASYNCHRONOUS = ("pss",)
 TF_KERAS_MISSING = "tf-keras is not installed (pip install -e '.[peers]')"
@@ -55,6 +56,7 @@ class Settings:
     replicas: int = 2  # simulated CPU devices of `local_*` clients
     keras_rs: bool = False  # Keras 3 clients' DLRM from keras-rs (tf-keras's never is)
     warm: int = 0  # steps of the warm-up and short fits (0: 2K)
+    baseline: str = ""  # `dpkeras_baseline`'s checkout (another commit's), whose dpkeras it runs
 
 
 def settings_from(flags, **more):
@@ -74,11 +76,28 @@ def settings_from(flags, **more):
     )
 
 
-def unavailable(strategy):
+def unavailable(strategy, settings=None):
     """Why `strategy` cannot run in this environment, or None."""
     if FRAMEWORK[strategy] == "tf_keras" and importlib.util.find_spec("tf_keras") is None:
         return TF_KERAS_MISSING
+    if strategy == "dpkeras_baseline":
+        checkout = "" if settings is None else settings.baseline
+        if not checkout or not os.path.isfile(os.path.join(checkout, "dpkeras", "__init__.py")):
+            return (
+                f"--baseline={checkout!r} is not a dpkeras checkout (a directory holding "
+                f"dpkeras/__init__.py: `git worktree add DIR COMMIT`)"
+            )
     return None
+
+
+def baseline_path(checkout, directory):
+    """A directory in `directory` holding only `checkout`'s `dpkeras` package (a link)."""
+    path = os.path.join(directory, "baseline")
+    os.makedirs(path, exist_ok=True)
+    link = os.path.join(path, "dpkeras")
+    if not os.path.islink(link):
+        os.symlink(os.path.abspath(os.path.join(checkout, "dpkeras")), link)
+    return path
 
 
 def client_command(config):
@@ -86,10 +105,13 @@ def client_command(config):
     return [sys.executable, "-m", "benchmarks.peer_client", json.dumps(config)]
 
 
-def client_env(strategy, tf_config=None):
+def client_env(strategy, tf_config=None, baseline=None):
     """The environment of one peer client: tf-keras peers get TF_USE_LEGACY_KERAS=1, MWMS
-    clients their TF_CONFIG."""
+    clients their TF_CONFIG; `dpkeras_baseline` imports `dpkeras` from `baseline`, a directory
+    holding only that package (the benchmarks stay this checkout's)."""
     env = server_env()
+    if baseline is not None:
+        env["PYTHONPATH"] = baseline + os.pathsep + env["PYTHONPATH"]
     env.pop("TF_CONFIG", None)
     if FRAMEWORK[strategy] == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
@@ -228,17 +250,23 @@ def run_peer(strategy, model, k, workers, settings, cluster=None):
     """
     base = dict(strategy=strategy, framework=FRAMEWORK[strategy], model=model, k=k)
     base["workers"] = workers
-    reason = unavailable(strategy)
+    reason = unavailable(strategy, settings)
     if reason:
         return {**base, "skipped": reason}
     config = base_config(strategy, model, k, workers, settings)
     os.makedirs(os.path.dirname(config["weights_out"]), exist_ok=True)
     try:
-        if strategy in ("dpkeras", "dpkeras_hybrid"):
+        if strategy in OURS:
             config.update(spec=cluster.spec, pids=cluster.pids())
-            results = run_processes(
-                [client_command(config)], [client_env(strategy)], settings.timeout
-            )
+            with tempfile.TemporaryDirectory() as directory:
+                baseline = None
+                if strategy == "dpkeras_baseline":
+                    baseline = baseline_path(settings.baseline, directory)
+                results = run_processes(
+                    [client_command(config)],
+                    [client_env(strategy, baseline=baseline)],
+                    settings.timeout,
+                )
         elif strategy == "pss":
             with LocalCluster(ps=1, workers=workers, cpus=1, chief=True) as own, \
                     tempfile.TemporaryDirectory() as data_dir:  # fmt: skip
@@ -328,7 +356,7 @@ def run_all(workers, models, ks, peers, settings, echo=print):
             for framework in frameworks:
                 keep(run_peer(REFERENCE[framework], model, k, 0, settings))
     for w in workers:
-        ours = [p for p in peers if p in ("dpkeras", "dpkeras_hybrid")]
+        ours = [p for p in peers if p in OURS]
         if ours:
             with LocalCluster(ps=1, workers=w, cpus=1) as cluster:
                 for model in models:

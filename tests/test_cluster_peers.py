@@ -3,6 +3,8 @@ cannot run or fails becomes a row with its reason. No TensorFlow training and no
 needed: the clients here are small Python processes standing in for the real ones."""
 
 import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -12,11 +14,19 @@ from benchmarks import peer_client, peers
 
 
 def test_the_peers_are_tensorflows_cluster_strategies_beside_dpkeras():
-    assert peers.PEERS == ("dpkeras", "dpkeras_hybrid", "pss", "mwms", "mwms_tf_keras")
+    assert peers.PEERS == (
+        "dpkeras",
+        "dpkeras_hybrid",
+        "dpkeras_baseline",
+        "pss",
+        "mwms",
+        "mwms_tf_keras",
+    )
     frameworks = {p: peer_client.FRAMEWORK[p] for p in peers.PEERS}
     assert frameworks == {
         "dpkeras": "keras",
         "dpkeras_hybrid": "keras",
+        "dpkeras_baseline": "keras",
         "pss": "tf_keras",
         "mwms": "keras",
         "mwms_tf_keras": "tf_keras",
@@ -163,3 +173,38 @@ def test_the_peers_dlrm_is_built_from_keras_layers_even_with_keras_rs_installed(
     assert "Embedding" in kinds and "FeatureCross" in kinds and "DistributedEmbedding" not in kinds
     kinds = {type(layer).__name__ for layer in models.build("dlrm", 0.002).layers}
     assert "DistributedEmbedding" in kinds  # the other benchmarks' default is unchanged
+
+
+def test_the_baseline_peer_runs_another_checkouts_dpkeras_with_these_benchmarks(tmp_path):
+    """`dpkeras_baseline` (a before/after in one run): its client imports `dpkeras` from the
+    `--baseline` checkout, first on its path, and the benchmarks from this one; without a
+    checkout there it is a row saying what to give."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    reason = peers.unavailable("dpkeras_baseline", peers.Settings(baseline=str(tmp_path)))
+    assert reason == (
+        f"--baseline={str(tmp_path)!r} is not a dpkeras checkout (a directory holding "
+        f"dpkeras/__init__.py: `git worktree add DIR COMMIT`)"
+    )
+    assert peers.unavailable("dpkeras_baseline", peers.Settings(baseline=root)) is None
+    record = peers.run_peer("dpkeras_baseline", "mlp", 10, 2, peers.Settings(out=str(tmp_path)))
+    assert record["skipped"].startswith("--baseline='' is not a dpkeras checkout"), record
+    path = peers.baseline_path(root, str(tmp_path))
+    assert os.listdir(path) == ["dpkeras"]
+    assert os.path.realpath(os.path.join(path, "dpkeras")) == os.path.join(root, "dpkeras")
+    env = peers.client_env("dpkeras_baseline", baseline=path)
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [path, root]
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import benchmarks, dpkeras; print(dpkeras.__file__, benchmarks.__file__)",
+        ],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    imported = found.stdout.split()
+    assert imported[0] == os.path.join(path, "dpkeras", "__init__.py"), found.stderr[-2000:]
+    assert imported[1] == os.path.join(root, "benchmarks", "__init__.py")
