@@ -100,18 +100,23 @@ def baseline_path(checkout, directory):
     return path
 
 
-def client_command(config):
-    """The argv of one peer client."""
-    return [sys.executable, "-m", "benchmarks.peer_client", json.dumps(config)]
+def client_command(config, baseline=None):
+    """The argv of one peer client; with `baseline` (a directory holding another checkout's
+    `dpkeras`, `baseline_path`), put first on its path: `python -m` would put the working
+    directory, perhaps this checkout, before it."""
+    if baseline is None:
+        return [sys.executable, "-m", "benchmarks.peer_client", json.dumps(config)]
+    program = (
+        "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "runpy.run_module('benchmarks.peer_client', run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-c", program, baseline, json.dumps(config)]
 
 
-def client_env(strategy, tf_config=None, baseline=None):
+def client_env(strategy, tf_config=None):
     """The environment of one peer client: tf-keras peers get TF_USE_LEGACY_KERAS=1, MWMS
-    clients their TF_CONFIG; `dpkeras_baseline` imports `dpkeras` from `baseline`, a directory
-    holding only that package (the benchmarks stay this checkout's)."""
+    clients their TF_CONFIG."""
     env = server_env()
-    if baseline is not None:
-        env["PYTHONPATH"] = baseline + os.pathsep + env["PYTHONPATH"]
     env.pop("TF_CONFIG", None)
     if FRAMEWORK[strategy] == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
@@ -263,9 +268,7 @@ def run_peer(strategy, model, k, workers, settings, cluster=None):
                 if strategy == "dpkeras_baseline":
                     baseline = baseline_path(settings.baseline, directory)
                 results = run_processes(
-                    [client_command(config)],
-                    [client_env(strategy, baseline=baseline)],
-                    settings.timeout,
+                    [client_command(config, baseline)], [client_env(strategy)], settings.timeout
                 )
         elif strategy == "pss":
             with LocalCluster(ps=1, workers=workers, cpus=1, chief=True) as own, \

@@ -191,20 +191,25 @@ def test_the_baseline_peer_runs_another_checkouts_dpkeras_with_these_benchmarks(
     path = peers.baseline_path(root, str(tmp_path))
     assert os.listdir(path) == ["dpkeras"]
     assert os.path.realpath(os.path.join(path, "dpkeras")) == os.path.join(root, "dpkeras")
-    env = peers.client_env("dpkeras_baseline", baseline=path)
-    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [path, root]
+    # Run as the benchmark runs it, from this checkout (where `python -m` would find its own
+    # dpkeras first), with a stand-in for `benchmarks.peer_client`'s module.
+    argv = peers.client_command({"strategy": "dpkeras_baseline"}, path)
+    probe = argv[2].replace("benchmarks.peer_client", "probe_module")
+    (tmp_path / "probe_module.py").write_text(
+        "import sys, benchmarks, dpkeras\n"
+        "print(dpkeras.__file__, benchmarks.__file__, sys.argv[1], sep='\\n')\n"
+    )
+    env = dict(peers.client_env("dpkeras_baseline"))
+    env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + str(tmp_path)
     found = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import benchmarks, dpkeras; print(dpkeras.__file__, benchmarks.__file__)",
-        ],
+        [argv[0], "-c", probe, *argv[3:]],
         env=env,
-        cwd=str(tmp_path),
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    imported = found.stdout.split()
+    imported = found.stdout.splitlines()
     assert imported[0] == os.path.join(path, "dpkeras", "__init__.py"), found.stderr[-2000:]
+    assert json.loads(imported[2]) == {"strategy": "dpkeras_baseline"}
     assert imported[1] == os.path.join(root, "benchmarks", "__init__.py")
