@@ -736,6 +736,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "second-loss-ends-fit",
+        "a task lost a second time in the same fit ends it instead of being waited for again",
+        "dpkeras/_patches/lost_tasks.py",
+        '            histories.append(getattr(model, "history", None))\n            lost = error\n',
+        "            if lost is not None:\n                raise\n"
+        '            histories.append(getattr(model, "history", None))\n            lost = error\n',
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly",
+        ),
+    ),
+    Mutant(
         "take-back-not-reached",
         "a worker taken back is used at once, before worker 0 and the ps tasks reach it again",
         "dpkeras/cluster/_connect.py",

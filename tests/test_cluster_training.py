@@ -439,10 +439,10 @@ def test_a_lost_ps_that_does_not_answer_within_the_wait_ends_fit_saying_so(local
     assert failed["seconds"] >= 2.5, failed  # it waited
 
 
-def _client_restarting(local, job, code, **extra_env):
-    """Runs `code` (see `_program`), which kills task 1 of `job`; restarts that task on its
-    address once it is gone, while the client runs on. `(returncode, stdout, stderr)`."""
-    task = local.procs[(job, 1)]
+def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
+    """Runs `code` (see `_program`), which kills task 1 of `job` (`times` times); restarts that
+    task on its address each time it is gone, while the client runs on, and writes the pid of
+    restart i into `pids`/pid-i, whole. `(returncode, stdout, stderr)`."""
     client = subprocess.Popen(
         [sys.executable, "-c", _program(code, local.spec)],
         stdout=subprocess.PIPE,
@@ -452,10 +452,15 @@ def _client_restarting(local, job, code, **extra_env):
     )
     try:
         deadline = time.monotonic() + CLIENT_TIMEOUT
-        while task.poll() is None and client.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert task.poll() is not None, f"the client did not kill {job} 1"
-        local.restart(job, 1)
+        for time_ in range(1, times + 1):
+            task = local.procs[(job, 1)]
+            while task.poll() is None and client.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert task.poll() is not None, f"the client did not kill {job} 1 ({time_})"
+            local.restart(job, 1)
+            if pids is not None:
+                (pids / "pid").write_text(str(local.procs[(job, 1)].pid))
+                (pids / "pid").rename(pids / f"pid-{time_}")
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
     finally:
         if client.poll() is None:
@@ -486,7 +491,7 @@ _RECORDS = """
 _LOST_TASK_RUN = (
     _RECORDS
     + """
-    import signal
+    import signal, time
     victim = {victim}
     keras.utils.set_random_seed(4)
     with dpkeras.scope(cluster=SPEC, parameter_device={placement!r}):
@@ -501,12 +506,19 @@ _LOST_TASK_RUN = (
     x, y = rng.randint(0, 50, (128, 4)).astype("int64"), rng.rand(128, 1).astype("float32")
 
     class Kill(keras.callbacks.Callback):
-        killed = False
+        killed = again = False
 
         def on_train_batch_end(self, batch, logs=None):
-            if victim and not self.killed and self.model.optimizer.iterations.numpy() == {at}:
+            step = self.model.optimizer.iterations.numpy()
+            if victim and not self.killed and step == {at}:
                 self.killed = True
                 os.kill(victim, signal.SIGKILL)
+            elif {again} and self.killed and not self.again and step == {again}:
+                self.again = True  # the task restarted by the test: its pid, once written
+                path, deadline = os.path.join({pids!r}, "pid-1"), time.monotonic() + 150
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                os.kill(int(open(path).read()), signal.SIGKILL)
 
     class Backup(keras.callbacks.BackupAndRestore):  # a subclass is a BackupAndRestore too
         pass
@@ -556,6 +568,8 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         dynamic=dynamic,
         save_freq=save_freq,
         at=at,
+        again=0,
+        pids="",
     )
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[(job, 1)].pid
@@ -585,6 +599,36 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     # The restarted task knows its client again (a second client would be refused there).
     assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
     assert len(resumed["records"]) == 4
+
+
+def test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly(local, tmp_path):
+    """Ps task 1 killed at step 10 and, once restarted and the fit gone on, again at step 14:
+    each loss is waited for and recovered from the latest backup (after steps 9 and 12), with
+    its own wait and the health monitor watching again in between; weights and history equal
+    an uninterrupted run's, exactly."""
+    run = functools.partial(
+        _LOST_TASK_RUN.format,
+        placement=None,
+        k=1,
+        dynamic=False,
+        save_freq=3,
+        at=10,
+        pids=str(tmp_path),
+    )
+    uninterrupted = _client(run(victim=0, again=0, backup=str(tmp_path / "a")), local.spec)
+    victim = local.procs[("ps", 1)].pid
+    code = run(victim=victim, again=14, backup=str(tmp_path / "b"))
+    returncode, out, err = _client_restarting(local, "ps", code, times=2, pids=tmp_path)
+    assert returncode == 0, err[-4000:]
+    resumed = json.loads(out.strip().splitlines()[-1])
+    lost = f"/job:ps/replica:0/task:1 at {local.spec['ps'][1]} was lost; waiting up to 300 s"
+    assert err.count(lost) == 2, err[-3000:]
+    assert len(re.findall(r"variable\(s\) and table\(s\) made again", err)) == 2, err[-3000:]
+    assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
+    assert resumed["history"] == uninterrupted["history"]
+    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
 
 
 _ELASTIC_RUN = (
