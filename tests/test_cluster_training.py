@@ -439,17 +439,29 @@ def test_a_lost_ps_that_does_not_answer_within_the_wait_ends_fit_saying_so(local
     assert failed["seconds"] >= 2.5, failed  # it waited
 
 
-def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
-    """Runs `code` (see `_program`), which kills task 1 of `job` (`times` times); restarts that
-    task on its address each time it is gone, while the client runs on, and writes the pid of
-    restart i into `pids`/pid-i, whole. `(returncode, stdout, stderr)`."""
-    client = subprocess.Popen(
-        [sys.executable, "-c", _program(code, local.spec)],
+def _start_client(code, spec, **extra_env):
+    """`code` (see `_program`) started as a client process, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _program(code, spec)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**server_env(), **extra_env},
     )
+
+
+def _tell_pid(directory, local, job, name):
+    """Writes task 1 of `job`'s pid into `directory`/`name` for a client to read: written
+    whole, then named, so the client never reads a part."""
+    (directory / "pid").write_text(str(local.procs[(job, 1)].pid))
+    (directory / "pid").rename(directory / name)
+
+
+def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
+    """Runs `code` (see `_program`), which kills task 1 of `job` (`times` times); restarts that
+    task on its address each time it is gone, while the client runs on, and writes the pid of
+    restart i into `pids`/pid-i, whole. `(returncode, stdout, stderr)`."""
+    client = _start_client(code, local.spec, **extra_env)
     try:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         for time_ in range(1, times + 1):
@@ -459,8 +471,7 @@ def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
             assert task.poll() is not None, f"the client did not kill {job} 1 ({time_})"
             local.restart(job, 1)
             if pids is not None:
-                (pids / "pid").write_text(str(local.procs[(job, 1)].pid))
-                (pids / "pid").rename(pids / f"pid-{time_}")
+                _tell_pid(pids, local, job, f"pid-{time_}")
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
     finally:
         if client.poll() is None:
@@ -776,13 +787,7 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
         print(json.dumps({{"seen": seen, "loss": history.history["loss"]}}))
         """
     task = local.procs[("worker", 1)]
-    client = subprocess.Popen(
-        [sys.executable, "-c", _program(code, local.spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server_env(),
-    )
+    client = _start_client(code, local.spec)
     try:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         while not marker.exists() and client.poll() is None and time.monotonic() < deadline:
@@ -1162,18 +1167,8 @@ def test_every_task_reaches_a_worker_taken_back_when_take_back_returns(local, tm
         print(json.dumps(results))
         """
 
-    def tell_pid(round):  # written whole, then named: the client never reads a part
-        (tmp_path / "pid").write_text(str(local.procs[("worker", 1)].pid))
-        (tmp_path / "pid").rename(tmp_path / f"pid-{round}")
-
-    tell_pid(0)
-    client = subprocess.Popen(
-        [sys.executable, "-c", _program(code, local.spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server_env(),
-    )
+    _tell_pid(tmp_path, local, "worker", "pid-0")
+    client = _start_client(code, local.spec)
     try:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         for round in range(2):
@@ -1182,7 +1177,7 @@ def test_every_task_reaches_a_worker_taken_back_when_take_back_returns(local, tm
                 time.sleep(0.2)
             assert marker.exists(), f"worker 1 was not left out in round {round}"
             local.restart("worker", 1)
-            tell_pid(round + 1)
+            _tell_pid(tmp_path, local, "worker", f"pid-{round + 1}")
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
     finally:
         if client.poll() is None:
