@@ -6,6 +6,7 @@ cluster for its lifetime), and trains one process's reference model on the same 
 for comparison.
 """
 
+import contextlib
 import functools
 import json
 import re
@@ -439,15 +440,23 @@ def test_a_lost_ps_that_does_not_answer_within_the_wait_ends_fit_saying_so(local
     assert failed["seconds"] >= 2.5, failed  # it waited
 
 
-def _start_client(code, spec, **extra_env):
-    """`code` (see `_program`) started as a client process, its output piped."""
-    return subprocess.Popen(
+@contextlib.contextmanager
+def _running_client(code, spec, **extra_env):
+    """`code` (see `_program`) running as a client process, its output piped; killed on
+    leaving the block if it still runs (a test that failed while it ran)."""
+    client = subprocess.Popen(
         [sys.executable, "-c", _program(code, spec)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**server_env(), **extra_env},
     )
+    try:
+        yield client
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
 
 
 def _tell_pid(directory, local, job, name):
@@ -461,8 +470,7 @@ def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
     """Runs `code` (see `_program`), which kills task 1 of `job` (`times` times); restarts that
     task on its address each time it is gone, while the client runs on, and writes the pid of
     restart i into `pids`/pid-i, whole. `(returncode, stdout, stderr)`."""
-    client = _start_client(code, local.spec, **extra_env)
-    try:
+    with _running_client(code, local.spec, **extra_env) as client:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         for time_ in range(1, times + 1):
             task = local.procs[(job, 1)]
@@ -473,10 +481,6 @@ def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
             if pids is not None:
                 _tell_pid(pids, local, job, f"pid-{time_}")
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     return client.returncode, out, err
 
 
@@ -787,18 +791,13 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
         print(json.dumps({{"seen": seen, "loss": history.history["loss"]}}))
         """
     task = local.procs[("worker", 1)]
-    client = _start_client(code, local.spec)
-    try:
+    with _running_client(code, local.spec) as client:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         while not marker.exists() and client.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert task.poll() is not None and marker.exists(), "the first fit did not end"
         local.restart("worker", 1)
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     _fresh_workers_after_a_worker_restart(local, "worker")
     assert client.returncode == 0, err[-4000:]
     result = json.loads(out.strip().splitlines()[-1])
@@ -1168,8 +1167,7 @@ def test_every_task_reaches_a_worker_taken_back_when_take_back_returns(local, tm
         """
 
     _tell_pid(tmp_path, local, "worker", "pid-0")
-    client = _start_client(code, local.spec)
-    try:
+    with _running_client(code, local.spec) as client:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         for round in range(2):
             marker = tmp_path / f"left-out-{round}"
@@ -1179,10 +1177,6 @@ def test_every_task_reaches_a_worker_taken_back_when_take_back_returns(local, tm
             local.restart("worker", 1)
             _tell_pid(tmp_path, local, "worker", f"pid-{round + 1}")
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
     _fresh_workers_after_a_worker_restart(local, "worker")
     assert client.returncode == 0, err[-4000:]
     each = {"failures": 3, "after": 3.0 * len(local.spec["ps"]), "out": []}
