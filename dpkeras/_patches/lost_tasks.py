@@ -145,12 +145,13 @@ def _answering_again(cluster):
     return None
 
 
-def _with_callback(signature, model, args, kwargs, callback):
-    """`(args, kwargs)` of a call of `fit` (`signature`) with `callback` after its callbacks."""
-    bound = signature.bind(model, *args, **kwargs)
-    callbacks = bound.arguments.get("callbacks")
-    bound.arguments["callbacks"] = [*(callbacks or ()), callback]
-    return bound.args[1:], bound.kwargs
+def _with_callback(bound, callback):
+    """`(args, kwargs)` of the call of `fit` bound in `bound` (a `BoundArguments` of its
+    signature, the model first, its callbacks a list or tuple) with `callback` after its
+    callbacks; `bound` is left as it is."""
+    arguments = dict(bound.arguments, callbacks=[*bound.arguments["callbacks"], callback])
+    call = type(bound)(bound.signature, arguments)
+    return call.args[1:], call.kwargs
 
 
 def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
@@ -160,7 +161,8 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
     spec = None if extended is None else extended.cluster_spec
     if spec is None:
         return fit(model, *args, **kwargs)
-    callbacks = signature.bind(model, *args, **kwargs).arguments.get("callbacks")
+    bound = signature.bind(model, *args, **kwargs)
+    callbacks = bound.arguments.get("callbacks")
     backup = _backup_of(callbacks)
     histories, deadline, lost = [], None, None
     # A worker left out by an earlier fit that answers again: taken back before this one; one
@@ -174,7 +176,7 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
             call_args, call_kwargs = args, kwargs
             if _health.left_out() and backup is not None and isinstance(callbacks, (list, tuple)):
                 rejoining = _Rejoining(spec)  # without a backup, the next fit takes it back
-                call_args, call_kwargs = _with_callback(signature, model, args, kwargs, rejoining)
+                call_args, call_kwargs = _with_callback(bound, rejoining)
             history = fit(model, *call_args, **call_kwargs)
             histories.append(history)
             return _merged(histories) if len(histories) > 1 else history
