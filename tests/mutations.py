@@ -511,7 +511,7 @@ MUTANTS = (
         "elastic-server-def-unchanged",
         "a lost worker stays in the client's connection (functions are still sent to it)",
         "dpkeras/cluster/_connect.py",
-        "                del job.tasks[index]\n",
+        "                del job.tasks[task.task]\n",
         "                pass\n",
         (
             "tests/test_elastic_workers.py::"

@@ -283,10 +283,10 @@ def _without(definition, tasks):
     left = type(definition)()
     left.CopyFrom(definition)
     for name in tasks:
-        job_name, index = name.split("/")[1][len("job:") :], int(name.rsplit(":", 1)[1])
+        task = tf.DeviceSpec.from_string(name)
         for job in left.cluster.job:
-            if job.name == job_name and index in job.tasks:
-                del job.tasks[index]
+            if job.name == task.job and task.task in job.tasks:
+                del job.tasks[task.task]
     return left
 
 
