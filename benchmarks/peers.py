@@ -404,7 +404,7 @@ def _bytes(record):
     )
 
 
-def _distance(record):
+def distance_cells(record):
     """How far from one device: the held-out loss beside one device's; the weights' relative
     L2 distance for synchronous peers ("async" for PSS)."""
     if "held_out_loss" not in record:
@@ -454,7 +454,7 @@ def markdown(records, settings):
             continue
         client, ps, workers = _cpu(r)
         ps_kb, worker_kb, client_kb = _bytes(r)
-        loss, weights = _distance(r)
+        loss, weights = distance_cells(r)
         auc = f"{r['held_out_auc']:.4f}" if "held_out_auc" in r else ""
         lines.append(
             f"{head} {r['samples_per_s']:,.0f} | {r.get('whole_fit_samples_per_s', 0):,.0f} | "

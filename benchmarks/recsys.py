@@ -151,12 +151,7 @@ def markdown(records, info):
         if "reference_auc" in r:
             auc += f" ({r['reference_auc']:.4f})"
         client = r.get("client_cpu_ms_per_step")
-        distance = r.get("weights_vs_reference")
-        if r["strategy"] in peers.ASYNCHRONOUS:
-            weights = "asynchronous: n/a"
-        else:
-            weights = "reference" if "reference_loss" not in r else ""
-            weights = f"{distance[0]:.1e}" if distance else weights
+        _, weights = peers.distance_cells(r)
         lines.append(
             f"{head} {r['samples_per_s']:,.0f} | {r['whole_fit_samples_per_s']:,.0f} | {auc} | "
             f"{r['held_out_loss']:.4f} | {weights} | {'-' if client is None else f'{client:.1f}'} |"
