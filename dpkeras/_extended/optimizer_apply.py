@@ -5,7 +5,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from dpkeras._extended import all_reduce
+from dpkeras._extended import all_reduce, packing
 from dpkeras._variables import dedup, pieces, placed, replica_step
 
 _attached = weakref.WeakKeyDictionary()  # optimizer -> the extended it sums for
@@ -86,10 +86,7 @@ def _apply_summed(strategy, extended, optimizer, keras_apply, grads, trainable_v
         trainable_variables if trainable_variables is not None else optimizer.trainable_variables
     )
     replicated = [_copied(v) for v in variables]
-    summed = [
-        None if r else _sum(extended, optimizer, g, v)
-        for g, v, r in zip(grads, variables, replicated)
-    ]
+    summed = _sums(extended, optimizer, grads, variables, replicated)
     with tf.control_dependencies(_checks_of_the_step()):
         if any(replicated):
             return _apply_in_passes(
@@ -206,6 +203,28 @@ def _beside_the_largest(device):
         return best
 
     return place
+
+
+def _sums(extended, optimizer, grads, variables, replicated):
+    """Each gradient summed where its variable consumes it (None for a replicated variable's,
+    or no gradient); the dense ones a worker sends to one parameter device cross packed
+    (`packing`)."""
+    entries = []
+    for g, v, r in zip(grads, variables, replicated):
+        ours = placed.of(_tf_variable(v))
+        device = None if r or ours is None else ours.dense_sum_device
+        per_replica = isinstance(g, tf.distribute.DistributedValues)
+        components = (
+            extended.reductions.components(g, from_every_replica=False)
+            if device and per_replica
+            else None
+        )
+        entries.append((components, device))
+    packed = packing.sum_packed(entries)
+    return [
+        p if p is not None else None if r else _sum(extended, optimizer, g, v)
+        for p, g, v, r in zip(packed, grads, variables, replicated)
+    ]
 
 
 def _sum(extended, optimizer, grad, variable):

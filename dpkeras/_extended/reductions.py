@@ -22,7 +22,7 @@ def _combine(parts):
     return tf.add_n([tf.convert_to_tensor(c) for c in parts])
 
 
-def _other_task_host(component, device):
+def source_host(component, device):
     """The host of the task `component` was computed on, if that is not `device`'s task."""
     source = getattr(
         component.values if isinstance(component, tf.IndexedSlices) else component, "device", ""
@@ -33,25 +33,36 @@ def _other_task_host(component, device):
         return None
 
 
-def _presum_by_task(components, device):
-    """Sums, on each other task's host, the components of that task's replicas.
+def presum_by_task(components, device):
+    """`(source host, component)` pairs: the components, with those of each other task's
+    replicas summed on that task's host.
 
     A worker of a cluster then sends one locally summed gradient per variable, not one per
     replica. Components on `device`'s own task (every replica on one machine) are left as
-    they are. Sums and concatenations are exact regroupings of the same terms.
+    they are, with source host None. Sums and concatenations are exact regroupings of the
+    same terms. The order of the pairs is the order their sum adds them in; it depends only
+    on the components' source hosts (`dpkeras._extended.packing` relies on it).
     """
+    hosts = [source_host(c, device) for c in components]
     groups = {}
-    for c in components:
-        groups.setdefault(_other_task_host(c, device), []).append(c)
+    for host, c in zip(hosts, components):
+        groups.setdefault(host, []).append(c)
     if len(components) < 2 or all(
         host is None or len(parts) == 1 for host, parts in groups.items()
     ):
-        return components
-    out = list(groups.pop(None, []))
+        return list(zip(hosts, components))
+    out = [(None, c) for c in groups.pop(None, [])]
     for host, parts in groups.items():
         with tf.device(host):
-            out.append(_combine(parts) if len(parts) > 1 else parts[0])
+            out.append((host, _combine(parts) if len(parts) > 1 else parts[0]))
     return out
+
+
+def sum_dense(components, device):
+    """The SUM of dense `components` (presummed, see `presum_by_task`) on `device`."""
+    with tf.device(device):
+        dense = [tf.convert_to_tensor(c) for c in components]
+        return tf.add_n(dense) if len(dense) > 1 else tf.identity(dense[0])
 
 
 class ReductionLedger:
@@ -146,7 +157,7 @@ class ReductionLedger:
                 f"Cannot reduce with {how!r}; expected SUM, MEAN or ONLY_FIRST_REPLICA."
             )
         n = len(components)
-        components = _presum_by_task(components, device)
+        components = [c for _, c in presum_by_task(components, device)]
         sum_repeats = sum_repeats and all(isinstance(c, tf.IndexedSlices) for c in components)
         if sum_repeats:
             components = [dedup.sum_repeats(c) for c in components]
@@ -161,8 +172,7 @@ class ReductionLedger:
                 if sum_repeats and len(components) > 1:
                     result = dedup.sum_repeats(result)
             else:
-                dense = [tf.convert_to_tensor(c) for c in components]
-                result = tf.add_n(dense) if len(dense) > 1 else tf.identity(dense[0])
+                result = sum_dense(components, device)
                 if how == "MEAN":
                     result = (
                         result // n

@@ -81,6 +81,13 @@ class PlacedVariable:
         optimizer sums it per copy (`dpkeras._extended.optimizer_apply`)."""
         raise NotImplementedError
 
+    @property
+    def dense_sum_device(self):
+        """The device `sum_gradient` sums a dense gradient on as one plain sum (`add_n` of the
+        replicas' components), which lets the sums of several be packed
+        (`dpkeras._extended.packing`); None when it sums another way (by shard, per copy)."""
+        return None
+
     def why_not_xla(self):
         """Why XLA cannot compile a step that reads it (a phrase), or None."""
         raise NotImplementedError

@@ -106,6 +106,10 @@ class ReplicatedVariable(WholeVariable):
         """None: the optimizer all-reduces it among the compute devices, per copy."""
         return None
 
+    @property
+    def dense_sum_device(self):
+        return None
+
     def update(self, fn, args, kwargs, group):
         """`fn` on copy j in the optimizer's pass for it (`pieces.copy`), else on every copy,
         each with its own component of a per-replica argument."""

@@ -217,6 +217,10 @@ class ParameterVariable(WholeVariable):
             "SUM", grad, self.device, from_every_replica=False, sum_repeats=sum_repeats
         )
 
+    @property
+    def dense_sum_device(self):
+        return self.device
+
     def why_not_xla(self):
         return placed.why_xla_cannot_reach(self._extended)
 
