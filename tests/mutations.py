@@ -2333,6 +2333,39 @@ MUTANTS = (
             "[ps-dynamic-embedding]",
         ),
     ),
+    Mutant(
+        "gradients-not-packed",
+        "every dense gradient crosses from its worker to the ps alone (issue 43)",
+        "dpkeras/_extended/packing.py",
+        "    if tf.executing_eagerly():\n        return [None] * len(entries)\n",
+        "    if True:\n        return [None] * len(entries)\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact",
+        ),
+    ),
+    Mutant(
+        "pack-limit-ignored",
+        "packs grow past PACK_BYTES: one tensor of every dense gradient, however large",
+        "dpkeras/_extended/packing.py",
+        "        if current and size + nbytes > PACK_BYTES:\n",
+        "        if False:\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact",
+        ),
+    ),
+    Mutant(
+        "pack-split-misaligned",
+        "the ps splits a pack into the wrong variables' gradients (the pack in reverse order)",
+        "dpkeras/_extended/packing.py",
+        "for pairs in presummed], 0)",
+        "for pairs in presummed[::-1]], 0)",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact",
+        ),
+    ),
 )
 
 

@@ -493,3 +493,55 @@ def test_an_endless_dataset_has_no_per_step_check_for_its_end(cluster):
     assert endless["cardinality"] == -1 and finite["cardinality"] != -1, out  # INFINITE
     assert endless["from_worker_1"] < finite["from_worker_1"], out
     assert endless["to_worker_1"] < finite["to_worker_1"], out
+
+
+def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact(cluster):
+    """Every tensor sent between tasks is a gRPC call of its own (issue 43): a worker sends
+    the dense gradients bound for one ps (here the two Dense layers' kernels and biases,
+    128 + 16 + 48 + 3 = 195 floats) as one tensor, and the ps splits them back. With packs of
+    at most 600 bytes the 512 + 64 bytes of the first layer and the 192 + 12 of the second go
+    in two. The embedding's sparse gradient is not packed. Weights, history and predictions
+    equal one process's either way."""
+    out = _client(
+        """
+        from dpkeras._extended import packing
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 300, (96, 4)).astype("int32"), rng.randint(0, 3, 96)
+        dpkeras.cluster.connect(SPEC)
+        reference = build(2)
+        expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        out = {}
+        for limit in (packing.PACK_BYTES, 600):
+            packing.PACK_BYTES = limit
+            with dpkeras.scope(cluster=SPEC):
+                model = build(2)
+            history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+            max_diff = max(float(np.abs(a - b).max())
+                           for a, b in zip(reference.get_weights(), model.get_weights()))
+            report = dpkeras.train_step_transfers(model, x[:16], y[:16])
+            out[str(limit)] = {
+                "to_ps": sorted(([list(t.shape), t.dtype] for t in report.transfers
+                                 if "worker/task:1" in t.source and "/job:ps" in t.destination),
+                                key=str),
+                "max_diff": max_diff,
+                "loss": history.history["loss"],
+            }
+        out["expected_loss"] = expected.history["loss"]
+        print(json.dumps(out))
+        """,
+        cluster.spec,
+    )
+    one, two = out[str(4 << 20)], out["600"]
+    float_shapes = {
+        name: [shape for shape, dtype in run["to_ps"] if dtype == "float32"]
+        for name, run in (("one", one), ("two", two))
+    }
+    dense = [[8, 16], [16], [16, 3], [3]]
+    assert [195] in float_shapes["one"] and [144] not in float_shapes["one"], out
+    assert [144] in float_shapes["two"] and [51] in float_shapes["two"], out
+    for shapes in float_shapes.values():
+        assert not [s for s in shapes if s in dense], out  # no dense gradient crosses alone
+    assert len(float_shapes["two"]) == len(float_shapes["one"]) + 1, out
+    for run in (one, two):
+        assert run["max_diff"] < 1e-5, out
+        assert run["loss"] == pytest.approx(out["expected_loss"], rel=1e-5), out

@@ -27,9 +27,10 @@ PACK_BYTES = 4 << 20  # a gradient larger than this crosses alone; packs hold at
 def _packable(components):
     """Whether per-replica gradient `components` can be packed: dense, of one dtype and a
     fully known shape."""
-    return all(
-        isinstance(c, tf.Tensor) and c.shape.is_fully_defined() for c in components
-    ) and len({c.dtype for c in components}) == 1
+    return (
+        all(isinstance(c, tf.Tensor) and c.shape.is_fully_defined() for c in components)
+        and len({c.dtype for c in components}) == 1
+    )
 
 
 def sum_packed(entries):
