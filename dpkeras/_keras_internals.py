@@ -436,3 +436,28 @@ def training_model():
         return None
     finally:
         del frame
+
+
+# ---- What `dpkeras.cluster._step_loop` reuses of Keras's TF trainer ----
+# It runs Keras's loop over `steps_per_execution` steps with each worker's batch read on its
+# host (Keras's loop carries every replica's next batch through worker 0); a step there must
+# be Keras's own step: the same reduction of the replicas' logs and the same conversion of
+# optional inputs, which Keras keeps private. tests/test_cluster_loop.py fails if they change.
+
+
+def reduce_per_replica(outputs, strategy, reduction):
+    """Keras's reduction of a step's per-replica logs (`trainer.reduce_per_replica`)."""
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica as reduce
+
+    return reduce(outputs, strategy, reduction=reduction)
+
+
+def autoconvert_optionals(model, step):
+    """`step` wrapped as Keras wraps its one-step function: optional inputs given as
+    `tf.experimental.Optional` become None (`TensorFlowTrainer._autoconvert_optionals`)."""
+    return model._autoconvert_optionals(step)
+
+
+def unrolled_steps(model):
+    """How many steps Keras's loop unrolls per iteration (`unrolled_steps_per_execution`)."""
+    return getattr(model, "unrolled_steps_per_execution", 1)

@@ -508,3 +508,40 @@ def state_shared_by_iterators(dataset):
             continue
         found.append(type(current).__name__.lstrip("_"))
     return found
+
+
+# ---- What `dpkeras.cluster._step_loop` reads of TensorFlow's distributed iterators ----
+# Its loop reads each input host's next batch on that host (TensorFlow's `get_next_as_optional`
+# makes one `Optional` of every replica's batch on the calling device, which Keras's loop then
+# carries through worker 0); `input_lib` has no public per-host read. An `Optional` whose
+# element spec is known only after the step is traced gets it set, as Keras's own loop does.
+# tests/test_cluster_loop.py fails if these change.
+
+
+def host_optionals(distributed_iterator):
+    """Each input host's next batch, read on that host: per host, a list of one
+    `tf.experimental.Optional` per device it feeds (`get_next_as_optional_list`)."""
+    optionals = []
+    for i, host in enumerate(distributed_iterator._input_workers.worker_devices):
+        with tf.device(host):
+            optionals.append(distributed_iterator._iterators[i].get_next_as_optional_list())
+    return optionals
+
+
+def per_replica_values(distributed_iterator, optionals):
+    """The replicas' batches (a `PerReplica` structure) from `host_optionals`, each read on
+    its device, as TensorFlow's iterator regroups them (`_create_per_replica`)."""
+    values = _input_lib._get_value_or_dummy(
+        distributed_iterator._input_workers, optionals, produce_dummy=False
+    )
+    return _input_lib._create_per_replica(values, distributed_iterator._strategy)
+
+
+def reads_replicas_in_order(distributed_iterator):
+    """Whether the iterator yields its hosts' replicas in order (no `_replica_order`)."""
+    return getattr(distributed_iterator, "_replica_order", None) is None
+
+
+def set_optional_spec(optional, element_spec):
+    """Sets the element spec of `optional` (`_element_spec`), known after it was made."""
+    optional._element_spec = element_spec

@@ -2334,6 +2334,29 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "batch-through-worker-0",
+        "fit's loop on a cluster is Keras's own: each worker's batch crosses to worker 0 and "
+        "back every step (issue 43)",
+        "dpkeras/_patches/cluster_loop.py",
+        "        if step is not None:\n",
+        "        if False:\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_a_workers_batch_is_read_on_the_worker_and_never_crosses_to_the_loop",
+        ),
+    ),
+    Mutant(
+        "hosts-never-alike",
+        "no dpkeras iterator is known to give every host as many batches, so Keras's loop runs",
+        "dpkeras/_input/plan.py",
+        "        alike = sharding.policy_of(dataset) != sharding.AutoShardPolicy.FILE\n",
+        "        alike = False\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_a_workers_batch_is_read_on_the_worker_and_never_crosses_to_the_loop",
+        ),
+    ),
+    Mutant(
         "gradients-not-packed",
         "every dense gradient crosses from its worker to the ps alone (issue 43)",
         "dpkeras/_extended/packing.py",

@@ -73,9 +73,10 @@ class _AtFirstUse:
     TensorFlow's classes, which name their hosts' pipelines differently (`_per_host`); only
     pipelines made by a function can be made anew each epoch (`_per_host_remade`)."""
 
-    def __init__(self, *args, source=None, remake=None, **kwargs):
+    def __init__(self, *args, source=None, remake=None, alike=False, **kwargs):
         self._dpkeras_source, self._dpkeras_shared = source, None
         self._dpkeras_remake = remake
+        self._dpkeras_alike = alike
         super().__init__(*args, **kwargs)
 
     def __iter__(self):
@@ -106,7 +107,7 @@ class _AtFirstUse:
                 hosts = self._per_host_remade(remake())
             return _tf_internals.iterators_per_host(hosts, input_workers, options, self._strategy)
 
-        return _IteratorAtFirstUse(
+        iterator = _IteratorAtFirstUse(
             make,
             self._element_spec,
             input_workers=input_workers,
@@ -116,6 +117,8 @@ class _AtFirstUse:
             options=options,
             replica_order=self._replica_order,
         )
+        iterator._dpkeras_alike = self._dpkeras_alike
+        return iterator
 
 
 class _DatasetAtFirstUse(_AtFirstUse, _tf_internals.DistributedDataset):
@@ -149,7 +152,14 @@ def distributed_dataset(dataset, input_workers, strategy, num_replicas_in_sync, 
 
 
 def distributed_datasets_from_function(
-    dataset_fn, input_workers, input_contexts, strategy, options, source=None, remake=None
+    dataset_fn,
+    input_workers,
+    input_contexts,
+    strategy,
+    options,
+    source=None,
+    remake=None,
+    alike=False,
 ):
     """TensorFlow's distributed dataset of one pipeline per input host
     (`input_util.get_distributed_datasets_from_function`), whose iterators make their input
@@ -157,7 +167,8 @@ def distributed_datasets_from_function(
     `source`, the dataset the hosts' pipelines copy (their copies cannot be walked), or else on
     each host's pipeline. With `remake`, each iterator made eagerly reads pipelines made anew,
     at first use, by the `dataset_fn` that `remake()` returns (TensorFlow's own iterator, in a
-    traced function, reads those `dataset_fn` made)."""
+    traced function, reads those `dataset_fn` made). `alike`: every host's pipeline yields
+    as many elements as the others (see `hosts_yield_alike`)."""
     return _DatasetsFromFunctionAtFirstUse(
         input_workers,
         strategy,
@@ -166,6 +177,19 @@ def distributed_datasets_from_function(
         options=options,
         source=source,
         remake=remake,
+        alike=alike,
+    )
+
+
+def hosts_yield_alike(iterator):
+    """Whether `iterator` is an epoch iterator of this module whose input hosts' pipelines
+    yield the same number of elements, known from how dpkeras made them (each host's share
+    of every global batch), and yields its hosts' replicas in order: one host's
+    `has_value` then answers for all (`dpkeras.cluster._step_loop`)."""
+    return (
+        isinstance(iterator, _IteratorAtFirstUse)
+        and getattr(iterator, "_dpkeras_alike", False)
+        and _tf_internals.reads_replicas_in_order(iterator)
     )
 
 

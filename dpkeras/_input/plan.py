@@ -242,12 +242,20 @@ class InputPlan:
             return lambda context: dataset_fn(context, graph_def)
 
         unseeded = source is not None and source.ops
+        # Every host yields its share of every global batch (an empty one when it has no
+        # rows), except with FILE, where each host reads files of its own.
+        alike = sharding.policy_of(dataset) != sharding.AutoShardPolicy.FILE
         return self.distribute_datasets_from_function(
-            dataset_fn, strategy, options, dataset, remake=each_epoch if unseeded else None
+            dataset_fn,
+            strategy,
+            options,
+            dataset,
+            remake=each_epoch if unseeded else None,
+            alike=alike,
         )
 
     def distribute_datasets_from_function(
-        self, dataset_fn, strategy, options, source=None, remake=None
+        self, dataset_fn, strategy, options, source=None, remake=None, alike=False
     ):
         """`strategy.distribute_datasets_from_function`: one pipeline per input host, each
         called with its `InputContext`.
@@ -277,6 +285,7 @@ class InputPlan:
             options=self.iterator_options(options),
             source=source,
             remake=remake,
+            alike=alike,
         )
 
     def distribute_values_from_function(self, value_fn):

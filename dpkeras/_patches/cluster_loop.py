@@ -2,7 +2,8 @@
 XLA there: `dpkeras._patches.xla` decides)."""
 
 from dpkeras._extended.extended import extended_of
-from dpkeras.cluster import _loop
+from dpkeras._patches import xla
+from dpkeras.cluster import _loop, _step_loop
 
 
 def cluster_spec_of(model):
@@ -18,8 +19,11 @@ def running_on_the_cluster(attribute):
 
     With `steps_per_execution=K`, the client then dispatches once per K steps and receives the
     logs once per K steps; Keras's loop over the K steps, and its control, run on the cluster.
-    XLA cannot compile such a step (`dpkeras._patches.xla.why_not_xla`).
+    XLA cannot compile such a step (`dpkeras._patches.xla.why_not_xla`). For `fit` and
+    `evaluate`, the loop reads each worker's batch on the worker
+    (`dpkeras.cluster._step_loop`), not through worker 0.
     """
+    step = {"train_function": "train_step", "test_function": "test_step"}.get(attribute)
 
     def make_function(original, model, *args, **kwargs):
         spec = cluster_spec_of(model)
@@ -27,7 +31,15 @@ def running_on_the_cluster(attribute):
         function = getattr(model, attribute, None)
         if spec is None or function is None or _loop.runs_on_task(function):
             return result
-        wrapped = _loop.on_task(function, _loop.loop_device(spec))
+        looped = function
+        if step is not None:
+            looped = _step_loop.reading_on_each_host(
+                model,
+                function,
+                getattr(model, step),
+                xla=model.jit_compile and xla.why_not_xla(model) is None,
+            )
+        wrapped = _loop.on_task(looped, _loop.loop_device(spec))
         setattr(model, attribute, wrapped)
         return wrapped if result is function else result
 
