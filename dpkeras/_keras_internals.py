@@ -438,7 +438,7 @@ def training_model():
         del frame
 
 
-# ---- What `dpkeras.cluster._step_loop` reuses of Keras's TF trainer ----
+# ---- What `dpkeras._patches.step_loop` reuses of Keras's TF trainer ----
 # It runs Keras's loop over `steps_per_execution` steps with each worker's batch read on its
 # host (Keras's loop carries every replica's next batch through worker 0); a step there must
 # be Keras's own step: the same reduction of the replicas' logs and the same conversion of

@@ -510,12 +510,11 @@ def state_shared_by_iterators(dataset):
     return found
 
 
-# ---- What `dpkeras.cluster._step_loop` reads of TensorFlow's distributed iterators ----
+# ---- What `dpkeras._patches.step_loop` reads of TensorFlow's distributed iterators ----
 # Its loop reads each input host's next batch on that host (TensorFlow's `get_next_as_optional`
 # makes one `Optional` of every replica's batch on the calling device, which Keras's loop then
-# carries through worker 0); `input_lib` has no public per-host read. An `Optional` whose
-# element spec is known only after the step is traced gets it set, as Keras's own loop does.
-# tests/test_cluster_loop.py fails if these change.
+# carries through worker 0); `input_lib` has no public per-host read. tests/test_cluster_loop.py
+# fails if these change.
 
 
 def host_optionals(distributed_iterator):
@@ -540,8 +539,3 @@ def per_replica_values(distributed_iterator, optionals):
 def reads_replicas_in_order(distributed_iterator):
     """Whether the iterator yields its hosts' replicas in order (no `_replica_order`)."""
     return getattr(distributed_iterator, "_replica_order", None) is None
-
-
-def set_optional_spec(optional, element_spec):
-    """Sets the element spec of `optional` (`_element_spec`), known after it was made."""
-    optional._element_spec = element_spec

@@ -461,7 +461,7 @@ def test_a_workers_batch_is_read_on_the_worker_and_never_crosses_to_the_loop(clu
     loop runs on worker 0, so each other worker's share crossed to worker 0 and back every step
     (issue 43: a Dense model on 4096 float features, global batch 256, two workers: 2 MB sent
     and 2 MB received by each worker per step, its whole share, for 16 KB of weights). Each
-    host now reads its own batch (`dpkeras.cluster._step_loop`): a worker exchanges with the
+    host now reads its own batch (`dpkeras._patches.step_loop`): a worker exchanges with the
     loop's task only the loop's control and its logs, endless data or not, and its bytes per
     step are the weights', not the batch's. Counted from the client's partitions (the loop
     run from the client) and from the kernel's TCP counters: not timings."""

@@ -10,6 +10,7 @@
 - `optimizer_apply`: the optimizer applies the summed gradient once (once per copy of the
   replicated variables);
 - `all_reduce`: replicated variables' gradients summed among the compute devices.
+- `packing`: the dense gradients a worker sends to one parameter device, as one tensor.
 
 Feeding the replicas is `dpkeras._input`, one floor below.
 """

@@ -35,9 +35,10 @@ class _IteratorAtFirstUse(_tf_internals.DistributedIterator):
     `get_next` and by `tf.function` through its type spec's components) are made when first
     read."""
 
-    def __init__(self, make, element_spec, **kwargs):
+    def __init__(self, make, element_spec, alike=False, **kwargs):
         self._dpkeras_make = make
         self._dpkeras_made = None
+        self._dpkeras_alike = alike
         super().__init__(iterators=_NOT_YET, **kwargs)
         self._element_spec = element_spec
 
@@ -59,6 +60,11 @@ class _IteratorAtFirstUse(_tf_internals.DistributedIterator):
     def _iterators(self, value):
         if value is not _NOT_YET:
             self._dpkeras_made = value
+
+    @property
+    def hosts_alike(self):
+        """Whether its input hosts' pipelines yield as many elements as each other."""
+        return self._dpkeras_alike
 
     @property
     def hosts_made(self):
@@ -107,7 +113,7 @@ class _AtFirstUse:
                 hosts = self._per_host_remade(remake())
             return _tf_internals.iterators_per_host(hosts, input_workers, options, self._strategy)
 
-        iterator = _IteratorAtFirstUse(
+        return _IteratorAtFirstUse(
             make,
             self._element_spec,
             input_workers=input_workers,
@@ -116,9 +122,8 @@ class _AtFirstUse:
             enable_get_next_as_optional=self._enable_get_next_as_optional,
             options=options,
             replica_order=self._replica_order,
+            alike=self._dpkeras_alike,
         )
-        iterator._dpkeras_alike = self._dpkeras_alike
-        return iterator
 
 
 class _DatasetAtFirstUse(_AtFirstUse, _tf_internals.DistributedDataset):
@@ -185,10 +190,10 @@ def hosts_yield_alike(iterator):
     """Whether `iterator` is an epoch iterator of this module whose input hosts' pipelines
     yield the same number of elements, known from how dpkeras made them (each host's share
     of every global batch), and yields its hosts' replicas in order: one host's
-    `has_value` then answers for all (`dpkeras.cluster._step_loop`)."""
+    `has_value` then answers for all (`dpkeras._patches.step_loop`)."""
     return (
         isinstance(iterator, _IteratorAtFirstUse)
-        and getattr(iterator, "_dpkeras_alike", False)
+        and iterator.hosts_alike
         and _tf_internals.reads_replicas_in_order(iterator)
     )
 

@@ -18,7 +18,8 @@ other module of dpkeras changes Keras, TensorFlow or keras-rs (tests/test_keras_
 - `lost_tasks`: on a cluster, a worker lost in the middle of `fit` is left out (and taken back
   once it answers again), a ps waited for (bounded) and its variables made again; every
   variable is restored from the backup, and `fit` goes on;
-- `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client;
+- `cluster_loop`: on a cluster, Keras's step functions run on a task, not on the client, and
+  `fit`'s and `evaluate`'s loop reads each worker's batch on the worker (`step_loop`);
 - `xla`: with `jit_compile=True`, one decision whether XLA can compile a model's steps (its
   variables answer), one warning when it cannot; `predict` compiles the whole step, as `fit`
   does;

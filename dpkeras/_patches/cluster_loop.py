@@ -2,8 +2,8 @@
 XLA there: `dpkeras._patches.xla` decides)."""
 
 from dpkeras._extended.extended import extended_of
-from dpkeras._patches import xla
-from dpkeras.cluster import _loop, _step_loop
+from dpkeras._patches import step_loop, xla
+from dpkeras.cluster import _loop
 
 
 def cluster_spec_of(model):
@@ -21,7 +21,7 @@ def running_on_the_cluster(attribute):
     logs once per K steps; Keras's loop over the K steps, and its control, run on the cluster.
     XLA cannot compile such a step (`dpkeras._patches.xla.why_not_xla`). For `fit` and
     `evaluate`, the loop reads each worker's batch on the worker
-    (`dpkeras.cluster._step_loop`), not through worker 0.
+    (`dpkeras._patches.step_loop`), not through worker 0.
     """
     step = {"train_function": "train_step", "test_function": "test_step"}.get(attribute)
 
@@ -33,7 +33,7 @@ def running_on_the_cluster(attribute):
             return result
         looped = function
         if step is not None:
-            looped = _step_loop.reading_on_each_host(
+            looped = step_loop.reading_on_each_host(
                 model,
                 function,
                 getattr(model, step),

@@ -82,7 +82,9 @@ _FAILURES = (
 )
 _LOOP = (
     "a device argument for the step functions (Keras's make_*_function calls them without "
-    "one), or a strategy hook around the call of a multi-step function"
+    "one), or a strategy hook around the call of a multi-step function; and a multi-step "
+    "loop that reads each batch inside its iteration (Keras's carries the next batch as a "
+    "loop variable, on the loop's device)"
 )
 
 _JIT = (

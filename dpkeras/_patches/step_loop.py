@@ -60,19 +60,27 @@ def _loop(model, step_function, xla):
     strategy = model.distribute_strategy
 
     @tf.autograph.experimental.do_not_convert
-    def one_step(data):
+    def run_step(data):
         outputs = strategy.run(step_function, args=(data,))
         return _keras_internals.reduce_per_replica(outputs, strategy, "auto")
 
-    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=xla)
-    one_step = _keras_internals.autoconvert_optionals(model, one_step)
+    # Keras converts optional inputs (`tf.experimental.Optional`) to None around its traced
+    # step; here inside it, so that the step's logs can be known from the data's spec.
+    one_step = tf.function(
+        _keras_internals.autoconvert_optionals(model, run_step),
+        reduce_retracing=True,
+        jit_compile=xla,
+    )
 
     @tf.function(reduce_retracing=True)
     @tf.autograph.experimental.do_not_convert
     def loop(iterator):
         steps = model.steps_per_execution
-        # The logs' structure is known once the step is traced (in the first branch below).
-        nothing = tf.experimental.Optional.empty(None)
+        # The step traced on the batches' spec (the function its calls below use): the logs'
+        # spec, for the Optional that holds no logs yet.
+        traced = one_step.get_concrete_function(iterator.element_spec)
+        logs = tf.nest.map_structure(tf.type_spec_from_value, traced.structured_outputs)
+        nothing = tf.experimental.Optional.empty(logs)
 
         def cond(step, outputs, more):
             return tf.logical_and(step < steps, more)
@@ -83,18 +91,11 @@ def _loop(model, step_function, xla):
 
             def run():
                 data = _tf_internals.per_replica_values(iterator, optionals)
-                result = tf.experimental.Optional.from_value(one_step(data))
-                _tf_internals.set_optional_spec(nothing, result.element_spec)
-                return result
+                return tf.experimental.Optional.from_value(one_step(data))
 
-            def keep():
-                _tf_internals.set_optional_spec(outputs, nothing.element_spec)
-                return outputs
-
-            return step + 1, tf.cond(there, run, keep), there
+            return step + 1, tf.cond(there, run, lambda: outputs), there
 
         _, outputs, _ = tf.while_loop(cond, body, [tf.constant(0), nothing, tf.constant(True)])
-        _tf_internals.set_optional_spec(outputs, nothing.element_spec)
         return outputs
 
     return loop
