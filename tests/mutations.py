@@ -2357,6 +2357,102 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "pack-terms-reversed",
+        "a packed sum adds the workers' terms in reverse order",
+        "dpkeras/_extended/packing.py",
+        "    return [reductions.sum_dense(t, device) for t in terms]\n",
+        "    return [reductions.sum_dense(t[::-1], device) for t in terms]\n",
+        (
+            "tests/test_packing.py::test_gradients_for_one_ps_cross_as_one_tensor_per_worker_dtype_and_ps",
+        ),
+    ),
+    Mutant(
+        "pack-across-ps",
+        "one pack per worker for every ps, summed on the first gradient's ps",
+        "dpkeras/_extended/packing.py",
+        "groups.setdefault((device, components[0].dtype, sources), [])",
+        "groups.setdefault((entries[0][1], components[0].dtype, sources), [])",
+        (
+            "tests/test_packing.py::test_gradients_for_one_ps_cross_as_one_tensor_per_worker_dtype_and_ps",
+        ),
+    ),
+    Mutant(
+        "pack-mixes-dtypes",
+        "float32 and float64 gradients in one pack",
+        "dpkeras/_extended/packing.py",
+        "groups.setdefault((device, components[0].dtype, sources), [])",
+        "groups.setdefault((device, tf.float32, sources), [])",
+        (
+            "tests/test_packing.py::test_gradients_for_one_ps_cross_as_one_tensor_per_worker_dtype_and_ps",
+        ),
+    ),
+    Mutant(
+        "pack-drops-own-terms",
+        "a packed sum leaves out the replicas on the variable's own task",
+        "dpkeras/_extended/packing.py",
+        "                terms[j].append(pairs[k][1])\n",
+        "                terms[j].extend([])\n",
+        (
+            "tests/test_packing.py::test_terms_on_the_variables_own_task_are_added_first_and_not_packed",
+        ),
+    ),
+    Mutant(
+        "presum-drops-own-terms",
+        "a presum by task leaves out the first replica of the variable's own task",
+        "dpkeras/_extended/reductions.py",
+        "    out = [(None, c) for c in groups.pop(None, [])]\n",
+        "    out = [(None, c) for c in groups.pop(None, [])][1:]\n",
+        (
+            "tests/test_packing.py::test_terms_on_the_variables_own_task_are_added_first_and_not_packed",
+        ),
+    ),
+    Mutant(
+        "packed-on-one-machine",
+        "gradients packed though nothing crosses between tasks",
+        "dpkeras/_extended/packing.py",
+        "        if any(sources):",
+        "        if True:",
+        ("tests/test_packing.py::test_nothing_is_packed_where_nothing_crosses_a_task_or_alone",),
+    ),
+    Mutant(
+        "packed-eagerly",
+        "eager gradients packed, each op a call of its own",
+        "dpkeras/_extended/packing.py",
+        "    if tf.executing_eagerly():\n        return [None] * len(entries)\n",
+        "    if False:\n        return [None] * len(entries)\n",
+        ("tests/test_packing.py::test_nothing_is_packed_where_nothing_crosses_a_task_or_alone",),
+    ),
+    Mutant(
+        "single-gradient-flattened",
+        "a gradient alone in its pack is flattened and split back",
+        "dpkeras/_extended/packing.py",
+        "            if len(pack) > 1:\n",
+        "            if len(pack) > 0:\n",
+        ("tests/test_packing.py::test_a_gradient_larger_than_a_pack_crosses_alone_with_its_shape",),
+    ),
+    Mutant(
+        "sharded-packed",
+        "a sharded variable says it sums its dense gradient on one device",
+        "dpkeras/_variables/placed.py",
+        'per copy)."""\n        return None\n',
+        'per copy)."""\n        return getattr(self, "device", None)\n',
+        (
+            "tests/test_packing.py::"
+            "test_a_variable_sums_its_dense_gradient_plainly_only_if_kept_whole_on_one_device",
+        ),
+    ),
+    Mutant(
+        "replicated-packed",
+        "a replicated variable says it sums its dense gradient on one device",
+        "dpkeras/_variables/replicated.py",
+        "    @property\n    def dense_sum_device(self):\n        return None\n",
+        "    @property\n    def dense_sum_device(self):\n        return self.device\n",
+        (
+            "tests/test_packing.py::"
+            "test_a_variable_sums_its_dense_gradient_plainly_only_if_kept_whole_on_one_device",
+        ),
+    ),
+    Mutant(
         "gradients-not-packed",
         "every dense gradient crosses from its worker to the ps alone (issue 43)",
         "dpkeras/_extended/packing.py",

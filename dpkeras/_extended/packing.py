@@ -10,8 +10,10 @@ them: on each worker's host, the dense gradients bound for one parameter device 
 flattened and concatenated (up to `PACK_BYTES` per pack), cross as one tensor, and are
 split back and summed per variable on that device.
 
-Exact: each variable's sum adds the same terms in the same order as its own sum would
-(`reductions.presum_by_task`, then `add_n`); packing only moves them together. Sparse
+Each variable's sum adds the same terms in the same order as its own sum would
+(`reductions.presum_by_task`, then `add_n`); packing only moves them together. (TensorFlow's
+graph optimizer may still regroup a sum of three or more terms differently in the two graphs:
+equal within float rounding, not always bit for bit.) Sparse
 gradients (embedding rows), gradients of unknown shape and variables that sum another way
 (shards, replicated copies) are summed as before, and so is everything on one machine,
 where nothing crosses between tasks.

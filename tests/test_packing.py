@@ -1,0 +1,163 @@
+"""Packing: the dense gradients a worker sends to one parameter device cross as one tensor.
+
+Built in a graph with a cluster's device names and never run: what crosses where, and in what
+order each sum adds its terms, are the graph's structure (`dpkeras._extended.packing`). The
+numbers are checked on a real cluster by tests/test_cluster_loop.py.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import dpkeras
+from dpkeras._extended import packing
+from dpkeras._variables import placed
+
+PS0 = "/job:ps/replica:0/task:0/device:CPU:0"
+PS1 = "/job:ps/replica:0/task:1/device:CPU:0"
+WORKERS = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(3)]
+
+
+def _gradient(shape, dtype=tf.float32, devices=WORKERS):
+    """One component per replica, each on its worker."""
+    parts = []
+    for device in devices:
+        with tf.device(device):
+            parts.append(tf.compat.v1.placeholder(dtype, shape))
+    return parts
+
+
+def _ops(graph, kind):
+    return [op for op in graph.get_operations() if op.type == kind]
+
+
+def _source_worker(tensor):
+    """The worker whose pack (or own component) a term of a sum comes from."""
+    op = tensor.op
+    while op.type in ("Reshape", "SplitV", "ConcatV2", "Identity"):
+        op = op.inputs[0].op
+    return tf.DeviceSpec.from_string(op.device).task
+
+
+def test_gradients_for_one_ps_cross_as_one_tensor_per_worker_dtype_and_ps():
+    graph = tf.Graph()
+    with graph.as_default():
+        entries = [
+            (_gradient([2, 3]), PS0),
+            (_gradient([4]), PS0),
+            (_gradient([5]), PS1),
+            (_gradient([3]), PS1),
+            (_gradient([2], tf.float64), PS0),
+            (_gradient([2], tf.float64), PS0),
+            (_gradient([1]), PS1),
+        ]
+        sums = packing.sum_packed(entries)
+    assert all(s is not None for s in sums)
+    packs = sorted(
+        (
+            tf.DeviceSpec.from_string(op.device).task,
+            op.outputs[0].dtype.name,
+            op.outputs[0].shape.num_elements(),
+        )
+        for op in _ops(graph, "ConcatV2")
+    )
+    # Per worker: ps 0's float32 gradients (6 + 4), ps 1's (5 + 3 + 1), ps 0's float64 (2 + 2).
+    assert packs == sorted(
+        (w, dtype, n)
+        for w in range(3)
+        for dtype, n in (("float32", 10), ("float32", 9), ("float64", 4))
+    )
+    for op in _ops(graph, "ConcatV2"):
+        assert op.device.startswith("/job:worker/"), op.device  # packed where it is computed
+    for op in _ops(graph, "SplitV"):
+        assert op.device.startswith("/job:ps/"), op.device  # split where it is summed
+    for total, (components, device) in zip(sums, entries):
+        assert total.device == device
+        assert total.shape == components[0].shape and total.dtype == components[0].dtype
+        # Each sum adds one term per worker, in the workers' order (as its own sum would).
+        assert [_source_worker(t) for t in total.op.inputs] == [0, 1, 2]
+        for term in total.op.inputs:
+            split = term.op.inputs[0].op
+            assert split.type == "SplitV" and split.device == device
+
+
+def test_terms_on_the_variables_own_task_are_added_first_and_not_packed():
+    """A cluster without ps tasks: the variables live on worker 0, whose own replica's gradient
+    stays there; workers 1 and 2 each send one pack."""
+    graph = tf.Graph()
+    with graph.as_default():
+        entries = [(_gradient([3]), WORKERS[0]), (_gradient([2, 2]), WORKERS[0])]
+        sums = packing.sum_packed(entries)
+    assert sorted(tf.DeviceSpec.from_string(op.device).task for op in _ops(graph, "ConcatV2")) == [
+        1,
+        2,
+    ]
+    for total, (components, _) in zip(sums, entries):
+        inputs = list(total.op.inputs)
+        assert inputs[0] is components[0]  # worker 0's own term, first, as it was
+        assert [_source_worker(t) for t in inputs] == [0, 1, 2]
+    # Worker 1 runs two replicas (GPUs, say): it sums their gradients first and sends one pack.
+    two = [WORKERS[0], WORKERS[1], WORKERS[1].replace("CPU:0", "CPU:1"), WORKERS[2]]
+    graph = tf.Graph()
+    with graph.as_default():
+        entries = [(_gradient([3], devices=two), WORKERS[0]) for _ in range(2)]
+        sums = packing.sum_packed(entries)
+    for total, (components, _) in zip(sums, entries):
+        inputs = list(total.op.inputs)
+        assert inputs[0] is components[0]
+        assert [_source_worker(t) for t in inputs] == [0, 1, 2]
+    presums = [op for op in _ops(graph, "AddN") if "task:1" in op.device]
+    assert len(presums) == 2  # one per gradient, on worker 1, before packing
+
+
+def test_nothing_is_packed_where_nothing_crosses_a_task_or_alone():
+    graph = tf.Graph()
+    local = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2)]
+    with graph.as_default():
+        on_one_machine = [(_gradient([3], devices=local), local[0]) for _ in range(3)]
+        assert packing.sum_packed(on_one_machine) == [None, None, None]
+        alone = [(_gradient([3]), PS0), (_gradient([3]), PS1), (_gradient([3], tf.float64), PS0)]
+        assert packing.sum_packed(alone) == [None, None, None]  # one per ps and dtype
+        with tf.device(WORKERS[1]):
+            rows = tf.IndexedSlices(tf.zeros([2, 3]), tf.constant([0, 1]), tf.constant([9, 3]))
+        sparse = [([rows, rows, rows], PS0), ([rows, rows, rows], PS0)]
+        assert packing.sum_packed(sparse) == [None, None]
+        unknown = [(_gradient([None]), PS0), (_gradient([None]), PS0)]
+        assert packing.sum_packed(unknown) == [None, None]
+    assert _ops(graph, "ConcatV2") == [] and _ops(graph, "SplitV") == []
+    # Eagerly each op is its own call: nothing to pack.
+    assert packing.sum_packed([([tf.ones([2])] * 2, PS0)] * 2) == [None, None]
+
+
+def test_a_gradient_larger_than_a_pack_crosses_alone_with_its_shape(monkeypatch):
+    monkeypatch.setattr(packing, "PACK_BYTES", 64)
+    graph = tf.Graph()
+    with graph.as_default():
+        entries = [(_gradient([4, 4]), PS0), (_gradient([3]), PS0), (_gradient([5]), PS0)]
+        sums = packing.sum_packed(entries)
+    assert sums[0] is None  # 64 bytes: alone, summed as before, never flattened
+    assert sums[1] is not None and sums[2] is not None
+    assert sorted(op.outputs[0].shape.num_elements() for op in _ops(graph, "ConcatV2")) == [8] * 3
+
+
+def test_a_variable_sums_its_dense_gradient_plainly_only_if_kept_whole_on_one_device():
+    """Replicated copies are all-reduced and shards summed shard by shard: neither is packed."""
+    replicas = ["/cpu:1", "/cpu:2"]
+    hybrid = dpkeras.get_strategy(replicas, dpkeras.placement.hybrid())
+    with hybrid.scope():
+        replicated = tf.Variable(tf.zeros([3]))
+    cut = dpkeras.get_strategy(
+        replicas,
+        ["/cpu:0", "/cpu:3"],
+        partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2),
+    )
+    with cut.scope():
+        table = tf.Variable(tf.zeros([10, 2]))
+    with dpkeras.get_strategy(replicas, "/cpu:0").scope():
+        whole = tf.Variable(tf.zeros([3]))
+    assert placed.of(replicated).copy_devices
+    assert placed.of(replicated).dense_sum_device is None
+    assert len(placed.of(table).parts) == 2
+    assert placed.of(table).dense_sum_device is None
+    assert len(placed.of(whole).parts) == 1
+    assert placed.of(whole).dense_sum_device == whole.device
+    np.testing.assert_array_equal(whole.numpy(), np.zeros(3))
