@@ -232,7 +232,10 @@ def test_bytes_between_processes_do_not_grow_with_replicas_per_worker(local):
     for pair in set(one) | set(two):
         if "client" in pair:
             continue  # per-replica scalar logs to the client for Keras's callbacks
-        assert two.get(pair, 0) == pytest.approx(one.get(pair, 0), rel=0.05), (pair, one, two)
+        # abs: the loop's "a batch is there" (one bool) goes to each device of a worker that
+        # reads a batch (`dpkeras._patches.step_loop`): a byte per replica, not a weight.
+        expected = pytest.approx(one.get(pair, 0), rel=0.05, abs=4)
+        assert two.get(pair, 0) == expected, (pair, one, two)
 
 
 def test_dpkeras_env_shows_the_cluster_from_tf_config(local):
