@@ -2453,6 +2453,41 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "step-loop-first-logs",
+        "each call of the per-worker loop returns its first step's logs, not its last's",
+        "dpkeras/_patches/step_loop.py",
+        "tf.cond(there, run, lambda: outputs), there\n",
+        "(lambda new: tf.cond(step > 0, lambda: outputs, lambda: new))"
+        "(tf.cond(there, run, lambda: outputs)), there\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_workers_own_loop_keeps_kerass_semantics_where_a_call_ends_early",
+        ),
+    ),
+    Mutant(
+        "step-loop-no-stop",
+        "a call of the per-worker loop that finds no batch returns empty logs: no epoch end",
+        "dpkeras/_patches/step_loop.py",
+        "            raise StopIteration\n",
+        "            return {}\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_workers_own_loop_keeps_kerass_semantics_where_a_call_ends_early",
+        ),
+    ),
+    Mutant(
+        "user-datasets-alike",
+        "a user's per-worker datasets are taken to have as many batches each: worker 0 ends "
+        "the epoch",
+        "dpkeras/_input/plan.py",
+        "self, dataset_fn, strategy, options, source=None, remake=None, alike=False",
+        "self, dataset_fn, strategy, options, source=None, remake=None, alike=True",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_workers_own_loop_keeps_kerass_semantics_where_a_call_ends_early",
+        ),
+    ),
+    Mutant(
         "gradients-not-packed",
         "every dense gradient crosses from its worker to the ps alone (issue 43)",
         "dpkeras/_extended/packing.py",

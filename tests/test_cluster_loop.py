@@ -567,3 +567,103 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
     for run in (one, two):
         assert run["max_diff"] < 1e-5, out
         assert run["loss"] == pytest.approx(out["expected_loss"], rel=1e-5), out
+
+
+def test_the_workers_own_loop_keeps_kerass_semantics_where_a_call_ends_early(cluster):
+    """`fit` and `evaluate` at K=3 through the loop that reads each worker's batch on the worker
+    (`dpkeras._patches.step_loop`), against one process: data of unknown length (a `filter`:
+    the last call of an epoch finds no batch and ends it, the empty one raises
+    StopIteration), `steps_per_epoch` over finite data, an input given as None (Keras's
+    optional inputs), and the logs every batch's callbacks see (the last step's of each
+    call). A dataset the user distributes per worker, with workers of unequal lengths, is
+    read by Keras's own loop: no worker's batch is dropped (worker 1's 5 batches an epoch,
+    not worker 0's 3)."""
+    out = _client(
+        """
+        rng = np.random.RandomState(0)
+        x, y = rng.randint(0, 300, (100, 4)).astype("int32"), rng.randint(0, 3, 100)
+
+        class Logs(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.seen = []
+            def on_train_batch_end(self, batch, logs=None):
+                self.seen.append(["train", batch, {k: float(v) for k, v in logs.items()}])
+            def on_test_batch_end(self, batch, logs=None):
+                self.seen.append(["test", batch, {k: float(v) for k, v in logs.items()}])
+
+        def unknown_length():
+            rows = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: b < 5)
+            return rows.batch(16)
+
+        def train(model):
+            logs = Logs()
+            first = model.fit(unknown_length(), epochs=2, verbose=0, callbacks=[logs],
+                              validation_data=unknown_length())
+            second = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).take(5),
+                               steps_per_epoch=3, epochs=1, verbose=0, callbacks=[logs])
+            evaluation = model.evaluate(unknown_length(), verbose=0, callbacks=[logs])
+            return first.history, second.history, evaluation, logs.seen
+
+        def optional_input(model_k):
+            keras.utils.set_random_seed(2)
+            a = keras.Input((3,), name="a")
+            b = keras.Input((3,), name="b", optional=True)
+            class Add(keras.layers.Layer):
+                def call(self, a, b=None):
+                    return a if b is None else a + b
+            out = keras.layers.Dense(1)(Add()(a, b))
+            model = keras.Model({"a": a, "b": b}, out)
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=model_k)
+            return model
+
+        features = {"a": rng.rand(48, 3).astype("float32"), "b": None}
+        target = rng.rand(48, 1).astype("float32")
+        dpkeras.cluster.connect(SPEC)
+        reference = build(3)
+        expected = train(reference)
+        plain = optional_input(3)
+        expected_optional = plain.fit(features, target, batch_size=8, epochs=2, shuffle=False,
+                                      verbose=0).history["loss"]
+        with dpkeras.scope(cluster=SPEC) as strategy:
+            model = build(3)
+            distributed = optional_input(3)
+        actual = train(model)
+        optional = distributed.fit(features, target, batch_size=8, epochs=2, shuffle=False,
+                                   verbose=0).history["loss"]
+
+        def per_worker(context):  # worker 0: 3 batches of 8 an epoch, worker 1: 5
+            n = 24 + 16 * context.input_pipeline_id
+            rows = tf.data.Dataset.range(n).map(
+                lambda i: (tf.fill([4], tf.cast(i % 300, tf.int32)), i % 3))
+            return rows.filter(lambda a, b: True).batch(8)
+
+        with dpkeras.scope(cluster=SPEC) as strategy:
+            uneven = build(3)
+        uneven.fit(strategy.distribute_datasets_from_function(per_worker), epochs=2, verbose=0)
+        print(json.dumps({
+            "max_diff": max(float(np.abs(a - b).max())
+                            for a, b in zip(reference.get_weights(), model.get_weights())),
+            "expected": expected, "actual": actual,
+            "optional": [expected_optional, optional],
+            "uneven_steps": int(uneven.optimizer.iterations.numpy()),
+        }))
+        """,
+        cluster.spec,
+    )
+    assert out["max_diff"] < 1e-5, out
+    (e_first, e_second, e_eval, e_seen), (first, second, evaluation, seen) = (
+        out["expected"],
+        out["actual"],
+    )
+    for expected, actual in ((e_first, first), (e_second, second)):
+        assert set(actual) == set(expected)
+        for name in expected:
+            assert actual[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+    assert evaluation == pytest.approx(e_eval, rel=1e-5)
+    assert [s[:2] for s in seen] == [s[:2] for s in e_seen]  # the same batches, in order
+    for (_, _, logs), (_, _, e_logs) in zip(seen, e_seen):
+        assert logs == pytest.approx(e_logs, rel=1e-5, abs=1e-6)  # each call's last step's
+    expected_optional, optional = out["optional"]
+    assert optional == pytest.approx(expected_optional, rel=1e-5)
+    assert out["uneven_steps"] == 2 * 5, out
