@@ -13,10 +13,10 @@ split back and summed per variable on that device.
 Each variable's sum adds the same terms in the same order as its own sum would
 (`reductions.presum_by_task`, then `add_n`); packing only moves them together. (TensorFlow's
 graph optimizer may still regroup a sum of three or more terms differently in the two graphs:
-equal within float rounding, not always bit for bit.) Sparse
-gradients (embedding rows), gradients of unknown shape and variables that sum another way
-(shards, replicated copies) are summed as before, and so is everything on one machine,
-where nothing crosses between tasks.
+equal within float rounding, not always bit for bit.) Sparse gradients (embedding rows),
+gradients of unknown shape and variables that sum another way (shards, replicated copies)
+are summed as before, and so is everything on one machine, where nothing crosses between
+tasks.
 """
 
 import tensorflow as tf
