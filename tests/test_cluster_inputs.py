@@ -11,6 +11,9 @@ strategy, built after connecting, in the same client.
   deduplicated lookups into an `Embedding` with a mean or a sum combiner (SGD sums repeats'
   gradient rows before they cross; Adam sends them), and into a `DynamicEmbedding`; weights,
   history and predictions (in batches of 3: an empty share each).
+- `fit` on `(x, y)` records with `auto_shard_policy=FILE`: each worker reads its own file and
+  batches its share of each step; files of equal and of unequal length (past a worker's last
+  batch its share is empty, as under MultiWorkerMirroredStrategy).
 
 One client process runs every case (`results`), each case catching its own error, so the
 module starts one cluster and one client.
@@ -193,6 +196,65 @@ for name, (make, optimizer) in CASES.items():
             "rows": len(predictions),
         }
 
+# -- auto_shard_policy=FILE on (x, y) files --------------------------------------------------
+
+def record_files(directory, counts):  # file f, record i: x = (f, i, 1), y = f + i / 10
+    paths = []
+    for f, rows in enumerate(counts):
+        path = os.path.join(directory, f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(rows):
+                row = tf.constant([f, i, 1, f + i / 10], tf.float32)
+                writer.write(tf.io.serialize_tensor(row).numpy())
+        paths.append(path)
+    return paths
+
+def parse(record):
+    row = tf.io.parse_tensor(record, tf.float32)
+    row.set_shape([4])
+    return row[:3], row[3:]
+
+def by_files(paths):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    return tf.data.TFRecordDataset(paths).map(parse).batch(6).with_options(options)
+
+def dense():
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=2)
+    return model
+
+def file_case(counts):
+    # 6 rows a step over 4 replicas are 2, 2, 1, 1: worker 0 (replicas 0, 1) reads file 0, 4
+    # rows a step; worker 1 file 1, 2 rows a step. One process trains on the same global
+    # batches: worker 0's rows, then worker 1's; as under MultiWorkerMirroredStrategy, an
+    # epoch goes on until every worker is out of batches, one out first giving an empty share.
+    import tempfile
+    paths = record_files(tempfile.mkdtemp(), counts)
+    whole = [by_files(paths[f:f + 1]).unbatch() for f in (0, 1)]
+    shares = [list(whole[0].batch(4)), list(whole[1].batch(2))]
+    empty = (tf.zeros([0, 3]), tf.zeros([0, 1]))
+    n = max(map(len, shares))
+    padded = [s + [empty] * (n - len(s)) for s in shares]
+    xs = [tf.concat([a[0], b[0]], 0) for a, b in zip(*padded)]
+    ys = [tf.concat([a[1], b[1]], 0) for a, b in zip(*padded)]
+    steps = tf.data.Dataset.from_generator(lambda: zip(xs, ys), output_signature=(
+        tf.TensorSpec([None, 3]), tf.TensorSpec([None, 1])))
+    reference = dense()
+    expected = reference.fit(steps, epochs=2, verbose=0).history["loss"]
+    with strategy.scope():
+        model = dense()
+    history = model.fit(by_files(paths), epochs=2, verbose=0).history["loss"]
+    return {"weights": max_gap(reference.get_weights(), model.get_weights()),
+            "history": max_gap(expected, history), "epochs": len(history), "steps": n}
+
+# both files 3 steps; worker 1's 5 steps (2 past worker 0's 3); worker 0's 4 (1 past)
+for name, counts in [("file-xy", [12, 6]), ("file-xy-1-longer", [12, 10]),
+                     ("file-xy-0-longer", [16, 6])]:
+    case(name)(lambda counts=counts: file_case(counts))
+
 print(json.dumps(out))
 """
 
@@ -224,6 +286,20 @@ def test_jit_compiled_predict_and_fit_equal_one_device(results):
 @pytest.mark.parametrize("model", ["conv", "lookups"])
 def test_predict_on_every_batch_size_with_empty_shares_equals_one_device(results, model):
     assert max(_result(results, f"empty-{model}")) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "case, steps", [("file-xy", 3), ("file-xy-1-longer", 5), ("file-xy-0-longer", 4)]
+)
+def test_file_sharded_x_y_records_train_as_one_process_on_the_workers_shares(
+    results, case, steps
+):
+    """Each worker reads its own file of `(x, y)` records and batches its share of each step;
+    files of unequal length give the longer's rows alone past the shorter's end."""
+    out = _result(results, case)
+    assert out["epochs"] == 2 and out["steps"] == steps, out
+    assert out["weights"] < 1e-5, out
+    assert out["history"] < 1e-5, out
 
 
 @pytest.mark.parametrize(

@@ -232,3 +232,32 @@ def test_file_cuts_an_uneven_step_by_tensorflows_rule(tmp_path):
     first, second = _pipelines(make, [(0, 1), (1, 3)], 3)
     assert [x.shape[0] for x in first.take(3).as_numpy_iterator()] == [3, 3, 3]
     assert [x.shape[0] for x in second.take(4).as_numpy_iterator()] == [2, 2, 2, 2]
+
+
+def test_file_cuts_x_y_steps_as_one_batch_from_files_of_unequal_length(tmp_path):
+    """An `(x, y)` element reaches the step cutter as two arguments: each host's share of a
+    step keeps x and y together, row for row, from files of 9 and 14 records (worker 0 runs
+    out of steps first; each host yields only whole shares of its own files)."""
+    paths = []
+    for f, rows in enumerate([9, 14]):
+        path = str(tmp_path / f"xy-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(rows):
+                writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
+        paths.append(path)
+
+    def make():
+        dataset = tf.data.TFRecordDataset(paths)
+        dataset = dataset.map(lambda r: tf.io.parse_tensor(r, tf.int64))
+        dataset = dataset.map(lambda v: (tf.reshape(v, [1]), {"y": -v}))
+        return _with_policy(dataset.batch(6), Policy.FILE)
+
+    first, second = _pipelines(make, [(0, 1), (1, 3)], 3)
+    a, b = list(first.as_numpy_iterator()), list(second.as_numpy_iterator())
+    # 6 rows a step over 3 replicas: 2 each; worker 0 holds 9 records (4 steps of 2), worker 1
+    # 14 (3 steps of 4, cut 2 and 2)
+    assert [len(x) for x, _ in a] == [2, 2, 2, 2] and [len(x) for x, _ in b] == [2] * 6
+    for x, y in a + b:
+        np.testing.assert_array_equal(x[:, 0], -y["y"])
+    assert sorted(int(v) for x, _ in a for v in x[:, 0]) == list(range(8))
+    assert sorted(int(v) for x, _ in b for v in x[:, 0]) == list(range(100, 112))

@@ -303,7 +303,10 @@ def _by_files(dataset, host, hosts, first, end, num_replicas):
     ]
     starts = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
 
-    def split(step):
+    def split(*components):
+        # tf.data passes a tuple element's components as separate arguments: `(x, y)` steps
+        # are cut as one batch, as a single tensor or a dict is.
+        step = components if len(components) > 1 else components[0]
         return tf.data.Dataset.range(len(sizes)).map(
             lambda k: batch_rows.slice_batch(step, tf.gather(starts, k), tf.gather(starts, k + 1))
         )
