@@ -2357,6 +2357,29 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "file-tuple-split",
+        "FILE sharding's step cutter takes one argument: every (x, y) dataset raises TypeError",
+        "dpkeras/_input/sharding.py",
+        "        step = components if len(components) > 1 else components[0]\n",
+        "        step = components[0]\n",
+        (
+            "tests/test_input_sharding.py::"
+            "test_file_cuts_x_y_steps_as_one_batch_from_files_of_unequal_length",
+        ),
+    ),
+    Mutant(
+        "file-hosts-alike",
+        "FILE-sharded iterators count as giving every host as many batches: worker 0's end of "
+        "its files ends every worker's epoch",
+        "dpkeras/_input/plan.py",
+        "        alike = sharding.policy_of(dataset) != sharding.AutoShardPolicy.FILE\n",
+        "        alike = True\n",
+        (
+            "tests/test_cluster_inputs.py::"
+            "test_file_sharded_x_y_records_train_as_one_process_on_the_workers_shares",
+        ),
+    ),
+    Mutant(
         "pack-terms-reversed",
         "a packed sum adds the workers' terms in reverse order",
         "dpkeras/_extended/packing.py",
