@@ -2430,6 +2430,27 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "presum-own-terms-last",
+        "a presum by task adds the terms of the variable's own task last, after the other "
+        "tasks' presums, not in the replicas' order",
+        "dpkeras/_extended/reductions.py",
+        "    out = [(None, c) for c in groups.pop(None, [])]\n"
+        "    for host, parts in groups.items():\n"
+        "        with tf.device(host):\n"
+        "            out.append((host, _combine(parts) if len(parts) > 1 else parts[0]))\n"
+        "    return out\n",
+        "    own = [(None, c) for c in groups.pop(None, [])]\n"
+        "    out = []\n"
+        "    for host, parts in groups.items():\n"
+        "        with tf.device(host):\n"
+        "            out.append((host, _combine(parts) if len(parts) > 1 else parts[0]))\n"
+        "    return out + own\n",
+        (
+            "tests/test_packing.py::"
+            "test_a_presummed_sum_adds_its_own_tasks_terms_in_replica_order_then_each_tasks_presum",
+        ),
+    ),
+    Mutant(
         "packed-on-one-machine",
         "gradients packed though nothing crosses between tasks",
         "dpkeras/_extended/packing.py",
@@ -2509,6 +2530,15 @@ MUTANTS = (
             "tests/test_cluster_loop.py::"
             "test_the_workers_own_loop_keeps_kerass_semantics_where_a_call_ends_early",
         ),
+    ),
+    Mutant(
+        "cluster-run-eagerly",
+        "run_eagerly=True is ignored on a cluster: fit and evaluate run the per-worker loop, "
+        "traced, not Keras's eager steps",
+        "dpkeras/_patches/step_loop.py",
+        "    if model.run_eagerly or _keras_internals.unrolled_steps(model) != 1:\n",
+        "    if _keras_internals.unrolled_steps(model) != 1:\n",
+        ("tests/test_cluster_loop.py::test_every_steps_per_execution_equals_one_process",),
     ),
     Mutant(
         "gradients-not-packed",

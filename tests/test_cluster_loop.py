@@ -77,13 +77,16 @@ def test_every_steps_per_execution_equals_one_process(cluster, k):
     """Uneven last batch, validation, callbacks, evaluate, predict; no loop's number of steps is
     a multiple of 3, so with K=3 each ends with a shorter group: fit 7 steps (106 = 6 x 16 +
     10), validation (a tf.data pipeline with a map, cut to the workers) and evaluate 4 (53 =
-    3 x 16 + 5), predict 4 (29 = 3 x 8 + 5)."""
+    3 x 16 + 5), predict 4 (29 = 3 x 8 + 5). Compiled with `run_eagerly=True`, a small Dense
+    model trains to one process's weights and history too, each step run eagerly (Keras's own
+    loop, `dpkeras._patches.step_loop`): 5 steps (36 = 4 x 8 + 4)."""
     out = _client(
         f"""
         K = {k}
         rng = np.random.RandomState(0)
         x, y = rng.randint(0, 300, (106, 4)).astype("int32"), rng.randint(0, 3, 106)
         xv, yv = rng.randint(0, 300, (53, 4)).astype("int32"), rng.randint(0, 3, 53)
+        xe, ye = rng.rand(36, 3).astype("float32"), rng.rand(36, 1).astype("float32")
 
         def validation():  # a tf.data pipeline with a map, cut to the workers
             rows = tf.data.Dataset.from_tensor_slices((xv, yv))
@@ -109,17 +112,48 @@ def test_every_steps_per_execution_equals_one_process(cluster, k):
             predictions = model.predict(x[:29], batch_size=8, verbose=0, callbacks=[seen])
             return history.history, seen.batches, evaluation, predictions.tolist()
 
+        eager_calls = []  # per call of the layer below (a replica, a step): whether eagerly
+
+        class Eagerness(keras.layers.Layer):
+            def call(self, inputs):
+                eager_calls.append(bool(tf.executing_eagerly()))
+                return inputs
+
+        def dense(run_eagerly):
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([
+                keras.Input((3,)), Eagerness(), keras.layers.Dense(4, activation="relu"),
+                keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"],
+                          steps_per_execution=K, run_eagerly=run_eagerly)
+            return model
+
+        def train_dense(model):
+            del eager_calls[:]
+            history = model.fit(xe, ye, batch_size=8, epochs=1, shuffle=False, verbose=0)
+            return history.history, list(eager_calls)
+
         dpkeras.cluster.connect(SPEC)
         reference = build(K)  # after connecting: its variables are this process's
         expected = train(reference)
+        dense_reference = dense(False)
+        expected_dense, _ = train_dense(dense_reference)
         with dpkeras.scope(cluster=SPEC):
             model = build(K)
+            eager = dense(True)
         actual = train(model)
+        eager_history, eager_seen = train_dense(eager)
         print(json.dumps({{
             "max_diff": max(float(np.abs(a - b).max())
                             for a, b in zip(reference.get_weights(), model.get_weights())),
             "expected": expected, "actual": actual,
             "replicas": model.distribute_strategy.num_replicas_in_sync,
+            "eager": {{
+                "max_diff": max(float(np.abs(a - b).max()) for a, b in
+                                zip(dense_reference.get_weights(), eager.get_weights())),
+                "expected": expected_dense, "history": eager_history, "seen": eager_seen,
+                "steps": int(eager.optimizer.iterations.numpy()),
+            }},
         }}))
         """,
         cluster.spec,
@@ -135,6 +169,15 @@ def test_every_steps_per_execution_equals_one_process(cluster, k):
     assert sum(kind == "train" for kind, _ in batches) == 3 * -(-7 // k)  # 7 steps an epoch
     assert evaluation == pytest.approx(expected_eval, rel=1e-5)
     np.testing.assert_allclose(predictions, expected_pred, rtol=1e-5, atol=1e-6)
+    eager = out["eager"]
+    assert eager["steps"] == 5, eager
+    # Each step ran eagerly, on each of the 2 replicas (Keras's symbolic build before the
+    # first step is traced).
+    assert eager["seen"].count(True) == 5 * 2, eager
+    assert eager["max_diff"] < 1e-5, eager
+    assert set(eager["history"]) == set(eager["expected"]) == {"loss", "mae"}, eager
+    for name, values in eager["expected"].items():
+        assert eager["history"][name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
 
 
 def test_backup_and_restore_resumes_a_multi_step_execution_exactly(cluster, tmp_path):

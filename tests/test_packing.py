@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import dpkeras
-from dpkeras._extended import packing
+from dpkeras._extended import packing, reductions
 from dpkeras._variables import placed
 
 PS0 = "/job:ps/replica:0/task:0/device:CPU:0"
@@ -107,6 +107,68 @@ def test_terms_on_the_variables_own_task_are_added_first_and_not_packed():
         assert [_source_worker(t) for t in inputs] == [0, 1, 2]
     presums = [op for op in _ops(graph, "AddN") if "task:1" in op.device]
     assert len(presums) == 2  # one per gradient, on worker 1, before packing
+
+
+def test_a_presummed_sum_adds_its_own_tasks_terms_in_replica_order_then_each_tasks_presum():
+    """`presum_by_task` where a sum has terms from several tasks and some task runs two
+    replicas: worker 0 holds the variable and runs replicas 0 and 1, worker 1 replicas 2 and
+    3, worker 2 replica 4. The sum on worker 0 adds replicas 0 and 1 as they are, in their
+    order, then worker 1's presum (made on worker 1) and worker 2's term: the order of the
+    replicas. So it does alone (`ReductionLedger.reduce_components`, dense: an `AddN`;
+    sparse: a concatenation of the rows) and packed (`packing.sum_packed`)."""
+    replicas = [
+        WORKERS[0],
+        WORKERS[0].replace("CPU:0", "CPU:1"),
+        WORKERS[1],
+        WORKERS[1].replace("CPU:0", "CPU:1"),
+        WORKERS[2],
+    ]
+
+    def presum_of(tensor, parts):  # an AddN (dense) or ConcatV2 (rows) of `parts`, on worker 1
+        inputs = list(tensor.op.inputs)
+        if tensor.op.type == "ConcatV2":
+            inputs = inputs[:-1]  # the last input is the axis
+        assert len(inputs) == len(parts) and all(a is b for a, b in zip(inputs, parts))
+        assert tf.DeviceSpec.from_string(tensor.device).task == 1, tensor.device
+
+    ledger = reductions.ReductionLedger(len(replicas), lambda value: value)
+    graph = tf.Graph()
+    with graph.as_default():
+        dense = _gradient([3], devices=replicas)
+        total = ledger.reduce_components("SUM", dense, WORKERS[0])
+        assert total.op.type == "AddN" and total.device == WORKERS[0]
+        terms = list(total.op.inputs)
+        assert len(terms) == 4
+        assert terms[0] is dense[0] and terms[1] is dense[1] and terms[3] is dense[4]
+        presum_of(terms[2], dense[2:4])
+
+        rows = []
+        for device in replicas:
+            with tf.device(device):
+                rows.append(
+                    tf.IndexedSlices(
+                        tf.compat.v1.placeholder(tf.float32, [2, 3]),
+                        tf.compat.v1.placeholder(tf.int64, [2]),
+                        tf.constant([9, 3], tf.int64),
+                    )
+                )
+        total = ledger.reduce_components("SUM", rows, WORKERS[0])
+        assert isinstance(total, tf.IndexedSlices)
+        for part in ("values", "indices"):
+            concat = getattr(total, part).op
+            assert concat.type == "ConcatV2", concat.type
+            terms = list(concat.inputs)[:-1]  # the last input is the axis
+            ours = [getattr(r, part) for r in rows]
+            assert len(terms) == 4
+            assert terms[0] is ours[0] and terms[1] is ours[1] and terms[3] is ours[4]
+            presum_of(terms[2], ours[2:4])
+
+        entries = [(_gradient([3], devices=replicas), WORKERS[0]) for _ in range(2)]
+        sums = packing.sum_packed(entries)
+    for total, (components, _) in zip(sums, entries):
+        terms = list(total.op.inputs)
+        assert terms[0] is components[0] and terms[1] is components[1]
+        assert [_source_worker(t) for t in terms] == [0, 0, 1, 2]
 
 
 def test_nothing_is_packed_where_nothing_crosses_a_task_or_alone():
