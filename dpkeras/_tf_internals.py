@@ -108,6 +108,18 @@ from tensorflow.python.ops.resource_variable_ops import (
 from tensorflow.python.util.dispatch import register_dispatchable_type
 
 
+def replace_input(op, index, tensor):
+    """Makes `op` (of the graph being traced) read `tensor` as its input `index` instead.
+
+    The reads of a step's variables that cross from one ps to one worker are known only once
+    the replicas are traced (`dpkeras._extended.packing.pack_reads`); their copies on the
+    worker, already used by the step, then take their values from one packed tensor. Graph
+    operations have no public way to change an input; `tf.cond` and `tf.while_loop` (v2)
+    rewire their own ops with this one. tests/test_packing.py fails if it is gone.
+    """
+    op._update_input(index, tensor)  # pylint: disable=protected-access
+
+
 def function_names():
     """The names of the functions registered in the eager context: what tracing a
     `tf.function`, and making TensorFlow's distributed iterators, add. Tests count them per

@@ -2552,10 +2552,78 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "pack-limit-ignored",
-        "packs grow past PACK_BYTES: one tensor of every dense gradient, however large",
+        "reads-not-packed",
+        "every dense variable a worker reads from a ps crosses alone (issue 43)",
         "dpkeras/_extended/packing.py",
-        "        if current and size + nbytes > PACK_BYTES:\n",
+        "    if pulls is None or tf.executing_eagerly() or len(pulls.entries) < 2:\n",
+        "    if True:\n",
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact",
+        ),
+    ),
+    Mutant(
+        "unused-reads-packed",
+        "a variable read whole but never used (a table whose rows are gathered) is packed: it "
+        "crosses whole to every worker every step",
+        "dpkeras/_extended/packing.py",
+        "        if not _used(pulled):\n",
+        "        if False:\n",
+        (
+            "tests/test_packing.py::test_reads_from_one_ps_to_one_host_cross_as_one_tensor_per_dtype",
+            "tests/test_cluster_loop.py::test_each_distinct_id_crosses_once_per_worker_each_way",
+        ),
+    ),
+    Mutant(
+        "reads-after-writes-packed",
+        "a read the step makes after writing its variable is packed with the first reads (a "
+        "cycle: the pack waits for the write, which waits for the pack)",
+        "dpkeras/_variables/variables.py",
+        "        return not tf.executing_eagerly() and bool(self._writes.get(True))\n",
+        "        return False\n",
+        (
+            "tests/test_packing.py::"
+            "test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own_graph",
+        ),
+    ),
+    Mutant(
+        "nested-writes-unseen",
+        "a write in a nested graph (a tf.cond branch) does not count for the graph around it",
+        "dpkeras/_variables/variables.py",
+        "            graph = getattr(graph, \"outer_graph\", None)\n",
+        "            graph = None\n",
+        (
+            "tests/test_packing.py::"
+            "test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own_graph",
+        ),
+    ),
+    Mutant(
+        "nested-reads-packed",
+        "a read in a nested graph is recorded for the call's pack (it cannot be rewired there)",
+        "dpkeras/_variables/replica_step.py",
+        "            tf.compat.v1.get_default_graph() is not self.graph\n            or ",
+        "            ",
+        (
+            "tests/test_packing.py::"
+            "test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own_graph",
+        ),
+    ),
+    Mutant(
+        "read-pieces-misaligned",
+        "each pulled copy takes the piece of the next read in its pack",
+        "dpkeras/_extended/packing.py",
+        "                for (read, pulled), piece in zip(pack, pieces):\n",
+        "                for (read, pulled), piece in zip(pack, pieces[1:] + pieces[:1]):\n",
+        (
+            "tests/test_packing.py::test_reads_from_one_ps_to_one_host_cross_as_one_tensor_per_dtype",
+        ),
+    ),
+    Mutant(
+        "pack-limit-ignored",
+        "packs grow past PACK_BYTES: one tensor of every dense gradient (and read), however "
+        "large",
+        "dpkeras/_extended/packing.py",
+        "        if current and size + nbytes(item) > PACK_BYTES:\n",
         "        if False:\n",
         (
             "tests/test_cluster_loop.py::"

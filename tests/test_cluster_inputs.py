@@ -291,9 +291,7 @@ def test_predict_on_every_batch_size_with_empty_shares_equals_one_device(results
 @pytest.mark.parametrize(
     "case, steps", [("file-xy", 3), ("file-xy-1-longer", 5), ("file-xy-0-longer", 4)]
 )
-def test_file_sharded_x_y_records_train_as_one_process_on_the_workers_shares(
-    results, case, steps
-):
+def test_file_sharded_x_y_records_train_as_one_process_on_the_workers_shares(results, case, steps):
     """Each worker reads its own file of `(x, y)` records and batches its share of each step;
     files of unequal length give the longer's rows alone past the shorter's end."""
     out = _result(results, case)

@@ -563,7 +563,8 @@ def test_a_workers_batch_is_read_on_the_worker_and_never_crosses_to_the_loop(clu
 def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact(cluster):
     """Every tensor sent between tasks is a gRPC call of its own (issue 43): a worker sends
     the dense gradients bound for one ps (here the two Dense layers' kernels and biases,
-    128 + 16 + 48 + 3 = 195 floats) as one tensor, and the ps splits them back. With packs of
+    128 + 16 + 48 + 3 = 195 floats) as one tensor, and the ps splits them back; the ps sends
+    the same variables' values to the worker as one tensor too. With packs of
     at most 600 bytes the 512 + 64 bytes of the first layer and the 192 + 12 of the second go
     in two. The embedding's sparse gradient is not packed. Weights, history and predictions
     equal one process's either way."""
@@ -588,6 +589,9 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
                 "to_ps": sorted(([list(t.shape), t.dtype] for t in report.transfers
                                  if "worker/task:1" in t.source and "/job:ps" in t.destination),
                                 key=str),
+                "from_ps": sorted(([list(t.shape), t.dtype] for t in report.transfers
+                                   if "/job:ps" in t.source and "worker/task:1" in t.destination),
+                                  key=str),
                 "max_diff": max_diff,
                 "loss": history.history["loss"],
             }
@@ -607,6 +611,19 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
     for shapes in float_shapes.values():
         assert not [s for s in shapes if s in dense], out  # no dense gradient crosses alone
     assert len(float_shapes["two"]) == len(float_shapes["one"]) + 1, out
+    # the same variables' reads, ps -> worker, packed the same way, with the four metric
+    # scalars each replica reads to add to them (loss and accuracy, total and count): 199
+    # floats, or 144 and 48 + 3 + 4 = 55; the table (300 x 8), which Keras reads whole before
+    # dpkeras gathers its rows, never crosses whole: only its looked-up rows do
+    reads = {
+        name: [shape for shape, dtype in run["from_ps"] if dtype == "float32"]
+        for name, run in (("one", one), ("two", two))
+    }
+    assert [199] in reads["one"] and [144] not in reads["one"], out
+    assert [144] in reads["two"] and [55] in reads["two"], out
+    for shapes in reads.values():
+        assert not [s for s in shapes if s in dense or s == [300, 8]], out
+    assert len(reads["two"]) == len(reads["one"]) + 1, out
     for run in (one, two):
         assert run["max_diff"] < 1e-5, out
         assert run["loss"] == pytest.approx(out["expected_loss"], rel=1e-5), out

@@ -223,3 +223,114 @@ def test_a_variable_sums_its_dense_gradient_plainly_only_if_kept_whole_on_one_de
     assert len(placed.of(whole).parts) == 1
     assert placed.of(whole).dense_sum_device == whole.device
     np.testing.assert_array_equal(whole.numpy(), np.zeros(3))
+
+
+# -- reads: the variables a worker reads from one ps cross as one tensor ----------------------
+
+
+def _pull(pulls, variable, source, host, shape, dtype=tf.float32, used=True):
+    """A replica's pull of `variable` (its read on `source`, copied to `host`), as
+    `WholeVariable._new_replica_read` makes it, and the step's use of it; recorded in `pulls`
+    if it may be packed."""
+    with tf.device(source):
+        read = tf.compat.v1.placeholder(dtype, shape)
+    with tf.device(host):
+        pulled = tf.identity(read)
+        if used:
+            tf.math.square(pulled)
+        tf.shape(pulled, out_type=tf.int64)  # a use of its shape alone: not a use
+    pulls.add(variable, host, read, pulled)
+    return read, pulled
+
+
+def _variables(n):
+    with dpkeras.scope():
+        return [tf.Variable(float(i)) for i in range(n)]
+
+
+def test_reads_from_one_ps_to_one_host_cross_as_one_tensor_per_dtype():
+    from dpkeras._variables import replica_step
+
+    v = _variables(6)
+    hosts = WORKERS[1:]
+    graph = tf.Graph()
+    with graph.as_default():
+        pulls = replica_step.Pulls(graph)
+        made = [
+            _pull(pulls, v[0], PS0, hosts[0], [2, 3]),
+            _pull(pulls, v[1], PS0, hosts[0], [4]),
+            _pull(pulls, v[2], PS1, hosts[0], [5]),  # alone from its ps: not packed
+            _pull(pulls, v[0], PS0, hosts[1], [2, 3]),
+            _pull(pulls, v[1], PS0, hosts[1], [4]),
+            _pull(pulls, v[3], PS0, hosts[1], [2], tf.float64),  # alone in its dtype
+            # read whole but unused (a table whose rows are gathered): TensorFlow sends
+            # nothing for it, and packed it would cross whole every step
+            _pull(pulls, v[4], PS0, hosts[1], [7], used=False),
+        ]
+        packing.pack_reads(pulls)
+    concats = _ops(graph, "ConcatV2")
+    assert len(concats) == 2  # PS0 -> each host, float32
+    assert {c.device for c in concats} == {PS0}
+    for read, pulled in made:
+        source = pulled.op.inputs[0]
+        if read.shape in ([5], [7]) or read.dtype == tf.float64:
+            assert source is read  # sent as before
+            continue
+        assert source.op.type == "Reshape" and source.op.device == pulled.op.device
+        split = source.op.inputs[0].op
+        assert split.type == "SplitV" and split.device == pulled.op.device
+        concat = split.inputs[0].op
+        assert concat.type == "ConcatV2" and concat.device == PS0
+        # the piece is this read's: the concat's inputs are the reads, flattened, in order
+        flat = [i.op.inputs[0] for i in concat.inputs[:-1]]
+        assert read in flat
+        offsets = np.cumsum([0] + [t.shape.num_elements() for t in flat])
+        k = flat.index(read)
+        assert tf.get_static_value(split.inputs[1]).tolist() == np.diff(offsets).tolist()
+        assert source.op.inputs[0] is split.outputs[k]
+
+
+def test_reads_pack_at_most_pack_bytes_and_a_larger_read_crosses_alone(monkeypatch):
+    from dpkeras._variables import replica_step
+
+    monkeypatch.setattr(packing, "PACK_BYTES", 40)  # 10 floats
+    v = _variables(4)
+    graph = tf.Graph()
+    with graph.as_default():
+        pulls = replica_step.Pulls(graph)
+        made = [_pull(pulls, v[i], PS0, WORKERS[1], [n]) for i, n in enumerate([4, 6, 11, 3])]
+        packing.pack_reads(pulls)
+    sizes = sorted(len(c.inputs) - 1 for c in _ops(graph, "ConcatV2"))
+    assert sizes == [2]  # 4 + 6 floats; 11 alone; 3 alone after it
+    assert made[2][1].op.inputs[0] is made[2][0] and made[3][1].op.inputs[0] is made[3][0]
+
+
+def test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own_graph():
+    """A read the automatic control dependencies order after a write (to its variable, in
+    this graph or in one nested in it) could depend on the step's own values: packing it with
+    reads the step consumes would make a cycle. Reads in a nested graph (a `tf.cond` branch, a
+    `tf.function`) cannot be rewired from the call's graph; reads of unknown shape cannot be
+    cut."""
+    from tensorflow.python.framework import func_graph
+
+    from dpkeras._variables import replica_step
+
+    v = _variables(5)
+    graph = func_graph.FuncGraph("call")
+    with graph.as_default():
+        pulls = replica_step.Pulls(graph)
+        _pull(pulls, v[0], PS0, WORKERS[1], [1])
+        v[1].assign(3.0)  # written in the call's graph before its read
+        _pull(pulls, v[1], PS0, WORKERS[1], [1])
+        inner = func_graph.FuncGraph("inner")
+        inner.outer_graph = graph
+        with inner.as_default():
+            v[2].assign(4.0)  # written in a nested graph: counts for the call's graph too
+            _pull(pulls, v[3], PS0, WORKERS[1], [1])  # read in a nested graph
+        _pull(pulls, v[2], PS0, WORKERS[1], [1])
+        _pull(pulls, v[4], PS0, WORKERS[1], [None])  # unknown shape
+    assert [entry[0] for entry in pulls.entries] == [v[0]]
+    with graph.as_default():
+        assert v[1].written_in_graph() and v[2].written_in_graph()
+        assert not v[0].written_in_graph()
+    assert not v[1].written_in_graph()  # eagerly: nothing is recorded

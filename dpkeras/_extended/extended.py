@@ -17,7 +17,7 @@ import tensorflow as tf
 from dpkeras import _device_names as device_names
 from dpkeras import _keras_internals, _tf_internals
 from dpkeras._device_names import canonical_device, short_device
-from dpkeras._extended import devices, keras_steps, optimizer_apply
+from dpkeras._extended import devices, keras_steps, optimizer_apply, packing
 from dpkeras._extended.creator import VariableCreator
 from dpkeras._extended.cross_replica import CrossReplicaHooks
 from dpkeras._extended.reductions import ReductionLedger
@@ -280,6 +280,9 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
             if n > 1 and keras_steps.is_whole_batch(args, kwargs):
                 args, kwargs = shares.cut_whole_batch(args, kwargs, n, self._input.local_host)
         state = replica_step.StepState(
+            pulls=None
+            if tf.executing_eagerly()
+            else replica_step.Pulls(tf.compat.v1.get_default_graph()),
             gradient_weights=(
                 keras_steps.gradient_weights(args, self._local_results, n, self._parameter_device)
                 if step == "train_step"
@@ -294,6 +297,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
             result = _tf_internals.call_for_each_replica(
                 self._container_strategy(), fn, args, kwargs
             )
+        packing.pack_reads(state.pulls)
         if keras_steps.is_check_finite(fn):
             result = keras_steps.all_replicas_finite(
                 result, self._local_results, self._parameter_device, _tf_internals.Mirrored

@@ -1,4 +1,5 @@
-"""Dense gradients a task sends to one parameter device cross as one tensor per step.
+"""Dense gradients a task sends to one parameter device, and the dense variables it reads
+from one, cross as one tensor per step.
 
 Each tensor a step sends from one task of a cluster to another is one gRPC call, whatever
 its size: about 40 us of CPU on each side on a 2-core machine (a loop reading 20 small
@@ -17,10 +18,16 @@ equal within float rounding, not always bit for bit.) Sparse gradients (embeddin
 gradients of unknown shape and variables that sum another way (shards, replicated copies)
 are summed as before, and so is everything on one machine, where nothing crosses between
 tasks.
+
+The other way, the reads (`pack_reads`): each worker pulled each dense variable of a ps to
+its host as a tensor of its own. After the replicas are traced, the pulls from one parameter
+device to one host are concatenated on the device and split on the host instead; each pulled
+copy, already used by the step, takes its value from its piece.
 """
 
 import tensorflow as tf
 
+from dpkeras import _tf_internals
 from dpkeras._extended import reductions
 
 PACK_BYTES = 4 << 20  # a gradient larger than this crosses alone; packs hold at most this
@@ -66,14 +73,19 @@ def sum_packed(entries):
 
 def _packs(members, entries, dtype):
     """`members` (entry indices) cut, in order, into packs of at most `PACK_BYTES`."""
+    return _cut(members, lambda i: entries[i][0][0].shape.num_elements() * dtype.size)
+
+
+def _cut(items, nbytes):
+    """`items` cut, in order, into lists of at most `PACK_BYTES` (`nbytes(item)` each); an
+    item larger than that is a list of its own."""
     packs, current, size = [], [], 0
-    for i in members:
-        nbytes = entries[i][0][0].shape.num_elements() * dtype.size
-        if current and size + nbytes > PACK_BYTES:
+    for item in items:
+        if current and size + nbytes(item) > PACK_BYTES:
             packs.append(current)
             current, size = [], 0
-        current.append(i)
-        size += nbytes
+        current.append(item)
+        size += nbytes(item)
     if current:
         packs.append(current)
     return packs
@@ -97,3 +109,48 @@ def _sum_pack(gradients, device):
             for j, (piece, shape) in enumerate(zip(tf.split(packed, sizes), shapes)):
                 terms[j].append(tf.reshape(piece, shape))
     return [reductions.sum_dense(t, device) for t in terms]
+
+
+def pack_reads(pulls):
+    """Sends the variables one step reads from one ps on one worker as one tensor.
+
+    Each replica reads a variable of another task from the copy its task's host pulled
+    (`WholeVariable._new_replica_read`), one tensor per variable, worker and step. After the
+    replicas are traced, the first reads (`replica_step.Pulls`) from one parameter device to
+    one host, of one dtype, are flattened and concatenated on the parameter device, cross as
+    one tensor (packs of at most `PACK_BYTES`; a larger variable crosses alone), and are split
+    back on the host, where each pulled copy now takes its value from its piece. The values,
+    and where each read runs, are unchanged.
+
+    Args:
+        pulls: the `replica_step.Pulls` of one call of `strategy.run`, or None.
+    """
+    if pulls is None or tf.executing_eagerly() or len(pulls.entries) < 2:
+        return
+    groups = {}
+    for _variable, host, read, pulled in pulls.entries:
+        if not _used(pulled):
+            continue  # TensorFlow sends nothing for it (a table read whole but looked up)
+        key = (read.device, host, read.dtype)
+        groups.setdefault(key, []).append((read, pulled))
+    for (device, host, dtype), members in groups.items():
+        for pack in _cut(members, lambda m, size=dtype.size: m[0].shape.num_elements() * size):
+            if len(pack) < 2:
+                continue
+            reads = [read for read, _ in pack]
+            with tf.device(device):
+                packed = tf.concat([tf.reshape(r, [-1]) for r in reads], 0)
+            with tf.device(host):
+                pieces = tf.split(packed, [r.shape.num_elements() for r in reads])
+                for (read, pulled), piece in zip(pack, pieces):
+                    _tf_internals.replace_input(pulled.op, 0, tf.reshape(piece, read.shape))
+
+
+def _used(tensor):
+    """Whether the step uses `tensor`'s value (not only its shape), as traced so far.
+
+    A read nothing consumes crosses nowhere (TensorFlow prunes it): an embedding table read
+    whole by Keras's `ops.take` before dpkeras's lookup gathers its rows instead. Packed, it
+    would cross whole every step. A read used later, outside the call, is left unpacked.
+    """
+    return any(op.type not in ("Shape", "Size", "Rank") for op in tensor.consumers())

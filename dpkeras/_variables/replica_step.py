@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import threading
 
 import tensorflow as tf
 
@@ -24,6 +25,9 @@ class StepState:
     # repeat on their copies (`dpkeras._variables.replicated`): id(variable) -> [writes], and
     # (id(variable), replica id) -> how many of them that replica has repeated.
     replicated_writes: dict = dataclasses.field(default_factory=dict)
+    # The whole-variable reads replicas pulled to their task's host in this call's graph
+    # (`dpkeras._extended.packing.pack_reads` sends those from one ps as one tensor).
+    pulls: "Pulls" = None
 
     def after_inputs(self, replica_id=0):
         """Orders writes made inside it after replica `replica_id`'s step inputs arrive.
@@ -38,6 +42,34 @@ class StepState:
         if not inputs or tf.executing_eagerly():
             return contextlib.nullcontext()
         return tf.control_dependencies(inputs)
+
+
+class Pulls:
+    """The reads of whole variables that one call of `strategy.run` pulled from another task
+    to a worker's host, in the graph it traces.
+
+    Only a variable's first read in the call, made before anything in the graph wrote it, is
+    recorded (`add`): such a read depends on nothing the step computes, so it can be moved
+    into one tensor with the others from its ps after the replicas are traced without making
+    a cycle. A read after a write (which the automatic control dependencies order after that
+    write) is left as it is.
+    """
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.entries = []  # (variable, host, the read on its device, the pulled copy)
+        self._lock = threading.Lock()
+
+    def add(self, variable, host, read, pulled):
+        """Records `pulled`, the copy on `host` of `read`, if it may be packed."""
+        if (
+            tf.compat.v1.get_default_graph() is not self.graph
+            or not read.shape.is_fully_defined()
+            or variable.written_in_graph()
+        ):
+            return
+        with self._lock:
+            self.entries.append((variable, host, read, pulled))
 
 
 @dataclasses.dataclass(frozen=True)

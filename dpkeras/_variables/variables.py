@@ -83,6 +83,7 @@ class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVar
         self._spec = spec
         self._kind = spec.kind
         self._replica_reads = GraphCache()  # replica id (or a task's host) -> its read
+        self._writes = GraphCache()  # True -> True in each graph that wrote it
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -116,7 +117,9 @@ class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVar
         The read stays on the parameter device: TensorFlow sends a tensor once to each device
         that consumes it, and not at all when nothing does (a read made only for `tf.shape`,
         say), so no replica-side copy is made here. A replica on another task (a worker of a
-        cluster) reads the copy its task's host pulled, shared by every replica of that task.
+        cluster) reads the copy its task's host pulled, shared by every replica of that task;
+        the step's pulls (`StepState.pulls`) from one ps to one host then cross as one tensor
+        (`dpkeras._extended.packing.pack_reads`).
         """
         host = device_names.pull_device(self.device, step.device)
         if host is None:
@@ -126,8 +129,12 @@ class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVar
 
             def pull():
                 pulled.append(True)
+                read = self._read_where_it_lives()
                 with tf.device(host):
-                    return tf.identity(self._read_where_it_lives())
+                    value = tf.identity(read)
+                if step.state.pulls is not None:
+                    step.state.pulls.add(self, host, read, value)
+                return value
 
             value = pull() if cache is None else cache.get_or_create(host, pull)
             if not pulled:
@@ -175,6 +182,16 @@ class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVar
 
     def _invalidate_reads(self):
         self._replica_reads.clear()
+        # A write in the function being traced, and in those it is nested in (not in the
+        # process's global graph, which would keep an entry per variable for ever).
+        graph = tf.compat.v1.get_default_graph()
+        while not tf.executing_eagerly() and graph is not None and graph.building_function:
+            self._writes.set(True, True, graph)
+            graph = getattr(graph, "outer_graph", None)
+
+    def written_in_graph(self):
+        """Whether something in the function being traced (or one nested in it) wrote it."""
+        return not tf.executing_eagerly() and bool(self._writes.get(True))
 
     def _strided_slice_assign(self, *args, **kwargs):
         self._invalidate_reads()
