@@ -2590,7 +2590,7 @@ MUTANTS = (
         "nested-writes-unseen",
         "a write in a nested graph (a tf.cond branch) does not count for the graph around it",
         "dpkeras/_variables/variables.py",
-        "            graph = getattr(graph, \"outer_graph\", None)\n",
+        '            graph = getattr(graph, "outer_graph", None)\n',
         "            graph = None\n",
         (
             "tests/test_packing.py::"
@@ -2609,6 +2609,31 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "control-dependent-reads-packed",
+        "a read made under tf.control_dependencies on the step's values is packed with the "
+        "reads those values come from: 'nodes in a cycle'",
+        "dpkeras/_variables/replica_step.py",
+        "            or read.op.control_inputs  # made under",
+        "            or False  # made under",
+        (
+            "tests/test_packing.py::"
+            "test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own_graph",
+            "tests/test_cluster_inputs.py::"
+            "test_a_read_made_under_control_dependencies_on_the_steps_values_trains_as_one_process",
+        ),
+    ),
+    Mutant(
+        "reads-packed-only-in-training",
+        "only a train step packs its reads: evaluate's and predict's cross one tensor each",
+        "dpkeras/_extended/extended.py",
+        "        packing.pack_reads(state.pulls)\n",
+        '        packing.pack_reads(state.pulls if step == "train_step" else None)\n',
+        (
+            "tests/test_cluster_loop.py::"
+            "test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact",
+        ),
+    ),
+    Mutant(
         "read-pieces-misaligned",
         "each pulled copy takes the piece of the next read in its pack",
         "dpkeras/_extended/packing.py",
@@ -2620,8 +2645,7 @@ MUTANTS = (
     ),
     Mutant(
         "pack-limit-ignored",
-        "packs grow past PACK_BYTES: one tensor of every dense gradient (and read), however "
-        "large",
+        "packs grow past PACK_BYTES: one tensor of every dense gradient (and read), however large",
         "dpkeras/_extended/packing.py",
         "        if current and size + nbytes(item) > PACK_BYTES:\n",
         "        if False:\n",

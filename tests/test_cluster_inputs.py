@@ -14,6 +14,7 @@ strategy, built after connecting, in the same client.
 - `fit` on `(x, y)` records with `auto_shard_policy=FILE`: each worker reads its own file and
   batches its share of each step; files of equal and of unequal length (past a worker's last
   batch its share is empty, as under MultiWorkerMirroredStrategy).
+- `fit` of a layer that reads its kernel under `tf.control_dependencies` on its input.
 
 One client process runs every case (`results`), each case catching its own error, so the
 module starts one cluster and one client.
@@ -255,6 +256,35 @@ for name, counts in [("file-xy", [12, 6]), ("file-xy-1-longer", [12, 10]),
                      ("file-xy-0-longer", [16, 6])]:
     case(name)(lambda counts=counts: file_case(counts))
 
+# -- a read made to wait for the step's values ----------------------------------------------
+
+class Checked(keras.layers.Layer):  # reads its kernel under an assert on its input
+    def build(self, shape):
+        self.k = self.add_weight(shape=(shape[-1], 4), initializer="glorot_uniform", name="k")
+
+    def call(self, x):
+        with tf.control_dependencies([tf.debugging.assert_all_finite(x, "x")]):
+            return tf.matmul(x, self.k)
+
+def checked():
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6), Checked(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+@case("control-dependencies")
+def _():
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(32, 6).astype("float32"), rng.rand(32, 1).astype("float32")
+    reference = checked()
+    expected = reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    with strategy.scope():
+        model = checked()
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return {"weights": max_gap(reference.get_weights(), model.get_weights()),
+            "history": max_gap(expected.history["loss"], history.history["loss"])}
+
 print(json.dumps(out))
 """
 
@@ -309,3 +339,14 @@ def test_uneven_composite_inputs_equal_one_device(results, case):
     assert out["weights"] < 1e-5, out
     assert out["history"] < 1e-5, out
     assert out["predictions"] < 1e-5, out
+
+
+def test_a_read_made_under_control_dependencies_on_the_steps_values_trains_as_one_process(
+    results,
+):
+    """A layer that reads its kernel under an assert on its input: that read waits for the
+    previous layer's output, so it is not packed with the reads that output comes from (which
+    made a cycle: "nodes in a cycle", found by a review)."""
+    out = _result(results, "control-dependencies")
+    assert out["weights"] < 1e-5, out
+    assert out["history"] < 1e-5, out

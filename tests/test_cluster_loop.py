@@ -571,6 +571,7 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
     out = _client(
         """
         from dpkeras._extended import packing
+        from dpkeras.cluster import _loop
         rng = np.random.RandomState(0)
         x, y = rng.randint(0, 300, (96, 4)).astype("int32"), rng.randint(0, 3, 96)
         dpkeras.cluster.connect(SPEC)
@@ -584,6 +585,10 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
             history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
             max_diff = max(float(np.abs(a - b).max())
                            for a, b in zip(reference.get_weights(), model.get_weights()))
+            model.test_function = None  # traced inside the block, run from the client
+            with dpkeras.record_transfers() as recorder, _loop.on_the_client():
+                model.evaluate(x, y, batch_size=16, verbose=0)  # evaluate packs reads too
+            evaluated = recorder.report()
             report = dpkeras.train_step_transfers(model, x[:16], y[:16])
             out[str(limit)] = {
                 "to_ps": sorted(([list(t.shape), t.dtype] for t in report.transfers
@@ -592,6 +597,9 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
                 "from_ps": sorted(([list(t.shape), t.dtype] for t in report.transfers
                                    if "/job:ps" in t.source and "worker/task:1" in t.destination),
                                   key=str),
+                "evaluate_from_ps": sorted(
+                    ([list(t.shape), t.dtype] for t in evaluated.transfers
+                     if "/job:ps" in t.source and "worker/task:1" in t.destination), key=str),
                 "max_diff": max_diff,
                 "loss": history.history["loss"],
             }
@@ -624,6 +632,9 @@ def test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_
     for shapes in reads.values():
         assert not [s for s in shapes if s in dense or s == [300, 8]], out
     assert len(reads["two"]) == len(reads["one"]) + 1, out
+    evaluated = [shape for shape, dtype in one["evaluate_from_ps"] if dtype == "float32"]
+    assert [s for s in evaluated if s and (s[0] or 0) >= 195], out  # the weights, one tensor
+    assert not [s for s in evaluated if s in dense], out
     for run in (one, two):
         assert run["max_diff"] < 1e-5, out
         assert run["loss"] == pytest.approx(out["expected_loss"], rel=1e-5), out

@@ -329,7 +329,11 @@ def test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own
             _pull(pulls, v[3], PS0, WORKERS[1], [1])  # read in a nested graph
         _pull(pulls, v[2], PS0, WORKERS[1], [1])
         _pull(pulls, v[4], PS0, WORKERS[1], [None])  # unknown shape
-    assert [entry[0] for entry in pulls.entries] == [v[0]]
+        # made to wait for a value of the step (an assert on a layer's input): packed with
+        # the reads that value comes from, it would wait for itself
+        with tf.control_dependencies([tf.identity(_pull(pulls, v[0], PS0, WORKERS[2], [1])[1])]):
+            _pull(pulls, v[3], PS0, WORKERS[2], [1])
+    assert [entry[0] for entry in pulls.entries] == [v[0], v[0]]
     with graph.as_default():
         assert v[1].written_in_graph() and v[2].written_in_graph()
         assert not v[0].written_in_graph()

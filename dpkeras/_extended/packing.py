@@ -147,10 +147,11 @@ def pack_reads(pulls):
 
 
 def _used(tensor):
-    """Whether the step uses `tensor`'s value (not only its shape), as traced so far.
+    """Whether the step uses `tensor`, as traced so far.
 
     A read nothing consumes crosses nowhere (TensorFlow prunes it): an embedding table read
     whole by Keras's `ops.take` before dpkeras's lookup gathers its rows instead. Packed, it
-    would cross whole every step. A read used later, outside the call, is left unpacked.
+    would cross whole every step. A read used later, outside the call, is left unpacked. (A
+    use of its shape alone is no use: the shape is known, so `tf.shape` makes a constant.)
     """
-    return any(op.type not in ("Shape", "Size", "Rank") for op in tensor.consumers())
+    return bool(tensor.consumers())

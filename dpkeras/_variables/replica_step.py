@@ -48,11 +48,12 @@ class Pulls:
     """The reads of whole variables that one call of `strategy.run` pulled from another task
     to a worker's host, in the graph it traces.
 
-    Only a variable's first read in the call, made before anything in the graph wrote it, is
-    recorded (`add`): such a read depends on nothing the step computes, so it can be moved
-    into one tensor with the others from its ps after the replicas are traced without making
-    a cycle. A read after a write (which the automatic control dependencies order after that
-    write) is left as it is.
+    Only a variable's first read in the call, made before anything in the graph wrote it and
+    outside any `tf.control_dependencies`, is recorded (`add`): such a read depends on nothing
+    the step computes, so it can be moved into one tensor with the others from its ps after
+    the replicas are traced without making a cycle. A read after a write (which the automatic
+    control dependencies order after that write), or one made to wait for values of the step
+    (an assert on a layer's input, say), is left as it is.
     """
 
     def __init__(self, graph):
@@ -66,6 +67,7 @@ class Pulls:
             tf.compat.v1.get_default_graph() is not self.graph
             or not read.shape.is_fully_defined()
             or variable.written_in_graph()
+            or read.op.control_inputs  # made under `tf.control_dependencies` of step values
         ):
             return
         with self._lock:

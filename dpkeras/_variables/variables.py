@@ -180,6 +180,7 @@ class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVar
         with tf.device(self.device):
             return super().sparse_read(indices, name=name)
 
+    @tf.autograph.experimental.do_not_convert  # called from a user's converted step
     def _invalidate_reads(self):
         self._replica_reads.clear()
         # A write in the function being traced, and in those it is nested in (not in the
