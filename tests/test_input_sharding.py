@@ -168,16 +168,22 @@ def test_data_keeps_each_hosts_slices_of_the_whole_pipeline():
     assert _assert_slices_make_the_global_batches(make, ranges, 4, pipelines) == 3
 
 
-def _files_of_records(tmp_path, files, rows, batch):
-    """`make()` of a FILE-sharded pipeline over `files` TFRecord files of `rows` records each
-    (record i of file f holds f * 100 + i), batched by `batch`."""
+def _record_files(tmp_path, counts):
+    """TFRecord files, file f of `counts[f]` records, record i holding f * 100 + i."""
     paths = []
-    for f in range(files):
+    for f, rows in enumerate(counts):
         path = str(tmp_path / f"part-{f}.tfrecord")
         with tf.io.TFRecordWriter(path) as writer:
             for i in range(rows):
                 writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
         paths.append(path)
+    return paths
+
+
+def _files_of_records(tmp_path, files, rows, batch):
+    """`make()` of a FILE-sharded pipeline over `files` TFRecord files of `rows` records each
+    (`_record_files`), batched by `batch`."""
+    paths = _record_files(tmp_path, [rows] * files)
 
     def make():
         dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(tf.data.TFRecordDataset)
@@ -238,13 +244,7 @@ def test_file_cuts_x_y_steps_as_one_batch_from_files_of_unequal_length(tmp_path)
     """An `(x, y)` element reaches the step cutter as two arguments: each host's share of a
     step keeps x and y together, row for row, from files of 9 and 14 records (worker 0 runs
     out of steps first; each host yields only whole shares of its own files)."""
-    paths = []
-    for f, rows in enumerate([9, 14]):
-        path = str(tmp_path / f"xy-{f}.tfrecord")
-        with tf.io.TFRecordWriter(path) as writer:
-            for i in range(rows):
-                writer.write(tf.io.serialize_tensor(tf.constant(f * 100 + i, tf.int64)).numpy())
-        paths.append(path)
+    paths = _record_files(tmp_path, [9, 14])
 
     def make():
         dataset = tf.data.TFRecordDataset(paths)
