@@ -7,10 +7,11 @@ numbers are checked on a real cluster by tests/test_cluster_loop.py.
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 
 import dpkeras
 from dpkeras._extended import packing, reductions
-from dpkeras._variables import placed
+from dpkeras._variables import placed, replica_step
 
 PS0 = "/job:ps/replica:0/task:0/device:CPU:0"
 PS1 = "/job:ps/replica:0/task:1/device:CPU:0"
@@ -249,8 +250,6 @@ def _variables(n):
 
 
 def test_reads_from_one_ps_to_one_host_cross_as_one_tensor_per_dtype():
-    from dpkeras._variables import replica_step
-
     v = _variables(6)
     hosts = WORKERS[1:]
     graph = tf.Graph()
@@ -291,8 +290,6 @@ def test_reads_from_one_ps_to_one_host_cross_as_one_tensor_per_dtype():
 
 
 def test_reads_pack_at_most_pack_bytes_and_a_larger_read_crosses_alone(monkeypatch):
-    from dpkeras._variables import replica_step
-
     monkeypatch.setattr(packing, "PACK_BYTES", 40)  # 10 floats
     v = _variables(4)
     graph = tf.Graph()
@@ -311,10 +308,6 @@ def test_a_pull_is_packed_only_as_a_first_read_before_any_write_in_the_calls_own
     reads the step consumes would make a cycle. Reads in a nested graph (a `tf.cond` branch, a
     `tf.function`) cannot be rewired from the call's graph; reads of unknown shape cannot be
     cut."""
-    from tensorflow.python.framework import func_graph
-
-    from dpkeras._variables import replica_step
-
     v = _variables(5)
     graph = func_graph.FuncGraph("call")
     with graph.as_default():
