@@ -793,11 +793,67 @@ MUTANTS = (
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",
-        "        refuse_if_in_use(cluster)\n",
+        "        refuse_if_in_use(cluster, timeout)\n",
         "",
         (
             "tests/test_cluster_clients.py::"
             "test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed",
+        ),
+    ),
+    Mutant(
+        "record-read-fixed-timeout",
+        "the client record's read before connecting allows a fixed 5 s, whatever the connect "
+        "timeout (a task slow to answer under load failed the start)",
+        "dpkeras/cluster/_client_record.py",
+        "        reader = RecordReader(address, task, timeout)\n",
+        "        reader = RecordReader(address, task, 5.0)\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_slow_to_answer_its_first_read_is_waited_for_within_the_connect_timeout",
+        ),
+    ),
+    Mutant(
+        "connect-timeout-not-to-record",
+        "connect reads the client records with the default wait, not its own timeout",
+        "dpkeras/cluster/_connect.py",
+        "        refuse_if_in_use(cluster, timeout)\n",
+        "        refuse_if_in_use(cluster)\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_clear_error",
+        ),
+    ),
+    Mutant(
+        "record-closed-under-read",
+        "a reader closes its session while a read that timed out still uses it",
+        "dpkeras/cluster/_client_record.py",
+        "            if self._busy:\n                return\n",
+        "",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_clear_error",
+        ),
+    ),
+    Mutant(
+        "record-reads-overlap",
+        "a reader starts a second read while the first one's thread still runs",
+        "dpkeras/cluster/_client_record.py",
+        "            if self._busy:\n                raise TimeoutError(",
+        "            if False:\n                raise TimeoutError(",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_clear_error",
+        ),
+    ),
+    Mutant(
+        "record-exit-aborts",
+        "a process exits without waiting for a record read that timed out (it aborts)",
+        "dpkeras/cluster/_client_record.py",
+        "        thread.join(max(0.0, deadline - time.monotonic()))\n",
+        "        pass\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_clear_error",
         ),
     ),
     Mutant(

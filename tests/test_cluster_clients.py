@@ -5,6 +5,7 @@ One real cluster (1 ps, 1 worker, `dpkeras serve` processes that do not end with
 whose spec names a chief address; every client is a fresh process. Every wait is bounded.
 """
 
+import contextlib
 import json
 import re
 import socket
@@ -274,3 +275,118 @@ def test_a_client_whose_address_is_held_by_another_process_is_one_line():
         f" names it), then start this one again; or give the client another address in the "
         f"cluster."
     )
+
+
+class _SlowProxy:
+    """A TCP proxy to a task's server that answers like a server slow to serve its first
+    call: on each connection the server's first bytes (its HTTP/2 greeting, which `probe`
+    checks) pass at once, the rest only `delay` seconds after the connection opened
+    (`delay=None`: never). A task busy with other work, or starting on a loaded machine."""
+
+    def __init__(self, target, delay):
+        self.target, self.delay = target, delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            host, port = self.target.rsplit(":", 1)
+            server = socket.create_connection((host, int(port)), timeout=10)
+            server.settimeout(None)
+            opened = time.monotonic()
+            threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, opened), daemon=True).start()
+
+    def _pipe(self, source, sink, opened):
+        first = True
+        try:
+            while not self.closed.is_set():
+                data = source.recv(65536)
+                if not data:
+                    break
+                if opened is not None and not first:
+                    if self.delay is None:
+                        self.closed.wait()
+                        break
+                    self.closed.wait(max(0.0, opened + self.delay - time.monotonic()))
+                first = False
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.closed.set()
+        self.listener.close()
+
+
+def _through(local, proxy):
+    """The module's cluster spec (no chief) with its ps reached through `proxy`."""
+    return dict(_without_chief(local.spec), ps=[proxy.address])
+
+
+def test_a_task_slow_to_answer_its_first_read_is_waited_for_within_the_connect_timeout(local):
+    """The record read waits as long as the client waits for its tasks (60 s by default), not
+    a fixed 5 s: a ps whose server answers its probe at once but the read after 6 s (a task
+    restarted on a loaded machine) does not fail the client's start."""
+    _plant(local, state=_client_record.FINISHED)
+    proxy = _SlowProxy(local.address("ps", 0), delay=6.0)
+    try:
+        started = time.monotonic()
+        _client_record.refuse_if_in_use(_spec.Cluster(_through(local, proxy)))  # no error
+        assert time.monotonic() - started >= 5.5  # the read did wait for the slow answer
+    finally:
+        proxy.close()
+
+
+def test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_clear_error(
+    local,
+):
+    """A client connecting with $DPKERAS_CONNECT_TIMEOUT=3 fails after about 3 s with one
+    TimeoutError naming the task. A reader whose read timed out closes without raising and
+    without waiting: its session is closed by the read's own thread (closed under it,
+    TensorFlow raised DeadlineExceededError from `close`, hiding the timeout)."""
+    proxy = _SlowProxy(local.address("ps", 0), delay=None)
+    try:
+        started = time.monotonic()
+        client = subprocess.run(
+            _connect_script(_through(local, proxy)),
+            capture_output=True,
+            text=True,
+            env={**server_env(), "DPKERAS_CONNECT_TIMEOUT": "3"},
+            timeout=TIMEOUT,
+        )
+        waited = time.monotonic() - started
+        reader = _client_record.RecordReader(proxy.address, "/job:ps/replica:0/task:0", 1.0)
+        with pytest.raises(TimeoutError):
+            reader.record()
+        with pytest.raises(TimeoutError, match="has not answered the previous read yet"):
+            reader.record()  # one read at a time: the first one's thread still runs
+        closing = time.monotonic()
+        reader.close()  # returns at once, and raises nothing
+        assert time.monotonic() - closing < 0.5
+        assert reader._session is not None  # not closed under the read
+        deadline = time.monotonic() + 30  # the read's own timeout ends it, then it closes
+        while reader._session is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reader._session is None
+    finally:
+        proxy.close()
+    assert client.returncode != 0 and "CONNECTED" not in client.stdout
+    assert waited < 60, waited  # 3 s, the start of a Python process with TensorFlow, its exit
+    assert _last_line(client.stderr) == (
+        f"TimeoutError: Cannot connect to the cluster: /job:ps/replica:0/task:0 at "
+        f"{proxy.address} accepts connections but did not say which client trains on it within "
+        f"3 s (/job:ps/replica:0/task:0 did not answer a read within 3 s). Its server is stuck "
+        f"or overloaded: see its log, or restart it (`dpkeras serve` with the same arguments); "
+        f"$DPKERAS_CONNECT_TIMEOUT sets the wait."
+    ), client.stderr[-3000:]

@@ -19,6 +19,7 @@ per step; with each, the task prints one line (`tf.print` on the task's device p
 task's process).
 """
 
+import atexit
 import json
 import os
 import socket
@@ -28,6 +29,7 @@ import time
 
 import tensorflow as tf
 
+from dpkeras import _config
 from dpkeras.cluster._health import probe
 
 SHARED_NAME = "dpkeras_client"
@@ -41,6 +43,19 @@ def _cpu(task):
 
 def _handle():
     return tf.raw_ops.VarHandleOp(dtype=tf.string, shape=[], shared_name=SHARED_NAME)
+
+
+# The threads of reads under way, each with when it ends at the latest (its session's own
+# timeouts end it). A read that timed out goes on after its caller gave up; a process that
+# exits while one is inside TensorFlow aborts ("terminate called after throwing an instance
+# of ''"), so the exit waits for them.
+_reads = {}
+
+
+@atexit.register
+def _wait_for_reads():
+    for thread, deadline in list(_reads.items()):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class RecordReader:
@@ -62,10 +77,23 @@ class RecordReader:
             self._initialized = tf.raw_ops.VarIsInitializedOp(resource=handle)
             self._value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.string)
         self._session = None
+        self._lock = threading.Lock()
+        self._busy = False  # a read's thread still runs (it timed out, and may end later)
+        self._closed = False
 
     def _run(self, work):
-        """`work(session)` on a thread bounded by the timeout; raises TimeoutError."""
+        """`work(session)` on a thread bounded by the timeout; raises TimeoutError.
+
+        A read that times out leaves its thread to end by itself (the session's own timeout
+        ends it): the session is closed by that thread, never under it, and a read asked for
+        meanwhile times out at once."""
         outcome = []
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"The reader of {self._task} is closed.")
+            if self._busy:
+                raise TimeoutError(f"{self._task} has not answered the previous read yet")
+            self._busy = True
 
         def run():
             try:
@@ -80,8 +108,16 @@ class RecordReader:
                 outcome.append((True, work(self._session)))
             except Exception as e:  # reported to the caller, as it is
                 outcome.append((False, e))
+            finally:
+                _reads.pop(threading.current_thread(), None)
+                with self._lock:
+                    self._busy = False
+                    closing = self._closed
+                if closing:  # closed while this thread read: its session is closed here
+                    self._close_session()
 
         thread = threading.Thread(target=run, name="dpkeras-record-read", daemon=True)
+        _reads[thread] = time.monotonic() + 2 * self._timeout  # before it can end
         thread.start()
         thread.join(self._timeout)
         if not outcome:
@@ -108,9 +144,21 @@ class RecordReader:
         return self._run(lambda session: [d.name for d in session.list_devices()])
 
     def close(self):
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        """Closes the session; never raises, and never waits for a read that timed out (its
+        thread closes the session when it ends)."""
+        with self._lock:
+            self._closed = True
+            if self._busy:
+                return
+        self._close_session()
+
+    def _close_session(self):
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                session.close()
+            except tf.errors.OpError:  # a task that stopped answering: nothing left to free
+                pass
 
 
 def own_record(cluster, address):
@@ -146,12 +194,18 @@ def client_answers(record):
     return probe(address, timeout=2.0) is None
 
 
-def refuse_if_in_use(cluster, timeout=5.0):
+def refuse_if_in_use(cluster, timeout=_config.DEFAULT_CONNECT_TIMEOUT):
     """Raises RuntimeError naming the client that trains on `cluster`'s tasks, if one does.
 
     Read before connecting (nothing of this process reaches the tasks but the reads): a task
     whose record says a client is training, and whose client still answers, is in use. A
     record left by a client that died (it no longer answers) does not count.
+
+    Each task's read is bounded by `timeout` (the client's connect timeout): a task busy with
+    other work, or started on a loaded machine, may take seconds to answer its first session.
+
+    Raises:
+        TimeoutError: naming the task, if one answers its probe but not the read in time.
     """
     for task, address in cluster.training.items():
         if task not in cluster.remote or probe(address, timeout=2.0) is not None:
@@ -159,6 +213,14 @@ def refuse_if_in_use(cluster, timeout=5.0):
         reader = RecordReader(address, task, timeout)
         try:
             record = reader.record()
+        except (TimeoutError, tf.errors.DeadlineExceededError) as e:
+            raise TimeoutError(
+                f"Cannot connect to the cluster: {task} at {address} accepts connections but "
+                f"did not say which client trains on it within {timeout:g} s ({e}). Its "
+                f"server is stuck or overloaded: see its log, or restart it (`dpkeras serve` "
+                f"with the same arguments); ${_config.VARIABLES['connect_timeout']} sets "
+                f"the wait."
+            ) from None
         finally:
             reader.close()
         if record is None or record["state"] != TRAINING:

@@ -163,7 +163,7 @@ def connect_to(cluster, timeout=None):
                 f"new process for another cluster."
             )
         _wait_for(cluster.remote, timeout)
-        refuse_if_in_use(cluster)
+        refuse_if_in_use(cluster, timeout)
         _refuse_own_address_in_use(cluster)
         _refuse_variables_made_before(cluster)
         if cluster.own is not None:  # this process's devices are renamed /job:localhost -> own task
