@@ -414,6 +414,16 @@ def optimizer_slots(optimizer, variable):
     }
 
 
+def adagrad_accumulator(optimizer, variable):
+    """The accumulator `optimizer` (a `keras.optimizers.Adagrad`) keeps for `variable`.
+
+    dpkeras's rows-only Adagrad update (dpkeras/_extended/sparse_rows.py) does what Keras's
+    `Adagrad.update_step` does, and finds the accumulator as it does: `_accumulators`, indexed
+    by `_get_variable_index` (Keras 3.15 has no public map from a variable to its slots).
+    """
+    return optimizer._accumulators[optimizer._get_variable_index(variable)]
+
+
 def training_model():
     """The Keras model whose `train_step` is running in this thread's calls, or None.
 

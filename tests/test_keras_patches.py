@@ -80,12 +80,12 @@ def test_the_table_holds_twenty_entries_of_three_kinds():
     for e in keras_patches.ENTRIES:
         kinds.setdefault(e.kind, []).append(e.qualname)
     assert {k: len(v) for k, v in kinds.items()} == {
-        "attribute": 18,
+        "attribute": 19,
         "optional attribute": 1,
         "dispatcher": 1,
     }
     names = [e.qualname for e in keras_patches.ENTRIES]
-    assert len(names) == len(set(names)) == 20
+    assert len(names) == len(set(names)) == 21
     assert len({id(o) for o in originals().values()}) == len(originals())
 
 
@@ -343,14 +343,14 @@ def test_the_keras_originals_dpkeras_reimplements_are_unchanged():
     """dpkeras replaces what these Keras functions do for its models; if Keras changes one,
     the change would be silently dropped for dpkeras models."""
     pinned = [e for e in ATTRIBUTES if e.source_sha256 is not None]
-    assert [e.qualname for e in pinned] == ["BackupAndRestore._save_model"]
+    assert [e.qualname for e in pinned] == ["BackupAndRestore._save_model", "Adagrad.update_step"]
     for e in pinned:
         found = keras_patches.source_sha256(keras_patches.keras_original(e))
         assert found == e.source_sha256, (
             f"Keras {keras.__version__} changed {e.qualname} (source SHA-256 {found}, "
-            f"pinned {e.source_sha256}). Read the new Keras source, make "
-            f"dpkeras._patches.resume.backup_save_model do everything it now does, then update "
-            f"source_sha256 in dpkeras/_patches/table.py."
+            f"pinned {e.source_sha256}). Read the new Keras source, make dpkeras's "
+            f"{e.wrapper.__module__}.{e.wrapper.__name__} do everything it now does, then "
+            f"update source_sha256 in dpkeras/_patches/table.py."
         )
 
 

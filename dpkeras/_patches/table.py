@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _keras_internals, _tf_internals
-from dpkeras._extended import optimizer_apply
+from dpkeras._extended import optimizer_apply, sparse_rows
 from dpkeras._patches import (
     cluster_loop,
     keras_rs,
@@ -298,6 +298,20 @@ ENTRIES = (
             "an optimizer hook between receiving the replicas' gradients and clipping them "
             "(Keras clips, decays and accumulates per replica, then sums)"
         ),
+    ),
+    # An Adagrad dpkeras sums for updates a table's sparse gradient on its rows only, with
+    # Keras's numbers (dpkeras._extended.sparse_rows); every other update is Keras's.
+    Attribute(
+        lambda: keras.optimizers.Adagrad,
+        "update_step",
+        "Adagrad.update_step",
+        "(self, gradient, variable, learning_rate)",
+        sparse_rows.rows_only,
+        retire=(
+            "Keras's Adagrad dividing a sparse gradient by its rows of sqrt(accumulator + "
+            "epsilon), not by the whole table's (as tf.keras's fused sparse Adagrad does)"
+        ),
+        source_sha256="4c2b46cf41b77f7a113289dfb5986b4f4ab4c06baf03822d5f954e16f79a5de3",
     ),
     # keras-rs tables placed on "sparsecore" are refused by name (dpkeras._patches.keras_rs).
     OptionalAttribute(
