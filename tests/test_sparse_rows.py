@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from dpkeras import _keras_internals
 from dpkeras._extended import optimizer_apply
+from dpkeras._patches import table as keras_patches
 from dpkeras.testing import assert_weights_close, cpu_strategy
 
 ROWS, DIM = 40, 3
@@ -95,8 +96,9 @@ def test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_who
     """Repeated ids and an infinite row: every bit of the table and of its accumulator equals
     Keras's own update, and the update computes no square root and no zero/NaN check over the
     table (Keras's does both)."""
-    expected_table, expected_accumulator, keras_apply = _train(_adagrad(initial, epsilon), dtype)
     table, accumulator, apply = _train(_adagrad(initial, epsilon), dtype, cpu_strategy(1))
+    assert keras_patches.installed()  # dpkeras's variables live: Keras's own runs beside them
+    expected_table, expected_accumulator, keras_apply = _train(_adagrad(initial, epsilon), dtype)
     np.testing.assert_array_equal(table, expected_table)
     np.testing.assert_array_equal(accumulator, expected_accumulator)
     assert np.isinf(accumulator[6]).any() and np.isnan(table[6]).any()  # inf / inf, as Keras

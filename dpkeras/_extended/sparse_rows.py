@@ -15,14 +15,18 @@ For an optimizer dpkeras sums for (`optimizer_apply.attached`), `rows_only` comp
 values from the gradient's rows: `sqrt(gather(accumulator) + epsilon)` is
 `gather(sqrt(accumulator + epsilon))` element for element, and the accumulator and the variable
 are updated by Keras's own `assign_add` and `assign_sub` (scatters), so every row ends with the
-bits Keras gives it. Keras's check can only find a zero or a NaN that training cannot make
-when `epsilon`, in the variable's dtype, is above 0 and the accumulator starts at 0 or more:
-the accumulator then never falls below 0, so `accumulator + epsilon` is never 0, and a row's
-accumulator is NaN only after a NaN gradient row, which made that row of the variable NaN in
-the same update. Otherwise (an `epsilon` of 0, a negative start, or a dense gradient) Keras's
-own `update_step` runs. The one difference left: an accumulator set by hand to hold a NaN or a
-negative value in a row Keras's check would find. Keras then writes NaN into that row of the
-variable on every update; here that row is left as it is.
+bits Keras gives it (tests/test_sparse_rows.py compares every bit). Keras's check can only find
+a zero or a NaN that training cannot make when `epsilon`, in the variable's dtype, is above 0
+and the accumulator starts at 0 or more: the accumulator then never falls below 0, so
+`accumulator + epsilon` is never 0, and a row's accumulator is NaN only after a NaN gradient
+row, which made that row of the variable NaN in the same update. Otherwise (an `epsilon` of 0,
+a negative start, or a dense gradient) Keras's own `update_step` runs.
+
+Where they differ: once a row of the accumulator is NaN (a NaN gradient), Keras 3.15 divides
+on the union of the gradient's rows and the NaN rows, which writes NaN into other rows of the
+step and fails on repeated ids (`indices[4] = 10 is not in [0, 9)`); here the NaN stays in its
+own row and every other row is updated by Adagrad's formula. The same holds for an accumulator
+set by hand to hold a NaN or a negative value.
 """
 
 import numpy as np
