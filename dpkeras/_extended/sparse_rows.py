@@ -7,8 +7,8 @@ every row, then a check of every row for a zero or a NaN (`sparse.elementwise_di
 zero or NaN divisor outside the gradient's rows would make those rows NaN), and only then the
 gather of the gradient's rows. On the parameter device that is five passes over the
 accumulator on every step, whatever the batch: 0.37 ms of a 0.45 ms update for a table of
-25,000 x 32 rows (one CPU core; BENCHMARKS.md), growing with the table, where TensorFlow's own sparse Adagrad (tf.keras, ParameterServerStrategy) touches the
-gradient's rows only.
+25,000 x 32 rows (one CPU core; BENCHMARKS.md), growing with the table, where TensorFlow's
+own sparse Adagrad (tf.keras, ParameterServerStrategy) touches the gradient's rows only.
 
 For an optimizer dpkeras sums for (`optimizer_apply.attached`), `rows_only` computes the same
 values from the gradient's rows: `sqrt(gather(accumulator) + epsilon)` is
