@@ -776,7 +776,7 @@ def run_peers(counts, ks):
     settings = peer_settings()
     os.makedirs(FLAGS.out, exist_ok=True)
     for peer in FLAGS.peers:
-        reason = peers.unavailable(peer)
+        reason = peers.unavailable(peer, settings)
         if reason:
             print(f"{peer}: not run: {reason}", flush=True)
     records = peers.run_all(counts, FLAGS.models, ks, FLAGS.peers, settings)

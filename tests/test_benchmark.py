@@ -1024,3 +1024,17 @@ def test_the_divergence_benchmark_names_the_example_and_unit_whose_relu_flipped(
         "device, -1.86e-09 under dpkeras (ReLU on one side, off on the other)"
     )
     assert quiet[1] == "  no step parted them by more than 1e-06 in 9 steps (largest 9e-08)"
+
+
+def test_the_sparse_update_benchmark_times_both_updates_and_finds_them_bit_identical():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sparse_update", "--rows=300,2000", "--steps=3"]
+        + ["--repeats=1", "--batch=16", "--dim=4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 3") or "2,000" in line]
+    assert len(rows) == 2 and all(line.endswith("| True |") for line in rows), proc.stdout
