@@ -2773,6 +2773,79 @@ MUTANTS = (
             "test_the_dense_gradients_a_worker_sends_to_its_ps_cross_packed_and_training_is_exact",
         ),
     ),
+    Mutant(
+        "lost-task-monitor-not-paused",
+        "the health monitor keeps probing while fit waits for a lost ps: it ends the client "
+        "(exit 75) once the wait outlasts its 3 failed probes",
+        "dpkeras/cluster/_health.py",
+        "        monitor, _monitor = _monitor, None\n",
+        "        monitor = None\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly",
+        ),
+    ),
+    Mutant(
+        "monitor-gone-after-recovery",
+        "after fit waited for a lost ps the health monitor is not started again: a task frozen "
+        "later blocks the client for ever",
+        "dpkeras/cluster/_health.py",
+        "            watch(monitor.cluster_spec)\n",
+        "            pass\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly",
+        ),
+    ),
+    Mutant(
+        "lost-task-tables-remade-on-live-tasks",
+        "a sharded DynamicEmbedding's hash tables are made again on every ps, not only on the "
+        "restarted one (the count logged is too high)",
+        "dpkeras/_dynamic/tables.py",
+        "            if device_names.task_of(device_names.canonical_device(device)) == task:\n",
+        "            if True:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly"
+            "[ps-dynamic-embedding]",
+        ),
+    ),
+    Mutant(
+        "elastic-rejoin-at-first-epoch",
+        "a left-out worker that answers again rejoins at the first epoch of the call that went "
+        "on without it (its resumed epoch), not at the next epoch's start",
+        "dpkeras/_patches/lost_tasks.py",
+        "        if self._first:\n",
+        "        if False:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+        ),
+    ),
+    Mutant(
+        "elastic-log-replicas-halved",
+        "the line logged for a worker left out counts half the replicas left (right only for 2 "
+        "workers with as many devices each)",
+        "dpkeras/_patches/lost_tasks.py",
+        "        len(extended.worker_devices),\n        before,\n        backup.backup_dir,\n",
+        "        before // 2,\n        before,\n        backup.backup_dir,\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next",
+        ),
+    ),
+    Mutant(
+        "elastic-log-replicas-doubled",
+        "the line logged for a worker taken back counts twice the replicas it had (right only "
+        "for 2 workers with as many devices each)",
+        "dpkeras/_patches/lost_tasks.py",
+        "        len(extended.worker_devices),\n        before,\n    )\n",
+        "        2 * before,\n        before,\n    )\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next",
+        ),
+    ),
 )
 
 

@@ -469,10 +469,11 @@ def _tell_pid(directory, local, job, name):
     (directory / "pid").rename(directory / name)
 
 
-def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
+def _client_restarting(local, job, code, times=1, pids=None, delay=0, **extra_env):
     """Runs `code` (see `_program`), which kills task 1 of `job` (`times` times); restarts that
-    task on its address each time it is gone, while the client runs on, and writes the pid of
-    restart i into `pids`/pid-i, whole. `(returncode, stdout, stderr)`."""
+    task on its address each time it is gone (`delay` seconds after the test sees it gone),
+    while the client runs on, and writes the pid of restart i into `pids`/pid-i, whole.
+    `(returncode, stdout, stderr)`."""
     with _running_client(code, local.spec, **extra_env) as client:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         for time_ in range(1, times + 1):
@@ -480,6 +481,7 @@ def _client_restarting(local, job, code, times=1, pids=None, **extra_env):
             while task.poll() is None and client.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert task.poll() is not None, f"the client did not kill {job} 1 ({time_})"
+            time.sleep(delay)
             local.restart(job, 1)
             if pids is not None:
                 _tell_pid(pids, local, job, f"pid-{time_}")
@@ -512,9 +514,13 @@ _LOST_TASK_RUN = (
     import signal, time
     victim = {victim}
     keras.utils.set_random_seed(4)
-    with dpkeras.scope(cluster=SPEC, parameter_device={placement!r}):
-        embedding = (dpkeras.layers.DynamicEmbedding(4, 64, seed=7, name="de") if {dynamic}
-                     else keras.layers.Embedding(50, 4))
+    # A DynamicEmbedding is cut over both ps tasks, its rows and hash tables (an index and,
+    # with min_count=2, a table of ids not yet admitted: one shard of each on each ps).
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    with dpkeras.scope(cluster=SPEC, parameter_device={placement!r},
+                       partitioner=partitioner if {dynamic} else None):
+        embedding = (dpkeras.layers.DynamicEmbedding(4, 64, min_count=2, seed=7, name="de")
+                     if {dynamic} else keras.layers.Embedding(50, 4))
         model = keras.Sequential([
             keras.Input((4,), dtype="int64"), embedding,
             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
@@ -546,9 +552,12 @@ _LOST_TASK_RUN = (
                         validation_data=(x[:64], y[:64]), callbacks=callbacks)
     extended = model.distribute_strategy.extended  # the variables on the ps task killed
     on_task = sum(v.device.startswith("/job:ps/replica:0/task:1/") for v in extended.variables())
+    tables = [table.resource_handle.device.rsplit("/device:", 1)[0]  # the hash tables' tasks
+              for layer in model.layers for name, table in vars(layer).items()
+              if name.startswith(("index_table", "pending_table"))]
     print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
                       "epochs": history.epoch, "history": history.history,
-                      "on_task": on_task, "records": records()}}))
+                      "on_task": on_task, "tables": tables, "records": records()}}))
     """
 )
 
@@ -576,9 +585,10 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     """Task 1 of `job` killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
     a backup every 3 steps: the last after step 9), and restarted on its address by the test
     once it is gone: the client's one `fit` waits for it, makes its variables (and a
-    `DynamicEmbedding`'s hash tables) there again, restores the backup (mid-epoch: at the batch
-    after it) and trains on. Weights, every epoch's history and the epochs run equal an
-    uninterrupted run's, exactly; the client logs both steps."""
+    `DynamicEmbedding`'s hash tables, cut over both ps tasks) there again, and only there (the
+    count it logs), restores the backup (mid-epoch: at the batch after it) and trains on.
+    Weights, every epoch's history and the epochs run equal an uninterrupted run's, exactly;
+    the client logs both steps."""
     run = functools.partial(
         _LOST_TASK_RUN.format,
         placement=placement,
@@ -604,12 +614,12 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     )
     made = re.search(r"after [\d.]+ s; (\d+) variable\(s\) and table\(s\) made again", err)
     assert task in err and made, err[-3000:]
-    # Each variable on the ps once (a table's hash tables on it too, for a DynamicEmbedding).
-    expected = 0 if job == "worker" else resumed["on_task"]
-    assert int(made.group(1)) > expected if dynamic else int(made.group(1)) == expected, (
-        made.group(0),
-        resumed["on_task"],
-    )
+    # Each variable (each shard) on the ps once, and each hash table there: none on a task
+    # that was not lost (a DynamicEmbedding's tables are cut over both ps tasks).
+    ps = [f"/job:ps/replica:0/task:{t}" for t in (0, 1)]
+    assert sorted(resumed["tables"]) == (2 * ps[:1] + 2 * ps[1:] if dynamic else [])
+    expected = 0 if job == "worker" else resumed["on_task"] + resumed["tables"].count(ps[1])
+    assert int(made.group(1)) == expected, (made.group(0), resumed["on_task"], resumed["tables"])
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
@@ -619,11 +629,31 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     assert len(resumed["records"]) == 4
 
 
+# The twice-lost test restarts the ps RESTART_DELAY s after each loss: a wait that outlasts
+# the health monitor's (3 failed probes 2 s apart: about 6 s after a loss it would end the
+# client, exit 75), so the monitor must be paused while fit waits.
+RESTART_DELAY = 7
+
+# Appended to the twice-lost test's client: after its fit, ps task 1 (restarted twice: the pid
+# of restart 2) frozen; the health monitor, watching again after the recoveries, ends the
+# client (exit 75). Bounded: without a monitor the client ends itself (exit 0), saying so.
+_FREEZE_AFTER = """
+    path, deadline = os.path.join({pids!r}, "pid-2"), time.monotonic() + 150
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(int(open(path).read()), signal.SIGSTOP)
+    time.sleep(90)
+    print("the monitor did not end the client", flush=True)
+    """
+
+
 def test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly(local, tmp_path):
     """Ps task 1 killed at step 10 and, once restarted and the fit gone on, again at step 14:
-    each loss is waited for and recovered from the latest backup (after steps 9 and 12), with
-    its own wait and the health monitor watching again in between; weights and history equal
-    an uninterrupted run's, exactly."""
+    each loss is waited for and recovered from the latest backup (after steps 9 and 12);
+    weights and history equal an uninterrupted run's, exactly. Each restart comes
+    `RESTART_DELAY` s after its loss: the health monitor does not end the client while fit
+    waits (paused). After the fit, the restarted ps frozen (SIGSTOP): the monitor, watching
+    again after the recoveries, ends the client (exit 75) naming it."""
     run = functools.partial(
         _LOST_TASK_RUN.format,
         placement=None,
@@ -636,12 +666,29 @@ def test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly
     uninterrupted = _client(run(victim=0, again=0, backup=str(tmp_path / "a")), local.spec)
     victim = local.procs[("ps", 1)].pid
     code = run(victim=victim, again=14, backup=str(tmp_path / "b"))
-    returncode, out, err = _client_restarting(local, "ps", code, times=2, pids=tmp_path)
-    assert returncode == 0, err[-4000:]
-    resumed = json.loads(out.strip().splitlines()[-1])
+    code += _FREEZE_AFTER.format(pids=str(tmp_path))
+    try:
+        returncode, out, err = _client_restarting(
+            local,
+            "ps",
+            code,
+            times=2,
+            pids=tmp_path,
+            delay=RESTART_DELAY,
+        )
+    finally:
+        local.kill("ps", 1, signal.SIGCONT)
+        local.restart("ps", 1)
     lost = f"/job:ps/replica:0/task:1 at {local.spec['ps'][1]} was lost; waiting up to 300 s"
     assert err.count(lost) == 2, err[-3000:]
     assert len(re.findall(r"variable\(s\) and table\(s\) made again", err)) == 2, err[-3000:]
+    # Ended by the monitor, once the fit had ended (its result printed last).
+    assert returncode == 75, (returncode, out[-500:], err[-3000:])
+    assert err.splitlines()[-1].startswith(
+        f"dpkeras: /job:ps/replica:0/task:1 at {local.spec['ps'][1]} is unreachable (no answer "
+        f"within 2 s)"
+    ), err[-3000:]
+    resumed = json.loads(out.strip().splitlines()[-1])
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["history"] == uninterrupted["history"]
     for a, b in zip(uninterrupted["weights"], resumed["weights"]):
@@ -688,9 +735,9 @@ _ELASTIC_RUN = (
                 self.killed = True
                 os.kill(victim, signal.SIGKILL)
 
-        def on_epoch_end(self, epoch, logs=None):
-            if self.killed and not self.waited:  # it rejoins at the start of the next epoch
-                self.waited = True
+        def on_train_begin(self, logs=None):
+            if self.killed and not self.waited:  # the call after the loss: the worker answers
+                self.waited = True  # before its first epoch, and rejoins at the next one's start
                 deadline = time.monotonic() + 150
                 while not answers() and time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -714,11 +761,12 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
     """Worker 1 (2 of the 4 replicas) killed with SIGKILL at step 10, in the middle of epoch
     2 of 4 (a backup every 3 steps: the last after step 9): `fit` goes on at once on worker
     0's 2 replicas at the same global batch, from the backup; the test restarts the worker,
-    and at the start of epoch 3 it is taken back (4 replicas), from the backup of epoch 2's
-    end. Weights and every epoch's history equal an uninterrupted run on 4 replicas within
-    float tolerance (the gradients are summed over other replicas in another order); the
-    client logs each change with the replica counts. The model has no Dropout: its masks are
-    drawn per replica (README, "Randomness"), so they change with the number of replicas."""
+    which answers before that call's first epoch (the client waits for it) but rejoins only at
+    the start of the next, epoch 3 (4 replicas), from the backup of epoch 2's end. Weights and
+    every epoch's history equal an uninterrupted run on 4 replicas within float tolerance (the
+    gradients are summed over other replicas in another order); the client logs each change
+    with the replica counts. The model has no Dropout: its masks are drawn per replica
+    (README, "Randomness"), so they change with the number of replicas."""
     host, port = local.spec["worker"][1].rsplit(":", 1)
     run = functools.partial(_ELASTIC_RUN.format, k=k, host=host, port=int(port))
     uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
@@ -760,13 +808,15 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
 def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path):
     """Worker 1 killed in a first `fit`, which ends on worker 0's replicas; restarted by the
     test only once that `fit` returned (the client writes a file, then waits for the worker to
-    answer): the second `fit`, without a backup, runs on all 4 replicas again."""
+    answer): the second `fit`, without a backup, runs on all replicas again. 3 replicas, 2 on
+    worker 0 and 1 on worker 1: the client logs the counts of each change (2 of 3, then 3)."""
     marker = tmp_path / "first-fit-done"
     host, port = local.spec["worker"][1].rsplit(":", 1)
     code = f"""
         import signal, socket, time
         keras.utils.set_random_seed(4)
-        with dpkeras.scope(cluster=SPEC):
+        compute = [f"/job:worker/task:{{t}}/cpu:{{c}}" for t, c in ((0, 0), (0, 1), (1, 0))]
+        with dpkeras.scope(compute_devices=compute, cluster=SPEC):
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
         seen = []
@@ -779,9 +829,9 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
                 if self.model.optimizer.iterations.numpy() == 3:
                     os.kill({local.procs[("worker", 1)].pid}, signal.SIGKILL)
 
-        x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
+        x, y = np.ones((48, 4), "float32"), np.ones((48, 1), "float32")
         backup = keras.callbacks.BackupAndRestore({str(tmp_path / "b")!r}, save_freq=2)
-        model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[backup, Kill()])
+        model.fit(x, y, batch_size=12, epochs=2, verbose=0, callbacks=[backup, Kill()])
         open({str(marker)!r}, "w").close()
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
@@ -790,7 +840,7 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
                 break
             except OSError:
                 time.sleep(0.2)
-        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[Kill()])
+        history = model.fit(x, y, batch_size=12, epochs=1, verbose=0, callbacks=[Kill()])
         print(json.dumps({{"seen": seen, "loss": history.history["loss"]}}))
         """
     task = local.procs[("worker", 1)]
@@ -804,9 +854,14 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
     _fresh_workers_after_a_worker_restart(local, "worker")
     assert client.returncode == 0, err[-4000:]
     result = json.loads(out.strip().splitlines()[-1])
-    # The first fit: epoch 0 on 4, resumed on 2 (epoch 0 again, then epoch 1); the second on 4.
-    assert result["seen"] == [4, 2, 2, 4], (result, err[-3000:])
-    assert "/job:worker/replica:0/task:1 answers again and rejoins" in err
+    # The first fit: epoch 0 on 3, resumed on 2 (epoch 0 again, then epoch 1); the second on 3.
+    assert result["seen"] == [3, 2, 2, 3], (result, err[-3000:])
+    name = "/job:worker/replica:0/task:1"
+    assert (
+        f"{name} at {local.spec['worker'][1]} was lost; fit goes on without it on 2 replica(s) "
+        f"(was 3) at the same global batch" in err
+    ), err[-3000:]
+    assert f"{name} answers again and rejoins: fit runs on 3 replica(s) (was 2)." in err
     assert np.isfinite(result["loss"]).all()
 
 
