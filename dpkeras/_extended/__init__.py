@@ -11,6 +11,7 @@
   replicated variables);
 - `all_reduce`: replicated variables' gradients summed among the compute devices.
 - `packing`: the dense gradients a worker sends to one parameter device, as one tensor.
+- `sparse_rows`: Adagrad's update of a table on the gradient's rows only, with Keras's bits.
 
 Feeding the replicas is `dpkeras._input`, one floor below.
 """
