@@ -11,6 +11,7 @@ one CPU device; and whether the two tables end bit-identical.
     python -m benchmarks.sparse_update --rows=25000,1000000 --dim=64
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ def _measure(rows, strategy):
 
     rng = np.random.RandomState(0)
     initial = rng.rand(rows, FLAGS.dim).astype("float32")
-    with strategy.scope() if strategy is not None else _Nothing():
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         table = keras.Variable(initial, name="table")
         optimizer = keras.optimizers.Adagrad(0.05)
         optimizer.build([table])
@@ -55,14 +56,6 @@ def _measure(rows, strategy):
             update(values[step % 8], ids[step % 8])
         seconds.append((time.perf_counter() - start) / FLAGS.steps)
     return float(np.median(seconds)) * 1e3, table.numpy()
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv):

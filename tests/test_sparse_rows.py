@@ -6,6 +6,8 @@ gradient's rows. Each case compares every bit (NaN included) of the table and it
 with Keras's own update, and looks for the whole-table work in the step's graph.
 """
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -42,7 +44,7 @@ def _gradients(dtype, nan=False, repeats=True):
 def _train(make, dtype, strategy=None, **gradients):
     """The table and its accumulator after the optimizer `make()` (made in `strategy`'s scope,
     if given) applied `_gradients(dtype, **gradients)`, in graph mode; and the step."""
-    with strategy.scope() if strategy else _nothing():
+    with strategy.scope() if strategy else contextlib.nullcontext():
         table = keras.Variable(_TABLE.astype(dtype), dtype=dtype, name="table")
         optimizer = make()
         optimizer.build([table])
@@ -57,14 +59,6 @@ def _train(make, dtype, strategy=None, **gradients):
         apply(tf.constant(values), tf.constant(ids, tf.int64))
     accumulator = _keras_internals.adagrad_accumulator(optimizer, table)
     return table.numpy(), accumulator.numpy(), apply
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _ops_on_the_whole_table(apply, dtype):
