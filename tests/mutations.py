@@ -891,10 +891,50 @@ MUTANTS = (
         "adagrad-rows-negative-start",
         "the rows-only update runs for an accumulator that starts below 0",
         "dpkeras/_extended/sparse_rows.py",
-        " or start < 0:\n",
+        " or not start >= 0:\n",
         ":\n",
         (
             "tests/test_sparse_rows.py::test_where_kerass_check_can_find_a_zero_or_a_nan_kerass_own_update_runs",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-nan-start",
+        "the rows-only update runs for an accumulator that starts at NaN (`start < 0` is False)",
+        "dpkeras/_extended/sparse_rows.py",
+        " or not start >= 0:\n",
+        " or start < 0:\n",
+        (
+            "tests/test_sparse_rows.py::test_where_kerass_check_can_find_a_zero_or_a_nan_kerass_own_update_runs",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-subnormal-epsilon",
+        "the rows-only update runs for a subnormal epsilon, which TensorFlow flushes to 0",
+        "dpkeras/_extended/sparse_rows.py",
+        " > 0 and epsilon >= smallest\n",
+        " > 0\n",
+        (
+            "tests/test_sparse_rows.py::test_where_kerass_check_can_find_a_zero_or_a_nan_kerass_own_update_runs",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-float16-subnormal",
+        "a float16 epsilon that is subnormal (Keras's default 1e-7) falls back to Keras's update",
+        "dpkeras/_extended/sparse_rows.py",
+        "        0.0\n        if dtype == tf.float16\n",
+        "        np.finfo(np.float16).tiny\n        if dtype == tf.float16\n",
+        (
+            "tests/test_sparse_rows.py::test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_whole_table_work",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-read-whole-accumulator",
+        "the rows-only update reads the whole accumulator and gathers its rows from that",
+        "dpkeras/_extended/sparse_rows.py",
+        "rows = accumulator.value.sparse_read(ids)",
+        "rows = tf.gather(tf.convert_to_tensor(accumulator.value), ids)",
+        (
+            "tests/test_sparse_rows.py::test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_whole_table_work",
         ),
     ),
     Mutant(

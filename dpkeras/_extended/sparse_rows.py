@@ -16,10 +16,12 @@ values from the gradient's rows: `sqrt(gather(accumulator) + epsilon)` is
 are updated by Keras's own `assign_add` and `assign_sub` (scatters), so every row ends with the
 bits Keras gives it (tests/test_sparse_rows.py compares every bit). Keras's check can only find
 a zero or a NaN that training cannot make when `epsilon`, in the variable's dtype, is above 0
-and the accumulator starts at 0 or more: the accumulator then never falls below 0, so
+and not subnormal (TensorFlow flushes a subnormal float32, float64 or bfloat16 to 0) and the
+accumulator starts at 0 or more (not NaN): the accumulator then never falls below 0, so
 `accumulator + epsilon` is never 0, and a row's accumulator is NaN only after a NaN gradient
-row, which made that row of the variable NaN in the same update. Otherwise (an `epsilon` of 0,
-a negative start, or a dense gradient) Keras's own `update_step` runs.
+row, which made that row of the variable NaN in the same update. Otherwise (an `epsilon` of 0
+or one below 1.2e-38 in float32 or bfloat16, or 2.2e-308 in float64; a negative or NaN start;
+a dense gradient) Keras's own `update_step` runs.
 
 Where they differ: once a row of the accumulator is NaN (a NaN gradient), Keras 3.15 divides
 on the union of the gradient's rows and the NaN rows, which writes NaN into other rows of the
@@ -41,10 +43,19 @@ def _exact(optimizer, gradient, variable):
     if not isinstance(gradient, tf.IndexedSlices) or optimizer_apply.attached(optimizer) is None:
         return False
     epsilon, start = optimizer.epsilon, optimizer.initial_accumulator_value
-    if not all(isinstance(v, (int, float)) for v in (epsilon, start)) or start < 0:
-        return False
+    if not all(isinstance(v, (int, float)) for v in (epsilon, start)) or not start >= 0:
+        return False  # `not >=`: a NaN start too
     dtype = tf.as_dtype(variable.dtype)
-    return dtype.is_floating and np.asarray(epsilon, dtype.as_numpy_dtype) > 0
+    if not dtype.is_floating:
+        return False
+    # TensorFlow's kernels flush a subnormal float32 or float64 to 0 (the CPU's flush-to-zero
+    # mode; on GPUs too); bfloat16 is computed in float32; float16 keeps its subnormals.
+    smallest = (
+        0.0
+        if dtype == tf.float16
+        else np.finfo(np.float64 if dtype == tf.float64 else np.float32).tiny
+    )
+    return np.asarray(epsilon, dtype.as_numpy_dtype) > 0 and epsilon >= smallest
 
 
 def rows_only(keras_update_step, optimizer, gradient, variable, learning_rate):
