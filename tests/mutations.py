@@ -938,6 +938,29 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "adagrad-rows-not-subclasses",
+        "the rows-only update for Keras's Adagrad only, not for a subclass of it",
+        "dpkeras/_extended/sparse_rows.py",
+        "    if not isinstance(gradient, tf.IndexedSlices) or optimizer_apply.attached(optimizer)"
+        " is None:\n",
+        '    if type(optimizer).__name__ != "Adagrad":\n        return False\n'
+        "    if not isinstance(gradient, tf.IndexedSlices) or optimizer_apply.attached(optimizer)"
+        " is None:\n",
+        (
+            "tests/test_sparse_rows.py::test_a_subclass_and_a_gradient_of_another_dtype_update_on_the_rows_with_kerass_bits",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-no-gradient-cast",
+        "the rows-only update does not cast a gradient of another dtype to the table's",
+        "dpkeras/_extended/sparse_rows.py",
+        "    gradient = ops.cast(gradient, variable.dtype)\n",
+        "",
+        (
+            "tests/test_sparse_rows.py::test_a_subclass_and_a_gradient_of_another_dtype_update_on_the_rows_with_kerass_bits",
+        ),
+    ),
+    Mutant(
         "adagrad-rows-every-optimizer",
         "every Adagrad, not only dpkeras's, updates on the rows only",
         "dpkeras/_extended/sparse_rows.py",

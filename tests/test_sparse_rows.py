@@ -41,9 +41,10 @@ def _gradients(dtype, nan=False, repeats=True):
     return steps
 
 
-def _train(make, dtype, strategy=None, **gradients):
+def _train(make, dtype, strategy=None, gradient_dtype=None, **gradients):
     """The table and its accumulator after the optimizer `make()` (made in `strategy`'s scope,
-    if given) applied `_gradients(dtype, **gradients)`, in graph mode; and the step."""
+    if given) applied `_gradients(gradient_dtype or dtype, **gradients)`, in graph mode; and
+    the step."""
     with strategy.scope() if strategy else contextlib.nullcontext():
         table = keras.Variable(_TABLE.astype(dtype), dtype=dtype, name="table")
         optimizer = make()
@@ -55,7 +56,7 @@ def _train(make, dtype, strategy=None, **gradients):
         slices = tf.IndexedSlices(values, ids, tf.constant([ROWS, DIM], tf.int64))
         optimizer.apply([slices], [table])
 
-    for values, ids in _gradients(dtype, **gradients):
+    for values, ids in _gradients(gradient_dtype or dtype, **gradients):
         apply(tf.constant(values), tf.constant(ids, tf.int64))
     accumulator = _keras_internals.adagrad_accumulator(optimizer, table)
     # bfloat16 in float32 (exact), where NumPy's comparisons know NaN
@@ -78,8 +79,15 @@ def _ops_on_the_whole_table(apply, dtype):
     ]
 
 
-def _adagrad(initial, epsilon):
-    return lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=initial, epsilon=epsilon)
+def _adagrad(initial, epsilon, kind=keras.optimizers.Adagrad):
+    return lambda: kind(0.1, initial_accumulator_value=initial, epsilon=epsilon)
+
+
+class MyAdagrad(keras.optimizers.Adagrad):
+    """An Adagrad of the user's: it inherits Keras's `update_step`, so dpkeras's too."""
+
+    def get_config(self):
+        return {**super().get_config(), "mine": True}
 
 
 @pytest.mark.parametrize(
@@ -105,6 +113,30 @@ def test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_who
     assert np.isinf(accumulator[6]).any() and np.isnan(table[6]).any()  # inf / inf, as Keras
     assert {"AddV2", "Sqrt", "IsNan"} <= set(_ops_on_the_whole_table(keras_apply, dtype))
     assert _ops_on_the_whole_table(apply, dtype) == []
+
+
+@pytest.mark.parametrize("gradient_dtype", ["float32", "float16"])
+def test_a_subclass_and_a_gradient_of_another_dtype_update_on_the_rows_with_kerass_bits(
+    gradient_dtype,
+):
+    """A subclass of Adagrad gets the rows-only update; a gradient in another dtype than the
+    table's (float16 for a float32 table, float32 for a float16 one) is cast to the table's
+    first, as Keras does: every bit equals Keras's own update of the same subclass."""
+    dtype = "float16" if gradient_dtype == "float32" else "float32"
+    make = _adagrad(0.0, 1e-3, MyAdagrad)
+    table, accumulator, apply = _train(make, dtype, cpu_strategy(1), gradient_dtype)
+    expected_table, expected_accumulator, _ = _train(make, dtype, None, gradient_dtype)
+    np.testing.assert_array_equal(table, expected_table)
+    np.testing.assert_array_equal(accumulator, expected_accumulator)
+    assert not np.isnan(table[:6]).any()
+    graph = apply.get_concrete_function(
+        tf.TensorSpec([8, DIM], gradient_dtype), tf.TensorSpec([8], tf.int64)
+    ).graph
+    assert not [
+        op
+        for op in graph.get_operations()
+        if any(t.shape.as_list()[:1] == [ROWS] for t in op.outputs)
+    ]
 
 
 def test_a_nan_gradient_row_stays_in_its_row():
