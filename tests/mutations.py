@@ -961,6 +961,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "dedup-off-sums-sgd",
+        "under Deduplicate.OFF an SGD's repeated ids' gradient rows are summed before they cross",
+        "dpkeras/_variables/dedup.py",
+        "    if mode is not Deduplicate.ON:\n        return False\n",
+        "",
+        (
+            "tests/test_dedup.py::test_without_deduplication_one_replica_under_sgd_is_one_device_bit_for_bit",
+        ),
+    ),
+    Mutant(
         "adagrad-rows-every-optimizer",
         "every Adagrad, not only dpkeras's, updates on the rows only",
         "dpkeras/_extended/sparse_rows.py",

@@ -71,6 +71,20 @@ def test_by_default_every_optimizer_equals_one_device(optimizer, partitioner):
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
 
 
+def test_without_deduplication_one_replica_under_sgd_is_one_device_bit_for_bit():
+    """On one replica, `deduplicate=False` gives Keras's own bits under SGD (every repeat's
+    row subtracted one after the other, as Keras does); the default sums a repeated id's rows
+    first, which is exact within rounding (docs/sharding.md)."""
+    x, y = _data()
+    reference = _build("sgd")
+    expected_loss = _fit(reference, x, y)
+    with _strategy(False, replicas=REPLICAS[:1]).scope():
+        model = _build("sgd")
+    assert _fit(model, x, y) == expected_loss
+    for a, b in zip(reference.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 class _DenseGradientEmbedding(keras.layers.Layer):
     """An Embedding whose gradient is dense (a one-hot matmul): one summed row per id, as
     tf.keras and TF1 optimizers saw a lookup's gradient after summing repeated ids."""
