@@ -881,8 +881,8 @@ MUTANTS = (
         "adagrad-rows-epsilon-dtype",
         "the rows-only update trusts an epsilon that is 0 in the variable's dtype",
         "dpkeras/_extended/sparse_rows.py",
-        "    return dtype.is_floating and np.asarray(epsilon, dtype.as_numpy_dtype) > 0\n",
-        "    return dtype.is_floating and epsilon > 0\n",
+        "    return np.asarray(epsilon, dtype.as_numpy_dtype) > 0 and epsilon >= smallest\n",
+        "    return epsilon > 0 and epsilon >= smallest\n",
         (
             "tests/test_sparse_rows.py::test_where_kerass_check_can_find_a_zero_or_a_nan_kerass_own_update_runs",
         ),
