@@ -971,6 +971,38 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "shares-rows-unknown-auto",
+        "a host's own pipeline (AUTO) batches its share with unknown rows, even when known",
+        "dpkeras/_input/sharding.py",
+        "    batches = mine.batch(hi - lo, drop_remainder=even)\n",
+        "    batches = mine.batch(hi - lo)\n",
+        (
+            "tests/test_input_sharding.py::test_each_share_has_known_rows_where_every_share_of_every_batch_is_alike",
+        ),
+    ),
+    Mutant(
+        "shares-rows-unknown",
+        "no host's share is given known rows (DATA, and a host of several replicas)",
+        "dpkeras/_input/sharding.py",
+        "    if rows is None or rows % num_replicas:\n        return slices\n",
+        "    return slices\n",
+        (
+            "tests/test_input_sharding.py::test_each_share_has_known_rows_where_every_share_of_every_batch_is_alike",
+            "tests/test_input_sharding.py::test_data_keeps_known_rows_where_every_share_is_alike",
+        ),
+    ),
+    Mutant(
+        "shares-rows-known-when-uneven",
+        "shares are given known rows even when the replicas' shares differ (100 over 3)",
+        "dpkeras/_input/sharding.py",
+        "    if rows is None or rows % num_replicas:\n",
+        "    if rows is None:\n",
+        (
+            "tests/test_input_sharding.py::test_each_share_has_known_rows_where_every_share_of_every_batch_is_alike",
+            "tests/test_input_sharding.py::test_data_keeps_known_rows_where_every_share_is_alike",
+        ),
+    ),
+    Mutant(
         "adagrad-rows-every-optimizer",
         "every Adagrad, not only dpkeras's, updates on the rows only",
         "dpkeras/_extended/sparse_rows.py",

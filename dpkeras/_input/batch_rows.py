@@ -78,3 +78,28 @@ def slice_rows(x, lo, hi):
 def slice_batch(batch, lo, hi):
     """`slice_rows` of every component of `batch` (a nest; None kept as None)."""
     return tf.nest.map_structure(lambda x: slice_rows(x, lo, hi), batch)
+
+
+def static_rows_of_spec(element_spec):
+    """The rows every element of a dataset of batches has, from its `element_spec`: those of
+    the first component that has rows (a dense, ragged or sparse spec that is not a scalar),
+    when its spec says them; else None."""
+    for spec in tf.nest.flatten(element_spec):
+        shape = getattr(spec, "shape", None)
+        if isinstance(spec, tf.TypeSpec) and shape is not None and shape.rank != 0:
+            rows = None if shape.rank is None else tf.TensorShape(shape)[0]
+            return rows if isinstance(rows, int) else None
+    return None
+
+
+def with_rows(batch, rows):
+    """`batch` (a nest) with the dense components that have rows known to have `rows` rows:
+    a static shape only, no op (ragged, sparse, None and scalars as they are)."""
+
+    def known(x):
+        if is_dense_batch(x) and static_rows(x) is None:
+            x = tf.identity(x)
+            x.set_shape([rows, *x.shape[1:]])
+        return x
+
+    return tf.nest.map_structure(known, batch)

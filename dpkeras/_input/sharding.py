@@ -149,7 +149,10 @@ def _host_pipeline(cut, first, end, num_replicas):
     mine = _select(cut, full, (lo, hi), (last_lo, last_hi))
     for stage in cut.maps:
         mine = stage.apply(mine)
-    batches = mine.batch(hi - lo)
+    # Every batch full (no partial last one) and every replica's share alike: the host's
+    # batches have known rows (`drop_remainder` drops nothing), see `_with_even_shares`.
+    even = last == 0 and b % num_replicas == 0
+    batches = mine.batch(hi - lo, drop_remainder=even)
     if last and last_hi == last_lo:  # the last global batch has no row for this host
         empty = _empty_batch(mine.element_spec)
         if empty is None:
@@ -173,7 +176,7 @@ def _host_pipeline(cut, first, end, num_replicas):
 
         return tf.data.Dataset.range(replicas).map(piece)
 
-    return batches.enumerate().flat_map(split)
+    return _with_even_shares(batches.enumerate().flat_map(split), b if even else None, num_replicas)
 
 
 def host_pipelines(dataset, ranges, num_replicas):
@@ -229,7 +232,28 @@ def host_slices(dataset, first, end, num_replicas):
     """
     replicas = tf.constant([first, end], tf.int64)
     slicer = _slicer(num_replicas)
-    return dataset.flat_map(lambda *element: slicer(element, replicas))
+    slices = dataset.flat_map(lambda *element: slicer(element, replicas))
+    return _with_even_shares(
+        slices, batch_rows.static_rows_of_spec(dataset.element_spec), num_replicas
+    )
+
+
+def _with_even_shares(slices, rows, num_replicas):
+    """`slices` (a host's per-replica batches of global batches of `rows` rows, if known),
+    known to have `rows / num_replicas` rows each when that is every replica's share: the
+    step is then traced for the shapes Keras's one-device step has (a global batch of known
+    rows), and a gradient computes no shapes at run time (issue 43: 94 more ops per step on
+    each worker of the benchmark's recommender at W=2). A static shape only; every replica's
+    spec is the same, as a distributed dataset's spec must be."""
+    if rows is None or rows % num_replicas:
+        return slices
+    share = rows // num_replicas
+
+    def known(*element):
+        element = element if len(element) > 1 else element[0]
+        return batch_rows.with_rows(element, share)
+
+    return slices.map(known)
 
 
 @functools.cache
