@@ -497,7 +497,10 @@ _RECORDS = """
         found = {{}}
         for job in ("ps", "worker"):
             for index, address in enumerate(SPEC[job]):
-                reader = RecordReader(address, f"/job:{{job}}/replica:0/task:{{index}}")
+                # 60 s, not the default 5 s: under load a read took longer (a lost-task test
+                # failed on it at a load average of 5).
+                reader = RecordReader(address, f"/job:{{job}}/replica:0/task:{{index}}",
+                                      timeout=60)
                 try:
                     record = reader.record()
                 finally:
