@@ -2547,6 +2547,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "lost-task-layer-remade-twice",
+        "a DynamicEmbedding held twice in a model (two submodels calling it) has its tables on a "
+        "restarted task made again, and counted, twice",
+        "dpkeras/_patches/lost_tasks.py",
+        "    layers = {id(layer): layer for layer in resume.all_layers(model)}\n",
+        "    layers = dict(enumerate(resume.all_layers(model)))\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_what_a_restarted_task_makes_again_counts_a_layer_held_twice_once",
+        ),
+    ),
+    Mutant(
         "batch-through-worker-0",
         "fit's loop on a cluster is Keras's own: each worker's batch crosses to worker 0 and "
         "back every step (issue 43)",

@@ -1,0 +1,45 @@
+"""The pieces of going on after a lost task (`dpkeras._patches.lost_tasks`) that need no
+cluster: what a restarted task's resources count, and each loss's own wait. The whole path, on
+a real cluster whose tasks are killed and restarted, is tests/test_cluster_training.py's
+`test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly` and
+`test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly`."""
+
+import keras
+import tensorflow as tf
+
+import dpkeras
+from dpkeras._patches import lost_tasks, resume
+from dpkeras.layers import DynamicEmbedding
+
+# The one task of this process: every device of a one-machine strategy is on it.
+LOCAL = "/job:localhost/replica:0/task:0"
+
+
+def test_what_a_restarted_task_makes_again_counts_a_layer_held_twice_once():
+    """A DynamicEmbedding called by two submodels appears twice among the model's layers: its
+    tables are made again, and counted, once. On one machine every device is on this process's
+    task, so remaking on it is what a restarted ps gets: each variable of the strategy (each
+    shard) once and each hash table once, all of them new resources."""
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    strategy = dpkeras.ParameterDeviceStrategy(
+        ["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"], partitioner=partitioner
+    )
+    with strategy.scope():
+        layer = DynamicEmbedding(4, 32, min_count=2, seed=7, name="de")
+
+        def tower(name):
+            ids = keras.Input((3,), dtype="int64")
+            return keras.Model(ids, keras.layers.Flatten()(layer(ids)), name=name)
+
+        ids = keras.Input((3,), dtype="int64")
+        both = keras.layers.Concatenate()([tower("a")(ids), tower("b")(ids)])
+        model = keras.Model(ids, keras.layers.Dense(1, name="head")(both))
+    assert [held for held in resume.all_layers(model) if held is layer] == [layer, layer]
+    # Rows, row_ids, counts, last_seen and the head's kernel cut in 2; step, used, bias whole.
+    extended = strategy.extended
+    assert len(extended.variables()) == 5 * 2 + 3
+    # The index and the ids waiting for admission (min_count=2), each cut over both devices.
+    tables = [layer.index_table, layer.index_table_1, layer.pending_table, layer.pending_table_1]
+    handles = [table.resource_handle for table in tables]
+    assert lost_tasks.remake_lost_resources(model, extended, LOCAL) == 13 + 4
+    assert all(t.resource_handle is not h for t, h in zip(tables, handles))
