@@ -2559,6 +2559,14 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "lost-task-first-deadline-kept",
+        "a second task lost in one fit is waited for only until the first loss's deadline",
+        "dpkeras/_patches/lost_tasks.py",
+        "            deadline = time.monotonic() + timeout\n",
+        "            deadline = deadline or (time.monotonic() + timeout)\n",
+        ("tests/test_lost_tasks.py::test_a_second_lost_task_in_one_fit_gets_its_own_full_wait",),
+    ),
+    Mutant(
         "batch-through-worker-0",
         "fit's loop on a cluster is Keras's own: each worker's batch crosses to worker 0 and "
         "back every step (issue 43)",

@@ -4,11 +4,15 @@ a real cluster whose tasks are killed and restarted, is tests/test_cluster_train
 `test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly` and
 `test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly`."""
 
+import inspect
+import types
+
 import keras
 import tensorflow as tf
 
 import dpkeras
 from dpkeras._patches import lost_tasks, resume
+from dpkeras.cluster import _connect, _health
 from dpkeras.layers import DynamicEmbedding
 
 # The one task of this process: every device of a one-machine strategy is on it.
@@ -43,3 +47,50 @@ def test_what_a_restarted_task_makes_again_counts_a_layer_held_twice_once():
     handles = [table.resource_handle for table in tables]
     assert lost_tasks.remake_lost_resources(model, extended, LOCAL) == 13 + 4
     assert all(t.resource_handle is not h for t, h in zip(tables, handles))
+
+
+def test_a_second_lost_task_in_one_fit_gets_its_own_full_wait(monkeypatch, tmp_path):
+    """Ps 1 lost at t=100 and, once it answers again and fit goes on, ps 0 at t=250, with
+    `$DPKERAS_TASK_RESTART_TIMEOUT` 120: each is waited for until 120 s after its own loss (220,
+    then 370), not the second until the first's deadline (220, past at its loss). Faked: the
+    clock, the cluster (its spec, a strategy whose replicas stay as they are, the restarted task
+    answering 5 s into the wait, the reconnection), the backup's presence, and Keras's fit,
+    which raises what dpkeras raises for a lost task."""
+    spec = tf.train.ClusterSpec({"ps": ["ps0:1", "ps1:1"], "worker": ["w0:1", "w1:1"]})
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(
+        lost_tasks, "time", types.SimpleNamespace(monotonic=lambda: clock.now, sleep=None)
+    )
+    monkeypatch.setenv("DPKERAS_TASK_RESTART_TIMEOUT", "120")
+    extended = types.SimpleNamespace(
+        cluster_spec=spec, compute_without=lambda tasks: False, variables=lambda: []
+    )
+    monkeypatch.setattr(lost_tasks, "extended_of", lambda model: extended)
+    monkeypatch.setattr(resume, "has_backup", lambda callback: True)
+    waits, reconnected = [], []
+
+    def wait_until_it_answers(address, deadline):
+        waits.append((address, deadline))
+        clock.now += 5.0
+        return None
+
+    monkeypatch.setattr(_health, "wait_until_it_answers", wait_until_it_answers)
+    monkeypatch.setattr(_connect, "reconnect_to_restarted", reconnected.append)
+    losses = [(100.0, 1), (250.0, 0)]
+
+    def fit(model, x, callbacks):
+        if losses:
+            clock.now, index = losses.pop(0)
+            task = f"/job:ps/replica:0/task:{index}"
+            raise _health.TaskFailedError(task, spec.task_address("ps", index), "gone")
+        history = keras.callbacks.History()
+        history.epoch, history.history = [0], {"loss": [0.5]}
+        return history
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path))
+    signature = inspect.signature(keras.Model.fit)
+    history = lost_tasks.going_on_after_a_lost_task(fit, signature, model, "x", callbacks=[backup])
+    assert waits == [("ps1:1", 100.0 + 120), ("ps0:1", 250.0 + 120)]
+    assert reconnected == ["/job:ps/replica:0/task:1", "/job:ps/replica:0/task:0"]
+    assert (history.epoch, history.history) == ([0], {"loss": [0.5]})
