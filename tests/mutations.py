@@ -846,6 +846,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "record-close-raises",
+        "a reader whose task is gone since its read raises from close (TensorFlow's "
+        "DeadlineExceededError), hiding what refuse_if_in_use or dpkeras env would report",
+        "dpkeras/cluster/_client_record.py",
+        "            try:\n                session.close()\n            except tf.errors.OpError:",
+        "            session.close()\n            if False:",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_reader_whose_task_is_gone_since_its_read_closes_without_raising",
+        ),
+    ),
+    Mutant(
         "record-exit-aborts",
         "a process exits without waiting for a record read that timed out (it aborts)",
         "dpkeras/cluster/_client_record.py",

@@ -281,13 +281,17 @@ class _SlowProxy:
     """A TCP proxy to a task's server that answers like a server slow to serve its first
     call: on each connection the server's first bytes (its HTTP/2 greeting, which `probe`
     checks) pass at once, the rest only `delay` seconds after the connection opened
-    (`delay=None`: never). A task busy with other work, or starting on a loaded machine."""
+    (`delay=None`: never). A task busy with other work, or starting on a loaded machine.
+    `connections()` counts the connections open through it; `close()` cuts them and stops
+    listening, as a task whose server is gone."""
 
     def __init__(self, target, delay):
         self.target, self.delay = target, delay
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open = {}  # (client, server) -> how many of its two pipes still run
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -300,10 +304,13 @@ class _SlowProxy:
             server = socket.create_connection((host, int(port)), timeout=10)
             server.settimeout(None)
             opened = time.monotonic()
-            threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, opened), daemon=True).start()
+            pair = (client, server)
+            with self._lock:
+                self._open[pair] = 2
+            for args in ((client, server, None), (server, client, opened)):
+                threading.Thread(target=self._pipe, args=(*args, pair), daemon=True).start()
 
-    def _pipe(self, source, sink, opened):
+    def _pipe(self, source, sink, opened, pair):
         first = True
         try:
             while not self.closed.is_set():
@@ -323,10 +330,26 @@ class _SlowProxy:
             for end in (source, sink):
                 with contextlib.suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
+            with self._lock:
+                self._open[pair] -= 1
+                if not self._open[pair]:
+                    del self._open[pair]
+                    for end in pair:
+                        end.close()
+
+    def connections(self):
+        with self._lock:
+            return len(self._open)
 
     def close(self):
         self.closed.set()
         self.listener.close()
+        with self._lock:
+            pairs = list(self._open)
+        for pair in pairs:
+            for end in pair:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
 
 
 def _through(local, proxy):
@@ -390,3 +413,31 @@ def test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_cl
         f"or overloaded: see its log, or restart it (`dpkeras serve` with the same arguments); "
         f"$DPKERAS_CONNECT_TIMEOUT sets the wait."
     ), client.stderr[-3000:]
+
+
+def _wait_for(condition, seconds):
+    """Whether `condition()` held within `seconds` (polled every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_reader_whose_task_is_gone_since_its_read_closes_without_raising(local):
+    """The task answered a read, then its server went away: closing the session asks the task
+    to close it, and that call fails at its own timeout (TensorFlow raises DeadlineExceededError
+    from `Session.close`, measured on TF 2.21). `close` swallows it: it ends `refuse_if_in_use`,
+    `dpkeras env --cluster` and a task's watch in `finally`, where it would hide their result."""
+    _plant(local, state=_client_record.FINISHED)
+    proxy = _SlowProxy(local.address("ps", 0), delay=0.0)
+    try:
+        reader = _client_record.RecordReader(proxy.address, "/job:ps/replica:0/task:0", 1.0)
+        assert reader.record()["state"] == _client_record.FINISHED
+    finally:
+        proxy.close()  # the connection cut, nothing listens: the task is gone
+    reader.close()  # raises nothing
+    assert reader._session is None
+    with pytest.raises(RuntimeError, match="is closed"):
+        reader.record()

@@ -157,8 +157,8 @@ class RecordReader:
         if session is not None:
             try:
                 session.close()
-            except tf.errors.OpError:  # a task that stopped answering: nothing left to free
-                pass
+            except tf.errors.OpError:  # the task is gone: its call to close timed out
+                pass  # (DeadlineExceededError, after the timeout), and nothing is left to free
 
 
 def own_record(cluster, address):
