@@ -858,6 +858,31 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "record-reader-left-open",
+        "refuse_if_in_use does not close its readers: a caller holding its error holds a "
+        "session and a connection on the task",
+        "dpkeras/cluster/_client_record.py",
+        "        finally:\n            reader.close()\n",
+        "        finally:\n            pass\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_refused_client_leaves_no_connection_to_the_task_it_read",
+        ),
+    ),
+    Mutant(
+        "record-close-does-nothing",
+        "a reader's close leaves its session open",
+        "dpkeras/cluster/_client_record.py",
+        "            if self._busy:\n                return\n        self._close_session()\n",
+        "            if self._busy:\n                return\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_refused_client_leaves_no_connection_to_the_task_it_read",
+            "tests/test_cluster_clients.py::"
+            "test_a_reader_whose_task_is_gone_since_its_read_closes_without_raising",
+        ),
+    ),
+    Mutant(
         "record-exit-aborts",
         "a process exits without waiting for a record read that timed out (it aborts)",
         "dpkeras/cluster/_client_record.py",

@@ -441,3 +441,18 @@ def test_a_reader_whose_task_is_gone_since_its_read_closes_without_raising(local
     assert reader._session is None
     with pytest.raises(RuntimeError, match="is closed"):
         reader.record()
+
+
+def test_a_refused_client_leaves_no_connection_to_the_task_it_read(local, planted):
+    """`refuse_if_in_use` closes each reader it made, whatever it raises: while a caller still
+    holds its error (and so the reader, in the error's traceback), no connection to the task
+    stays open, and no session on it."""
+    planted(client="/job:localhost/replica:0/task:0", address="localhost:1", host="elsewhere")
+    proxy = _SlowProxy(local.address("ps", 0), delay=0.0)
+    try:
+        with pytest.raises(RuntimeError, match="in use by") as refused:
+            _client_record.refuse_if_in_use(_spec.Cluster(_through(local, proxy)))
+        assert refused.value.__traceback__ is not None  # held, with the reader in its frames
+        assert _wait_for(lambda: proxy.connections() == 0, 20), proxy.connections()
+    finally:
+        proxy.close()
