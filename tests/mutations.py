@@ -883,6 +883,29 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "record-deadline-unconverted",
+        "a read ended by the session's own DeadlineExceededError (before the client's wait "
+        "ended) ends the start in TensorFlow's error, not the one-line TimeoutError",
+        "dpkeras/cluster/_client_record.py",
+        "        except (TimeoutError, tf.errors.DeadlineExceededError) as e:\n",
+        "        except TimeoutError as e:\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_error",
+        ),
+    ),
+    Mutant(
+        "record-timeout-lines",
+        "the TimeoutError of a read holds TensorFlow's message as it is, on several lines",
+        "dpkeras/cluster/_client_record.py",
+        '            why = " ".join(str(e).split())',
+        "            why = str(e)",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_error",
+        ),
+    ),
+    Mutant(
         "record-exit-aborts",
         "a process exits without waiting for a record read that timed out (it aborts)",
         "dpkeras/cluster/_client_record.py",

@@ -14,7 +14,9 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc  # TensorFlow's own dependency
 import pytest
 import tensorflow as tf
 
@@ -456,3 +458,53 @@ def test_a_refused_client_leaves_no_connection_to_the_task_it_read(local, plante
         assert _wait_for(lambda: proxy.connections() == 0, 20), proxy.connections()
     finally:
         proxy.close()
+
+
+class _DeadlineServer:
+    """A gRPC server answering every call DEADLINE_EXCEEDED at once: a task whose session
+    times out first. With a real server the session's own timeout and the client's wait end
+    together (both the timeout after the read starts), so which one the client sees is a race;
+    here TensorFlow raises its DeadlineExceededError before the wait ends, every time."""
+
+    def __init__(self):
+        class Handler(grpc.GenericRpcHandler):
+            def service(self, details):
+                def answer(request, context):
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+                return grpc.unary_unary_rpc_method_handler(answer)
+
+        self.server = grpc.server(ThreadPoolExecutor(2), handlers=[Handler()])
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def close(self):
+        self.server.stop(0).wait(10)
+
+
+def test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_error():
+    """A read ended by TensorFlow's DeadlineExceededError (the session's timeout fired before
+    the client's wait ended) ends the start in the same one-line TimeoutError naming the task
+    as a read that was not answered in time; TensorFlow's own message, on several lines, is
+    joined into it."""
+    task = "/job:ps/replica:0/task:0"
+    server = _DeadlineServer()
+    try:
+        reader = _client_record.RecordReader(server.address, task, timeout=30)
+        try:
+            with pytest.raises(tf.errors.DeadlineExceededError) as alone:
+                reader.record()  # the read alone: TensorFlow's error, on three lines
+        finally:
+            reader.close()
+        assert str(alone.value) == "Graph execution error:\n\nDeadline Exceeded"
+        cluster = _spec.Cluster({"ps": [server.address], "worker": [_dead_address()]})
+        with pytest.raises(TimeoutError) as raised:
+            _client_record.refuse_if_in_use(cluster, timeout=30)
+    finally:
+        server.close()
+    assert str(raised.value) == (
+        f"Cannot connect to the cluster: {task} at {server.address} accepts connections but did "
+        f"not say which client trains on it within 30 s (Graph execution error: Deadline "
+        f"Exceeded). Its server is stuck or overloaded: see its log, or restart it (`dpkeras "
+        f"serve` with the same arguments); $DPKERAS_CONNECT_TIMEOUT sets the wait."
+    )

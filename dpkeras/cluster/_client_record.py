@@ -214,9 +214,11 @@ def refuse_if_in_use(cluster, timeout=_config.DEFAULT_CONNECT_TIMEOUT):
         try:
             record = reader.record()
         except (TimeoutError, tf.errors.DeadlineExceededError) as e:
+            # The session's own timeout fires as the wait ends: either may come first.
+            why = " ".join(str(e).split())  # one line (TensorFlow's message spans lines)
             raise TimeoutError(
                 f"Cannot connect to the cluster: {task} at {address} accepts connections but "
-                f"did not say which client trains on it within {timeout:g} s ({e}). Its "
+                f"did not say which client trains on it within {timeout:g} s ({why}). Its "
                 f"server is stuck or overloaded: see its log, or restart it (`dpkeras serve` "
                 f"with the same arguments); ${_config.VARIABLES['connect_timeout']} sets "
                 f"the wait."
