@@ -906,6 +906,29 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "record-read-half-wait",
+        "a record read waits for half its timeout (a task answering in 70% of it fails the start)",
+        "dpkeras/cluster/_client_record.py",
+        "        thread.join(self._timeout)\n",
+        "        thread.join(self._timeout / 2)\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_read_answered_late_within_its_timeout_succeeds_and_exit_waits_for_its_calls",
+        ),
+    ),
+    Mutant(
+        "record-exit-two-calls",
+        "the exit waits for two timeouts of a read under way, which makes three calls, each "
+        "allowed the timeout",
+        "dpkeras/cluster/_client_record.py",
+        "_CALLS_PER_READ = 3\n",
+        "_CALLS_PER_READ = 2\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_read_answered_late_within_its_timeout_succeeds_and_exit_waits_for_its_calls",
+        ),
+    ),
+    Mutant(
         "record-exit-aborts",
         "a process exits without waiting for a record read that timed out (it aborts)",
         "dpkeras/cluster/_client_record.py",

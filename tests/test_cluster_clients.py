@@ -508,3 +508,33 @@ def test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_err
         f"Exceeded). Its server is stuck or overloaded: see its log, or restart it (`dpkeras "
         f"serve` with the same arguments); $DPKERAS_CONNECT_TIMEOUT sets the wait."
     )
+
+
+def test_a_read_answered_late_within_its_timeout_succeeds_and_exit_waits_for_its_calls(
+    local,
+):
+    """A ps whose read is answered after 5 s, with a timeout of 8 s: the start goes on (the
+    client waits for the whole timeout, not a part of it). While the read runs, the exit's wait
+    registered for it (`_client_record._reads`) covers its three calls to the task (creating the
+    session, two runs), each allowed the timeout: 24 s from its start, not 16."""
+    _plant(local, state=_client_record.FINISHED)
+    proxy = _SlowProxy(local.address("ps", 0), delay=5.0)
+    before = set(_client_record._reads)
+    left = []  # seconds left of the first read's registered wait, when first seen
+    stop = threading.Event()
+
+    def watch():
+        while not left and not stop.wait(0.05):
+            for thread, deadline in list(_client_record._reads.items()):
+                if thread not in before:
+                    left.append(deadline - time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _client_record.refuse_if_in_use(_spec.Cluster(_through(local, proxy)), timeout=8)
+    finally:
+        stop.set()
+        watcher.join(10)
+        proxy.close()
+    assert left and 3 * 8 - 4 <= left[0] <= 3 * 8, left  # seen within 4 s of its start

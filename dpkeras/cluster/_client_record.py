@@ -51,6 +51,11 @@ def _handle():
 # of ''"), so the exit waits for them.
 _reads = {}
 
+# A read makes up to three calls to its task, each allowed the timeout: the session's creation,
+# then two runs (`record`) or the listing of its devices (`devices`). A task answering each
+# call after 0.8 timeout keeps a read's thread 2.4 timeouts (measured).
+_CALLS_PER_READ = 3
+
 
 @atexit.register
 def _wait_for_reads():
@@ -117,7 +122,7 @@ class RecordReader:
                     self._close_session()
 
         thread = threading.Thread(target=run, name="dpkeras-record-read", daemon=True)
-        _reads[thread] = time.monotonic() + 2 * self._timeout  # before it can end
+        _reads[thread] = time.monotonic() + _CALLS_PER_READ * self._timeout  # before it ends
         thread.start()
         thread.join(self._timeout)
         if not outcome:
