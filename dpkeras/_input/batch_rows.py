@@ -93,8 +93,9 @@ def static_rows_of_spec(element_spec):
 
 
 def with_rows(batch, rows):
-    """`batch` (a nest) with the dense components that have rows known to have `rows` rows:
-    a static shape only, no op (ragged, sparse, None and scalars as they are)."""
+    """`batch` (a nest) with the dense components that have rows known to have `rows` rows
+    (a static shape: an `Identity` where it is called, in an input pipeline's map; ragged,
+    sparse, None and scalars as they are)."""
 
     def known(x):
         if is_dense_batch(x) and static_rows(x) is None:
