@@ -1086,6 +1086,14 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "step-loop-at-one-step",
+        "at steps_per_execution=1 the workers' own reading runs its one step in a while loop",
+        "dpkeras/_patches/step_loop.py",
+        "        if isinstance(steps, int) and steps == 1:\n",
+        "        if False:\n",
+        ("tests/test_cluster_loop.py::test_one_step_per_execution_runs_no_loop_on_any_task",),
+    ),
+    Mutant(
         "adagrad-rows-every-optimizer",
         "every Adagrad, not only dpkeras's, updates on the rows only",
         "dpkeras/_extended/sparse_rows.py",

@@ -499,6 +499,47 @@ def test_an_ordinary_error_on_a_healthy_cluster_is_itself_and_the_next_fit_train
     assert min(moved) > 0, moved  # every variable trained in the next fit
 
 
+def test_one_step_per_execution_runs_no_loop_on_any_task(cluster):
+    """At `steps_per_execution=1` (Keras's default) the workers' own reading runs its one step
+    without a `tf.while_loop` around it: a loop puts its control on every task the step
+    touches (`Enter` for each value it reads, the predicate sent to each task every
+    iteration): on the benchmark's recommender at W=2, 26 ops a step on the ps, 9 on each
+    worker and 50 on the loop's task. At K=2 the loop is there, as it must be. Counted from
+    the step's partition graphs (the loop run from the client), not timed."""
+    out = _client(
+        """
+        import collections
+        from dpkeras import _tf_internals
+        from dpkeras.cluster import _loop
+        x = np.arange(64 * 4).reshape(64, 4).astype("int32") % 300; y = np.arange(64) % 3
+        with dpkeras.scope(cluster=SPEC):
+            models = {k: build(k) for k in (1, 2)}
+        reference = {k: build(k) for k in (1, 2)}  # after connecting: local variables
+        counts = {}
+        for k, model in models.items():
+            _tf_internals.enable_run_metadata()
+            with _loop.on_the_client():
+                history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+            metadata = _tf_internals.export_and_disable_run_metadata()
+            step = max(metadata.function_graphs, key=lambda f: len(f.partition_graphs))
+            ops = collections.Counter(
+                node.op for partition in step.partition_graphs for node in partition.node)
+            expected = reference[k].fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+            counts[k] = {
+                "loop": sum(ops[t] for t in ("Enter", "Exit", "NextIteration", "LoopCond")),
+                "partitions": len(step.partition_graphs),
+                "loss": history.history["loss"], "expected": expected.history["loss"]}
+        print(json.dumps(counts))
+        """,
+        cluster.spec,
+    )
+    one, two = out["1"], out["2"]
+    assert one["partitions"] == two["partitions"] >= 4, out  # client, ps, both workers
+    assert one["loop"] == 0 and two["loop"] > 0, out
+    for case in (one, two):
+        np.testing.assert_allclose(case["loss"], case["expected"], rtol=1e-5)
+
+
 def test_a_workers_batch_is_read_on_the_worker_and_never_crosses_to_the_loop(cluster):
     """Keras's loop over K steps carries the next batch as a loop variable; on a cluster its
     loop runs on worker 0, so each other worker's share crossed to worker 0 and back every step

@@ -12,7 +12,8 @@ whole 2 MB share, where the weights are 16 KB).
 each iteration reads every input host's next batch on that host, as an `Optional` made
 there, and the step runs on it inside the iteration. Its semantics are Keras's: at most K
 steps a call, the last step's logs returned, an empty call raising StopIteration, one read
-past the last batch. The loop's own device decides whether a batch is there, from its
+past the last batch (at K=1, Keras's default, the one step runs without a loop around it:
+a loop's control runs on every task the step touches). The loop's own device decides whether a batch is there, from its
 host's `Optional` (worker 0's): dpkeras gives every input host the same number of batches
 (`dpkeras._input.sharding`; a host with no rows of the last batch gets an empty one), so one
 host answers for all, and a host that had none would fail the step loudly (an empty
@@ -95,6 +96,8 @@ def _loop(model, step_function, xla):
 
             return step + 1, tf.cond(there, run, lambda: outputs), there
 
+        if isinstance(steps, int) and steps == 1:
+            return body(tf.constant(0), nothing, tf.constant(True))[1]
         _, outputs, _ = tf.while_loop(cond, body, [tf.constant(0), nothing, tf.constant(True)])
         return outputs
 
