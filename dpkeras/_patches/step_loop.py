@@ -16,9 +16,9 @@ past the last batch (at K=1, Keras's default, the one step runs without a loop a
 a loop's control runs on every task the step touches). The loop's own device decides
 whether a batch is there, from its host's `Optional` (worker 0's): dpkeras gives every
 input host the same number of batches (`dpkeras._input.sharding`; a host with no rows of
-the last batch gets an empty one), so one host answers for all, and a host that had none would fail the step loudly (an empty
-`Optional` read), not end the epoch. Iterators whose hosts may differ (`auto_shard_policy`
-FILE, a user's `distribute_datasets_from_function`), TensorFlow's own iterators, eager
+the last batch gets an empty one), so one host answers for all, and a host that had none
+would fail the step loudly (an empty `Optional` read), not end the epoch. Iterators whose
+hosts may differ (`auto_shard_policy` FILE, a user's `distribute_datasets_from_function`), TensorFlow's own iterators, eager
 steps and unrolled loops run Keras's loop as before.
 """
 
