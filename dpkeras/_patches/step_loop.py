@@ -9,17 +9,17 @@ global batch 256, two workers: 2 MB sent and 2 MB received by each worker per st
 whole 2 MB share, where the weights are 16 KB).
 
 `reading_on_each_host` runs the same loop with nothing but the logs and two scalars carried:
-each iteration reads every input host's next batch on that host, as an `Optional` made
-there, and the step runs on it inside the iteration. Its semantics are Keras's: at most K
-steps a call, the last step's logs returned, an empty call raising StopIteration, one read
-past the last batch (at K=1, Keras's default, the one step runs without a loop around it:
-a loop's control runs on every task the step touches). The loop's own device decides
-whether a batch is there, from its host's `Optional` (worker 0's): dpkeras gives every
-input host the same number of batches (`dpkeras._input.sharding`; a host with no rows of
-the last batch gets an empty one), so one host answers for all, and a host that had none
-would fail the step loudly (an empty `Optional` read), not end the epoch. Iterators whose
-hosts may differ (`auto_shard_policy` FILE, a user's `distribute_datasets_from_function`), TensorFlow's own iterators, eager
-steps and unrolled loops run Keras's loop as before.
+each iteration reads every input host's next batch on that host, as an `Optional` made there,
+and the step runs on it inside the iteration. Its semantics are Keras's: at most K steps a
+call, the last step's logs returned, an empty call raising StopIteration, one read past the
+last batch (at K=1, Keras's default, the one step runs without a loop around it: a loop's
+control runs on every task the step touches). The loop's own device decides whether a batch is
+there, from its host's `Optional` (worker 0's): dpkeras gives every input host the same number
+of batches (`dpkeras._input.sharding`; a host with no rows of the last batch gets an empty
+one), so one host answers for all, and a host that had none would fail the step loudly (an
+empty `Optional` read), not end the epoch. Iterators whose hosts may differ
+(`auto_shard_policy` FILE, a user's `distribute_datasets_from_function`), TensorFlow's own
+iterators, eager steps and unrolled loops run Keras's loop as before.
 """
 
 import functools
