@@ -917,12 +917,13 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "record-exit-two-calls",
-        "the exit waits for two timeouts of a read under way, which makes three calls, each "
-        "allowed the timeout",
+        "record-exit-three-calls",
+        "the exit waits for three timeouts of a read under way, which makes four calls (its "
+        "thread closes the session when the reader was closed under it), each allowed the "
+        "timeout",
         "dpkeras/cluster/_client_record.py",
+        "_CALLS_PER_READ = 4\n",
         "_CALLS_PER_READ = 3\n",
-        "_CALLS_PER_READ = 2\n",
         (
             "tests/test_cluster_clients.py::"
             "test_a_read_answered_late_within_its_timeout_succeeds_and_exit_waits_for_its_calls",
@@ -1092,6 +1093,56 @@ MUTANTS = (
         "        if isinstance(steps, int) and steps == 1:\n",
         "        if False:\n",
         ("tests/test_cluster_loop.py::test_one_step_per_execution_runs_no_loop_on_any_task",),
+    ),
+    Mutant(
+        "adagrad-rows-bfloat16-never",
+        "a bfloat16 table never takes the rows-only update",
+        "dpkeras/_extended/sparse_rows.py",
+        "    if not dtype.is_floating:\n",
+        "    if not dtype.is_floating or dtype == tf.bfloat16:\n",
+        (
+            "tests/test_sparse_rows.py::test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_whole_table_work",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-float64-by-float32",
+        "a float64 epsilon judged by float32's smallest normal number",
+        "dpkeras/_extended/sparse_rows.py",
+        "np.float64 if dtype == tf.float64 else np.float32",
+        "np.float32",
+        (
+            "tests/test_sparse_rows.py::test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_whole_table_work",
+        ),
+    ),
+    Mutant(
+        "adagrad-rows-smallest-excluded",
+        "an epsilon equal to the smallest normal number takes Keras's update",
+        "dpkeras/_extended/sparse_rows.py",
+        "epsilon >= smallest",
+        "epsilon > smallest",
+        (
+            "tests/test_sparse_rows.py::test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_whole_table_work",
+        ),
+    ),
+    Mutant(
+        "shares-one-tuple-unwrapped",
+        "a host of several replicas unwraps a dataset's 1-tuples, a host of one does not",
+        "dpkeras/_input/sharding.py",
+        "        if not isinstance(slices.element_spec, tuple):\n",
+        "        if len(element) == 1:\n",
+        (
+            "tests/test_input_sharding.py::test_known_rows_keep_the_elements_structure_on_hosts_of_one_and_of_two_replicas",
+        ),
+    ),
+    Mutant(
+        "shares-rows-from-a-scalar",
+        "the rows of a batch read from its first component even when that is a scalar",
+        "dpkeras/_input/batch_rows.py",
+        "shape is not None and shape.rank != 0:",
+        "shape is not None:",
+        (
+            "tests/test_input_sharding.py::test_known_rows_are_read_from_the_first_component_with_rows_past_a_scalar",
+        ),
     ),
     Mutant(
         "adagrad-rows-every-optimizer",

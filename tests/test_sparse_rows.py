@@ -97,6 +97,9 @@ class MyAdagrad(keras.optimizers.Adagrad):
         ("float64", 0.0, 1e-7),
         ("float16", 0.1, 1e-3),
         ("float16", 0.0, 1e-7),  # a subnormal float16, which TensorFlow keeps
+        ("bfloat16", 0.1, 1e-7),
+        ("float64", 0.0, 1e-39),  # subnormal in float32, not in float64
+        ("float32", 0.0, float(np.finfo(np.float32).tiny)),  # the smallest normal float32
     ],
 )
 def test_an_adagrad_of_dpkeras_updates_a_tables_rows_with_kerass_bits_and_no_whole_table_work(

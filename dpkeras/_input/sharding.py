@@ -249,8 +249,9 @@ def _with_even_shares(slices, rows, num_replicas):
         return slices
     share = rows // num_replicas
 
-    def known(*element):
-        element = element if len(element) > 1 else element[0]
+    def known(*element):  # `map` passes a tuple's components as arguments
+        if not isinstance(slices.element_spec, tuple):
+            (element,) = element
         return batch_rows.with_rows(element, share)
 
     return slices.map(known)

@@ -51,10 +51,12 @@ def _handle():
 # of ''"), so the exit waits for them.
 _reads = {}
 
-# A read makes up to three calls to its task, each allowed the timeout: the session's creation,
-# then two runs (`record`) or the listing of its devices (`devices`). A task answering each
-# call after 0.8 timeout keeps a read's thread 2.4 timeouts (measured).
-_CALLS_PER_READ = 3
+# A read makes up to four calls to its task, each allowed the timeout: the session's creation,
+# then two runs (`record`) or the listing of its devices (`devices`), and, when the reader was
+# closed while the read ran, the session's close. A task answering each call after 0.8
+# timeout keeps a read's thread 3.2 timeouts (measured by a review: at 3 timeouts the
+# process aborted at exit, 2 times out of 2).
+_CALLS_PER_READ = 4
 
 
 @atexit.register
@@ -114,12 +116,12 @@ class RecordReader:
             except Exception as e:  # reported to the caller, as it is
                 outcome.append((False, e))
             finally:
-                _reads.pop(threading.current_thread(), None)
                 with self._lock:
                     self._busy = False
                     closing = self._closed
                 if closing:  # closed while this thread read: its session is closed here
                     self._close_session()
+                _reads.pop(threading.current_thread(), None)  # after the close: its 4th call
 
         thread = threading.Thread(target=run, name="dpkeras-record-read", daemon=True)
         _reads[thread] = time.monotonic() + _CALLS_PER_READ * self._timeout  # before it ends
