@@ -1145,6 +1145,44 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "lost-task-unavailable-not-retried",
+        "an UnavailableError just after a recovery ends the fit instead of being tried again",
+        "dpkeras/_patches/lost_tasks.py",
+        "            if lost is None or time.monotonic() >= deadline:\n",
+        "            if True:\n",
+        (
+            "tests/test_lost_tasks.py::test_a_connection_not_back_yet_after_a_recovery_is_tried_again_until_the_deadline",
+        ),
+    ),
+    Mutant(
+        "lost-task-unavailable-retried-forever",
+        "an UnavailableError after a recovery is tried again past the loss's deadline",
+        "dpkeras/_patches/lost_tasks.py",
+        "            if lost is None or time.monotonic() >= deadline:\n",
+        "            if lost is None:\n",
+        (
+            "tests/test_lost_tasks.py::test_a_connection_not_back_yet_after_a_recovery_is_tried_again_until_the_deadline",
+        ),
+    ),
+    Mutant(
+        "lost-task-loss-forgotten",
+        "a lost task's recovery is not remembered, so the UnavailableError after it is raised",
+        "dpkeras/_patches/lost_tasks.py",
+        "            lost = error\n",
+        "",
+        (
+            "tests/test_lost_tasks.py::test_a_connection_not_back_yet_after_a_recovery_is_tried_again_until_the_deadline",
+        ),
+    ),
+    Mutant(
+        "lost-task-part-remade-twice",
+        "a variable listed twice has its parts made again twice",
+        "dpkeras/_patches/lost_tasks.py",
+        "            if id(part) not in seen:\n",
+        "            if True:\n",
+        ("tests/test_lost_tasks.py::test_a_variable_listed_twice_is_made_again_once",),
+    ),
+    Mutant(
         "adagrad-rows-every-optimizer",
         "every Adagrad, not only dpkeras's, updates on the rows only",
         "dpkeras/_extended/sparse_rows.py",
