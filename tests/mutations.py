@@ -1183,6 +1183,17 @@ MUTANTS = (
         ("tests/test_lost_tasks.py::test_a_variable_listed_twice_is_made_again_once",),
     ),
     Mutant(
+        "record-close-swallows-deadline-only",
+        "a reader's close lets any error of the task but DeadlineExceededError through",
+        "dpkeras/cluster/_client_record.py",
+        "            except tf.errors.OpError:  # the task is gone",
+        "            except tf.errors.DeadlineExceededError:  # the task is gone",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_reader_whose_session_close_is_refused_closes_without_raising",
+        ),
+    ),
+    Mutant(
         "adagrad-rows-every-optimizer",
         "every Adagrad, not only dpkeras's, updates on the rows only",
         "dpkeras/_extended/sparse_rows.py",

@@ -482,6 +482,45 @@ class _DeadlineServer:
         self.server.stop(0).wait(10)
 
 
+class _GoneAfterCreateServer:
+    """A gRPC server that creates a session (a `CreateSessionResponse` of handle "h", its
+    protobuf bytes) and answers every other call UNAVAILABLE: a task gone after the session
+    was made, whose session's close then raises TensorFlow's UnavailableError."""
+
+    def __init__(self):
+        class Handler(grpc.GenericRpcHandler):
+            def service(self, details):
+                create = details.method.endswith("/CreateSession")
+
+                def answer(request, context):
+                    if create:
+                        return b"\x0a\x01h"  # field 1 (session_handle), 1 byte: "h"
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
+
+                return grpc.unary_unary_rpc_method_handler(answer)
+
+        self.server = grpc.server(ThreadPoolExecutor(2), handlers=[Handler()])
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def close(self):
+        self.server.stop(0).wait(10)
+
+
+def test_a_reader_whose_session_close_is_refused_closes_without_raising():
+    """A task gone after the session was made: the read fails with TensorFlow's error, and
+    `close()`, whose call to close the session TensorFlow answers with UnavailableError (not
+    only DeadlineExceededError: any error of the task), raises nothing."""
+    server = _GoneAfterCreateServer()
+    try:
+        reader = _client_record.RecordReader(server.address, "/job:ps/replica:0/task:0", 5)
+        with pytest.raises(tf.errors.UnavailableError):
+            reader.record()
+        reader.close()
+    finally:
+        server.close()
+
+
 def test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_error():
     """A read ended by TensorFlow's DeadlineExceededError (the session's timeout fired before
     the client's wait ended) ends the start in the same one-line TimeoutError naming the task
