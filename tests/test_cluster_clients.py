@@ -460,19 +460,16 @@ def test_a_refused_client_leaves_no_connection_to_the_task_it_read(local, plante
         proxy.close()
 
 
-class _DeadlineServer:
-    """A gRPC server answering every call DEADLINE_EXCEEDED at once: a task whose session
-    times out first. With a real server the session's own timeout and the client's wait end
-    together (both the timeout after the read starts), so which one the client sees is a race;
-    here TensorFlow raises its DeadlineExceededError before the wait ends, every time."""
+class _StandInServer:
+    """A gRPC server answering each call with `answer(method, context)`: the response's
+    protobuf bytes, or an abort."""
 
-    def __init__(self):
+    def __init__(self, answer):
         class Handler(grpc.GenericRpcHandler):
             def service(self, details):
-                def answer(request, context):
-                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
-                return grpc.unary_unary_rpc_method_handler(answer)
+                return grpc.unary_unary_rpc_method_handler(
+                    lambda request, context: answer(details.method, context)
+                )
 
         self.server = grpc.server(ThreadPoolExecutor(2), handlers=[Handler()])
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -482,36 +479,36 @@ class _DeadlineServer:
         self.server.stop(0).wait(10)
 
 
-class _GoneAfterCreateServer:
-    """A gRPC server that creates a session (a `CreateSessionResponse` of handle "h", its
-    protobuf bytes) and answers every other call UNAVAILABLE: a task gone after the session
-    was made, whose session's close then raises TensorFlow's UnavailableError."""
+def _deadline_server():
+    """A task answering every call DEADLINE_EXCEEDED at once: a task whose session times out
+    first. With a real server the session's own timeout and the client's wait end together
+    (both the timeout after the read starts), so which one the client sees is a race; here
+    TensorFlow raises its DeadlineExceededError before the wait ends, every time."""
+    return _StandInServer(
+        lambda method, context: context.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        )
+    )
 
-    def __init__(self):
-        class Handler(grpc.GenericRpcHandler):
-            def service(self, details):
-                create = details.method.endswith("/CreateSession")
 
-                def answer(request, context):
-                    if create:
-                        return b"\x0a\x01h"  # field 1 (session_handle), 1 byte: "h"
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
+def _gone_after_create_server():
+    """A task that creates a session (a `CreateSessionResponse` of handle "h", its protobuf
+    bytes) and answers every other call UNAVAILABLE: a task gone after the session was made,
+    whose session's close then raises TensorFlow's UnavailableError."""
 
-                return grpc.unary_unary_rpc_method_handler(answer)
+    def answer(method, context):
+        if method.endswith("/CreateSession"):
+            return b"\x0a\x01h"  # field 1 (session_handle), 1 byte: "h"
+        context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
 
-        self.server = grpc.server(ThreadPoolExecutor(2), handlers=[Handler()])
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def close(self):
-        self.server.stop(0).wait(10)
+    return _StandInServer(answer)
 
 
 def test_a_reader_whose_session_close_is_refused_closes_without_raising():
     """A task gone after the session was made: the read fails with TensorFlow's error, and
     `close()`, whose call to close the session TensorFlow answers with UnavailableError (not
     only DeadlineExceededError: any error of the task), raises nothing."""
-    server = _GoneAfterCreateServer()
+    server = _gone_after_create_server()
     try:
         reader = _client_record.RecordReader(server.address, "/job:ps/replica:0/task:0", 5)
         with pytest.raises(tf.errors.UnavailableError):
@@ -527,7 +524,7 @@ def test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_err
     as a read that was not answered in time; TensorFlow's own message, on several lines, is
     joined into it."""
     task = "/job:ps/replica:0/task:0"
-    server = _DeadlineServer()
+    server = _deadline_server()
     try:
         reader = _client_record.RecordReader(server.address, task, timeout=30)
         try:

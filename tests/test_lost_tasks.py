@@ -59,26 +59,9 @@ def test_a_second_lost_task_in_one_fit_gets_its_own_full_wait(monkeypatch, tmp_p
     clock, the cluster (its spec, a strategy whose replicas stay as they are, the restarted task
     answering 5 s into the wait, the reconnection), the backup's presence, and Keras's fit,
     which raises what dpkeras raises for a lost task."""
-    spec = tf.train.ClusterSpec({"ps": ["ps0:1", "ps1:1"], "worker": ["w0:1", "w1:1"]})
     clock = types.SimpleNamespace(now=0.0)
-    monkeypatch.setattr(
-        lost_tasks, "time", types.SimpleNamespace(monotonic=lambda: clock.now, sleep=None)
-    )
-    monkeypatch.setenv("DPKERAS_TASK_RESTART_TIMEOUT", "120")
-    extended = types.SimpleNamespace(
-        cluster_spec=spec, compute_without=lambda tasks: False, variables=lambda: []
-    )
-    monkeypatch.setattr(lost_tasks, "extended_of", lambda model: extended)
-    monkeypatch.setattr(resume, "has_backup", lambda callback: True)
-    waits, reconnected = [], []
-
-    def wait_until_it_answers(address, deadline):
-        waits.append((address, deadline))
-        clock.now += 5.0
-        return None
-
-    monkeypatch.setattr(_health, "wait_until_it_answers", wait_until_it_answers)
-    monkeypatch.setattr(_connect, "reconnect_to_restarted", reconnected.append)
+    faked = _faked_cluster(monkeypatch, clock)
+    spec = faked.spec
     losses = [(100.0, 1), (250.0, 0)]
 
     def fit(model, x, callbacks):
@@ -94,8 +77,8 @@ def test_a_second_lost_task_in_one_fit_gets_its_own_full_wait(monkeypatch, tmp_p
     backup = keras.callbacks.BackupAndRestore(str(tmp_path))
     signature = inspect.signature(keras.Model.fit)
     history = lost_tasks.going_on_after_a_lost_task(fit, signature, model, "x", callbacks=[backup])
-    assert waits == [("ps1:1", 100.0 + 120), ("ps0:1", 250.0 + 120)]
-    assert reconnected == ["/job:ps/replica:0/task:1", "/job:ps/replica:0/task:0"]
+    assert faked.waits == [("ps1:1", 100.0 + 120), ("ps0:1", 250.0 + 120)]
+    assert faked.reconnected == ["/job:ps/replica:0/task:1", "/job:ps/replica:0/task:0"]
     assert (history.epoch, history.history) == ([0], {"loss": [0.5]})
 
 
@@ -114,13 +97,14 @@ def test_a_variable_listed_twice_is_made_again_once():
 
 
 def _faked_cluster(monkeypatch, clock):
-    """The fakes of `test_a_second_lost_task_in_one_fit_gets_its_own_full_wait`: a cluster of
-    2 ps whose lost task answers 5 s into the wait; returns (spec, sleeps)."""
+    """Fakes `clock` as the module's clock and a cluster of 2 ps whose lost task answers 5 s
+    into the wait; returns its spec and what was asked of it: the sleeps, the waits (address,
+    deadline) and the reconnections."""
     spec = tf.train.ClusterSpec({"ps": ["ps0:1", "ps1:1"], "worker": ["w0:1", "w1:1"]})
-    sleeps = []
+    faked = types.SimpleNamespace(spec=spec, sleeps=[], waits=[], reconnected=[])
 
     def sleep(seconds):
-        sleeps.append(seconds)
+        faked.sleeps.append(seconds)
         clock.now += seconds
 
     monkeypatch.setattr(
@@ -134,11 +118,12 @@ def _faked_cluster(monkeypatch, clock):
     monkeypatch.setattr(resume, "has_backup", lambda callback: True)
 
     def wait_until_it_answers(address, deadline):
+        faked.waits.append((address, deadline))
         clock.now += 5.0
 
     monkeypatch.setattr(_health, "wait_until_it_answers", wait_until_it_answers)
-    monkeypatch.setattr(_connect, "reconnect_to_restarted", lambda task: None)
-    return spec, sleeps
+    monkeypatch.setattr(_connect, "reconnect_to_restarted", faked.reconnected.append)
+    return faked
 
 
 @pytest.mark.parametrize("unavailable, lost", [(3, True), (200, True), (1, False)])
@@ -150,7 +135,7 @@ def test_a_connection_not_back_yet_after_a_recovery_is_tried_again_until_the_dea
     again 1 s later, until the loss's deadline (120 s after it). Past the deadline, or with no
     task lost in this fit, the error is raised as it is."""
     clock = types.SimpleNamespace(now=0.0)
-    spec, sleeps = _faked_cluster(monkeypatch, clock)
+    sleeps = _faked_cluster(monkeypatch, clock).sleeps
     calls = []
 
     def fit(model, x, callbacks):
