@@ -7,6 +7,7 @@ for comparison.
 """
 
 import contextlib
+import copy
 import functools
 import json
 import re
@@ -55,6 +56,19 @@ def _client(code, spec):
     proc = _run_client(code, spec, server_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Uninterrupted runs' results, by program (with the test's tmp_path written "<tmp>"): the tests
+# of one training share its uninterrupted run, a client process of 25-30 s here.
+_UNINTERRUPTED = {}
+
+
+def _uninterrupted(code, spec, tmp_path):
+    """`_client(code, spec)`, run once per program in this module."""
+    key = code.replace(str(tmp_path), "<tmp>")
+    if key not in _UNINTERRUPTED:
+        _UNINTERRUPTED[key] = _client(code, spec)
+    return copy.deepcopy(_UNINTERRUPTED[key])
 
 
 def _failing_client(code, spec, **extra_env):
@@ -392,7 +406,7 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     run = functools.partial(
         _RESUMABLE_RUN.format, save_freq=save_freq, shuffle=save_freq != "epoch"
     )
-    uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
+    uninterrupted = _uninterrupted(run(victim=0, backup=str(tmp_path / "a")), local.spec, tmp_path)
     victim = local.procs[(job, 1)].pid
     # A lost task is waited for (test_a_task_lost_mid_fit_is_waited_for_...); 0 turns it off.
     failed, stderr = _failing_client(
@@ -602,7 +616,7 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         again=0,
         pids="",
     )
-    uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
+    uninterrupted = _uninterrupted(run(victim=0, backup=str(tmp_path / "a")), local.spec, tmp_path)
     victim = local.procs[(job, 1)].pid
     returncode, out, err = _client_restarting(  # a worker waited for, not left out
         local, job, run(victim=victim, backup=str(tmp_path / "b")), DPKERAS_ELASTIC_WORKERS="0"
@@ -666,7 +680,9 @@ def test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly
         at=10,
         pids=str(tmp_path),
     )
-    uninterrupted = _client(run(victim=0, again=0, backup=str(tmp_path / "a")), local.spec)
+    uninterrupted = _uninterrupted(
+        run(victim=0, again=0, backup=str(tmp_path / "a")), local.spec, tmp_path
+    )
     victim = local.procs[("ps", 1)].pid
     code = run(victim=victim, again=14, backup=str(tmp_path / "b"))
     code += _FREEZE_AFTER.format(pids=str(tmp_path))
@@ -772,7 +788,7 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
     (README, "Randomness"), so they change with the number of replicas."""
     host, port = local.spec["worker"][1].rsplit(":", 1)
     run = functools.partial(_ELASTIC_RUN.format, k=k, host=host, port=int(port))
-    uninterrupted = _client(run(victim=0, backup=str(tmp_path / "a")), local.spec)
+    uninterrupted = _uninterrupted(run(victim=0, backup=str(tmp_path / "a")), local.spec, tmp_path)
     victim = local.procs[("worker", 1)].pid
     returncode, out, err = _client_restarting(
         local, "worker", run(victim=victim, backup=str(tmp_path / "b"))
