@@ -80,6 +80,7 @@ def test_a_second_lost_task_in_one_fit_gets_its_own_full_wait(monkeypatch, tmp_p
     assert faked.waits == [("ps1:1", 100.0 + 120), ("ps0:1", 250.0 + 120)]
     assert faked.reconnected == ["/job:ps/replica:0/task:1", "/job:ps/replica:0/task:0"]
     assert (history.epoch, history.history) == ([0], {"loss": [0.5]})
+    assert faked.sleeps == []  # each wait answered: no connection was tried again
 
 
 def test_a_variable_listed_twice_is_made_again_once():
