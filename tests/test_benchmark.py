@@ -1038,3 +1038,45 @@ def test_the_sparse_update_benchmark_times_both_updates_and_finds_them_bit_ident
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 3") or "2,000" in line]
     assert len(rows) == 2 and all(line.endswith("| True |") for line in rows), proc.stdout
+
+
+def test_the_recommender_report_puts_one_devices_auc_beside_every_strategy_at_any_k(tmp_path):
+    """benchmarks/recsys.py reporting earlier records (`--records`, no training): every data
+    plan is the same at every K, so MirroredStrategy's row (K=1) has one device's AUC (K=10)
+    beside its own, and PSS's has tf-keras's one device's; the published figures follow,
+    marked as other hardware."""
+
+    def record(strategy, framework, k, auc, workers=0):
+        return dict(strategy=strategy, framework=framework, model="dlrm", k=k, workers=workers,
+                    samples=163840, samples_per_s=1000.0, whole_fit_samples_per_s=900.0,
+                    held_out_loss=0.59, held_out_auc=auc, client_cpu_ms_per_step=1.0)  # fmt: skip
+
+    records = tmp_path / "recsys.jsonl"
+    records.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in (
+                record("one_process", "keras", 10, 0.7570),
+                record("one_process_tf_keras", "tf_keras", 10, 0.7571),
+                record("local_mirrored", "keras", 1, 0.7569),
+                record("pss", "tf_keras", 10, 0.7395, workers=2),
+            )
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.recsys", f"--records={records}", f"--out={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (tmp_path / "recsys.md").read_text()
+    assert (
+        "| one machine | local_mirrored | 2 simulated devices | 1 | 1,000 | 900 | 0.7569 (0.7570)"
+        in table
+    )
+    assert (
+        "| loopback cluster | pss | 1 ps + 2 workers | 10 | 1,000 | 900 | 0.7395 (0.7571)" in table
+    )
+    assert "Published, on other hardware (not measured here):" in table

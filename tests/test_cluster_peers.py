@@ -1,6 +1,8 @@
 """The cluster benchmark's peers (benchmarks/peers.py): who runs, how, and that a peer that
-cannot run or fails becomes a row with its reason. No TensorFlow training and no tf-keras
-needed: the clients here are small Python processes standing in for the real ones."""
+cannot run or fails becomes a row with its reason. No cluster and no tf-keras needed: the
+clients here are small Python processes standing in for the real ones, and one tiny
+one-process client (`benchmarks/peer_client.py`) trains in this process to show which examples
+it trains on and which it holds out."""
 
 import json
 import os
@@ -102,6 +104,8 @@ def test_a_peer_that_raises_is_a_row_with_its_message_not_a_crash(monkeypatch, t
     assert (record["strategy"], record["workers"], record["framework"]) == ("mwms", 2, "keras")
     table = peers.markdown([record], settings)
     assert "| recommender | mwms | 2 | 10 | failed: process 0 of 2: ValueError: Attempt" in table
+    header, *rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert [row.count("|") for row in rows] == [header.count("|")]  # every column, empty
 
 
 def test_a_killed_process_and_a_silent_one_are_failures_too():
@@ -213,3 +217,103 @@ def test_the_baseline_peer_runs_another_checkouts_dpkeras_with_these_benchmarks(
     assert imported[0] == os.path.join(path, "dpkeras", "__init__.py"), found.stderr[-2000:]
     assert json.loads(imported[2]) == {"strategy": "dpkeras_baseline"}
     assert imported[1] == os.path.join(root, "benchmarks", "__init__.py")
+
+
+def test_each_peers_auc_is_beside_its_own_frameworks_one_device():
+    """The AUC "(one device)" of a peer is its framework's one-process reference's, not its
+    own: Keras 3's for dpkeras, tf-keras's for PSS."""
+    records = [
+        dict(strategy=s, framework=peer_client.FRAMEWORK[s], model="dlrm", k=10,
+             held_out_loss=0.5, held_out_auc=auc)
+        for s, auc in (("one_process", 0.81), ("one_process_tf_keras", 0.82), ("dpkeras", 0.79),
+                       ("pss", 0.75))
+    ]  # fmt: skip
+    _, _, ours, pss = peers.add_distances(records)
+    assert (ours["reference_auc"], pss["reference_auc"]) == (0.81, 0.82)
+    assert (ours["held_out_auc"], pss["held_out_auc"]) == (0.79, 0.75)
+
+
+def test_every_peer_runs_at_every_w_beside_one_device_of_its_own_keras(monkeypatch, tmp_path):
+    """Each model's references run first, once, one per Keras the peers use (no workers);
+    dpkeras's peers share one cluster of 1 ps + W workers per W, the others start their own;
+    every peer's record gets its Keras's one-device loss beside it."""
+    ran, clusters = [], []
+
+    class Cluster:
+        def __init__(self, ps, workers, cpus):
+            clusters.append((ps, workers, cpus))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def run_peer(strategy, model, k, workers, settings, cluster=None):
+        ran.append((strategy, workers, cluster is not None))
+        framework = peer_client.FRAMEWORK[strategy]
+        loss = {"keras": 0.5, "tf_keras": 0.6}[framework] + workers
+        return dict(strategy=strategy, framework=framework, model=model, k=k, workers=workers,
+                    held_out_loss=loss)  # fmt: skip
+
+    monkeypatch.setattr(peers, "run_peer", run_peer)
+    monkeypatch.setattr(peers, "LocalCluster", Cluster)
+    settings = peers.Settings(out=str(tmp_path))
+    chosen = ["dpkeras", "dpkeras_hybrid", "pss", "mwms_tf_keras"]
+    records = peers.run_all([1, 2], ["mlp"], [10], chosen, settings, echo=lambda *a: None)
+    assert ran == [
+        ("one_process", 0, False),
+        ("one_process_tf_keras", 0, False),
+        *[(peer, w, peer.startswith("dpkeras")) for w in (1, 2) for peer in chosen],
+    ]
+    assert clusters == [(1, 1, 1), (1, 2, 1)]
+    for r in records[2:]:
+        assert r["reference_loss"] == {"keras": 0.5, "tf_keras": 0.6}[r["framework"]], r
+
+
+def test_the_median_repeat_is_reported():
+    runs = [peer_client.Window({}, None) for _ in range(3)]
+    for run, seconds in zip(runs, (3.0, 1.0, 2.0)):
+        run.seconds = seconds
+    assert peer_client.median_run(runs).seconds == 2.0
+    assert peer_client.median_run(runs[:2]).seconds == 1.0  # of two, the faster
+    assert peer_client.median_run(runs[:1]).seconds == 3.0
+
+
+def test_a_client_holds_out_examples_it_never_trains_on_and_trains_on_each_once(monkeypatch):
+    """A one-process client on a tiny MLP, each example marked by its row: its fits (the
+    warm-up, then each repeat's short and long fit) train on the first examples of the draw,
+    each once, in order; the loss and AUC are taken on the `eval_examples` after them, none of
+    which any fit saw."""
+    real_data, real_fit_data = peer_client.models.synthetic_data, peer_client.make_fit_data
+    trained, held = [], []
+
+    def marked(name, examples, size):
+        x, y = real_data(name, examples, size)
+        x[:, 0] = np.arange(examples) + 1000  # row i's mark, outside the features' [0, 1)
+        return x, y
+
+    def make_fit_data(config, tf, data):
+        fit_data = real_fit_data(config, tf, data)
+
+        def recorded(first, batches):
+            kwargs = fit_data(first, batches)
+            trained.extend(int(v) for b in kwargs["x"].as_numpy_iterator() for v in b[0][:, 0])
+            return kwargs
+
+        return recorded
+
+    def held_out(config, keras, model, x, y):
+        held.extend(int(v) for v in x[:, 0])
+        return {"held_out_loss": 0.0}
+
+    monkeypatch.setattr(peer_client.models, "synthetic_data", marked)
+    monkeypatch.setattr(peer_client, "make_fit_data", make_fit_data)
+    monkeypatch.setattr(peer_client, "held_out", held_out)
+    config = dict(strategy="one_process", model="mlp", k=1, workers=0, size=0.02, steps=2,
+                  repeats=2, batch=4, eval_examples=12, warm=1, weights_out=None)  # fmt: skip
+    record = peer_client.train(config)
+    rows = (1 + 2 * (1 + 3)) * 4  # the warm-up fit, then 2 x (a short fit and a long one)
+    assert trained == list(range(1000, 1000 + rows))
+    assert held == list(range(1000 + rows, 1000 + rows + 12))
+    assert record["samples"] == rows and record["held_out_loss"] == 0.0

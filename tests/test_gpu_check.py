@@ -127,3 +127,109 @@ def test_every_test_that_needs_a_gpu_carries_the_gpu_mark():
         and "needs_gpus" not in open(os.path.join(ROOT, "tests", name)).read()
     ]
     assert not asking, f"skip on GPUs through tests.gpu.needs_gpus: {asking}"
+
+
+def _junit(path, cases):
+    """Writes a JUnit XML file as pytest writes one: `cases` of `(name, outcome)`, an outcome
+    of "passed", "failure", "error" or "skipped"."""
+    body = "".join(
+        f'<testcase classname="tests.test_gpu" name="{name}" time="0.1">'
+        + ("" if outcome == "passed" else f'<{outcome} message="{outcome} of {name}">x</{outcome}>')
+        + "</testcase>"
+        for name, outcome in cases
+    )
+    with open(path, "w") as f:
+        f.write(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{body}</testsuite>'
+                "</testsuites>")  # fmt: skip
+
+
+def _stand_in(calls, cases, records, test_exit=0):
+    """`gpu_check._run` without running anything: records each command and its environment;
+    the tests' command writes a JUnit XML of `cases` and exits `test_exit`, the benchmark's a
+    bench.jsonl of `records` and exits 0 (benchmarks/compare.py exits 0 when a pair fails)."""
+
+    def run(command, env, log):
+        calls.append((command, env))
+        if "pytest" in command:
+            junit = next(c for c in command if c.startswith("--junitxml="))
+            _junit(junit.split("=", 1)[1], cases)
+            return test_exit, 2.0
+        out = next(c for c in command if c.startswith("--out=")).split("=", 1)[1]
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "bench.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        return 0, 3.0
+
+    return run
+
+
+def _pairs(failed=()):
+    return [
+        {"model": "mlp", "strategy": s, "status": "error" if s in failed else "ok"}
+        for s in gpu_check.STRATEGIES
+    ]
+
+
+def _quiet(*args, **kwargs):
+    pass
+
+
+def test_on_one_gpu_both_parts_see_the_split_and_the_results_file_holds_every_part(
+    tmp_path, monkeypatch
+):
+    """One GPU: the tests (through `DPKERAS_TEST_LOGICAL_GPUS`, tests/conftest.py) and the
+    benchmark (`--logical_gpus`) both run on its 2 logical GPUs; gpu-check.json holds the
+    machine, the split, each test's outcome, each pair's record and the seconds of each part.
+    Several GPUs: used as they are, no split for either part."""
+    calls = []
+    cases = [("test_replicas", "passed"), ("test_nccl", "skipped")]
+    monkeypatch.setattr(gpu_check, "_run", _stand_in(calls, cases, _pairs()))
+    monkeypatch.setenv("DPKERAS_TEST_LOGICAL_GPUS", "7")  # a stale value is not passed on
+    gpu_check.check(str(tmp_path), ["/physical_device:GPU:0"], echo=_quiet)
+    results = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert results["status"] == "passed" and results["failed"] == []
+    assert (results["devices"], results["logical_gpus"], results["replicas"]) == ("gpu", 2, 2)
+    assert results["machine"]["gpus"] == ["/physical_device:GPU:0"]
+    assert set(results["seconds"]) == {"tests", "bench", "total"}
+    assert (results["seconds"]["tests"], results["seconds"]["bench"]) == (2.0, 3.0)
+    assert results["budget_seconds"] == 480 and results["over_budget"] is False
+    tests = results["tests"]
+    assert (tests["passed"], tests["failed"], tests["skipped"]) == (1, 0, 1)
+    assert [t["outcome"] for t in tests["tests"]] == ["passed", "skipped"]
+    assert results["bench"]["records"] == _pairs() and results["bench"]["exit"] == 0
+    (test_command, test_env), (bench_command, bench_env) = calls
+    assert test_env["DPKERAS_TEST_LOGICAL_GPUS"] == bench_env["DPKERAS_TEST_LOGICAL_GPUS"] == "2"
+    assert "--logical_gpus=2" in bench_command and "--replicas=2" in bench_command
+    calls.clear()
+    gpus = ["/physical_device:GPU:0", "/physical_device:GPU:1", "/physical_device:GPU:2"]
+    gpu_check.check(str(tmp_path / "three"), gpus, echo=_quiet)
+    results = json.loads((tmp_path / "three" / "gpu-check.json").read_text())
+    assert (results["logical_gpus"], results["replicas"]) == (0, 3)
+    assert all("DPKERAS_TEST_LOGICAL_GPUS" not in env for _, env in calls)
+    assert "--replicas=3" in calls[1][0]
+
+
+def test_a_failing_or_erroring_test_and_a_failed_pair_each_fail_the_check(tmp_path, monkeypatch):
+    """A test that fails and one that errors (in a fixture, say) are each counted failed, never
+    passed; a benchmark pair whose record is not "ok" fails the check though
+    benchmarks/compare.py exits 0."""
+    cases = [("test_a", "passed"), ("test_b", "failure"), ("test_c", "error")]
+    monkeypatch.setattr(gpu_check, "_run", _stand_in([], cases, _pairs(), test_exit=1))
+    summary = gpu_check.check(str(tmp_path / "tests"), ["GPU:0"], echo=_quiet)
+    assert (summary["tests"]["passed"], summary["tests"]["failed"]) == (1, 2)
+    assert summary["status"] == "failed" and summary["failed"][0].startswith("tests")
+    cases = [("test_a", "passed")]
+    monkeypatch.setattr(gpu_check, "_run", _stand_in([], cases, _pairs(failed=["mirrored"])))
+    summary = gpu_check.check(str(tmp_path / "bench"), ["GPU:0"], echo=_quiet)
+    assert summary["status"] == "failed", summary
+    assert summary["failed"] == ["benchmark (exit 0; failed pairs: mlp/mirrored)"]
+    saved = json.loads((tmp_path / "bench" / "gpu-check.json").read_text())
+    assert saved["status"] == "failed"
+
+
+def test_a_failed_check_exits_1(tmp_path):
+    """The command's exit status says a failure (here the benchmark refuses an unknown model;
+    --cpu, so on any machine)."""
+    proc, results = _run(tmp_path, "--cpu", "--notests", "--models=no_such_model", "--repeats=1")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert results["status"] == "failed" and results["bench"]["exit"] != 0, results

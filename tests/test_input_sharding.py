@@ -176,6 +176,7 @@ _INFINITE = lambda: tf.data.Dataset.range(7).repeat().map(lambda i: (i, i * 3)).
         (_INFINITE, [(0, 1), (1, 2)], 2, 2),
         (lambda: _elements(103).batch(10), [(0, 1), (1, 2)], 2, None),  # a last batch of 3
         (lambda: _elements(40).batch(8), [(0, 1), (1, 3)], 3, None),  # 3, 3, 2
+        (lambda: _elements(44).batch(8), [(0, 2), (2, 4)], 4, None),  # last 4: 1, 1, 1, 1
     ],
 )
 def test_each_share_has_known_rows_where_every_share_of_every_batch_is_alike(

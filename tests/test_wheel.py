@@ -69,3 +69,23 @@ def test_the_wheel_declares_the_command_version_and_supported_versions(wheel):
     assert metadata["Requires-Python"] == ">=3.10"
     requires = {r.split(";")[0].replace(" ", "") for r in metadata.get_all("Requires-Dist")}
     assert {"tensorflow<2.22,>=2.21", "keras<3.16,>=3.15"} <= requires
+
+
+def test_tf_keras_is_only_the_benchmark_peers_extra_never_a_dependency(wheel):
+    """tf-keras (the cluster benchmark's ParameterServerStrategy and tf-keras MWMS peers) is
+    the `peers` extra alone: not a dependency of dpkeras, and not in `dev` (issue 43)."""
+    info = f"dpkeras-{dpkeras.__version__}.dist-info/"
+    metadata = email.message_from_bytes(wheel[f"{info}METADATA"])
+    plain, by_extra = set(), {}
+    for requirement in metadata.get_all("Requires-Dist"):
+        name, _, marker = requirement.partition(";")
+        name = name.replace(" ", "")
+        if "extra" in marker:
+            by_extra.setdefault(marker.split("==")[-1].strip(" \"'"), set()).add(name)
+        else:
+            plain.add(name)
+    assert {r.split("<")[0].split(">")[0] for r in plain} == {"tensorflow", "keras", "absl-py"}
+    assert [extra for extra, names in by_extra.items() if any("tf-keras" in n for n in names)] == [
+        "peers"
+    ]
+    assert not [n for n in by_extra["dev"] if "peers" in n], by_extra["dev"]
