@@ -3162,6 +3162,175 @@ MUTANTS = (
             "test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next",
         ),
     ),
+    Mutant(
+        "dedup-global-clipnorm",
+        "SGD with global_clipnorm sums a repeated id's gradient rows before they cross (Keras "
+        "3's global norm counts each repeat's row)",
+        "dpkeras/_variables/dedup.py",
+        "        and optimizer.global_clipnorm is None\n",
+        "",
+        (
+            "tests/test_dedup.py::test_by_default_every_optimizer_equals_one_device"
+            "[plain-sgd_global_clipnorm]",
+        ),
+    ),
+    Mutant(
+        "dedup-sgd-subclass-update",
+        "an SGD subclass with an update_step of its own (not linear in the gradient) gets one "
+        "summed row per repeated id",
+        "dpkeras/_variables/dedup.py",
+        "        and type(optimizer).update_step is keras.optimizers.SGD.update_step\n",
+        "",
+        ("tests/test_dedup.py::test_by_default_every_optimizer_equals_one_device[plain-sign_sgd]",),
+    ),
+    Mutant(
+        "gpu-check-tests-unsplit",
+        "make gpu-check splits one GPU for the benchmark but not for the tests "
+        "(DPKERAS_TEST_LOGICAL_GPUS unset: the 2-GPU tests skip on one GPU)",
+        "benchmarks/gpu_check.py",
+        '        env["DPKERAS_TEST_LOGICAL_GPUS"] = str(logical_gpus)\n',
+        "        pass\n",
+        (
+            "tests/test_gpu_check.py::"
+            "test_on_one_gpu_both_parts_see_the_split_and_the_results_file_holds_every_part",
+        ),
+    ),
+    Mutant(
+        "gpu-check-error-passes",
+        "a GPU test that errors (in a fixture, say) is counted passed in gpu-check.json",
+        "benchmarks/gpu_check.py",
+        'for tag in ("failure", "error", "skipped"):',
+        'for tag in ("failure", "skipped"):',
+        (
+            "tests/test_gpu_check.py::"
+            "test_a_failing_or_erroring_test_and_a_failed_pair_each_fail_the_check",
+        ),
+    ),
+    Mutant(
+        "gpu-check-failed-pair-passes",
+        "a benchmark pair that failed leaves make gpu-check passed (compare.py exits 0)",
+        "benchmarks/gpu_check.py",
+        "if code or bad or not records:",
+        "if code or not records:",
+        (
+            "tests/test_gpu_check.py::"
+            "test_a_failing_or_erroring_test_and_a_failed_pair_each_fail_the_check",
+        ),
+    ),
+    Mutant(
+        "gpu-check-no-machine",
+        "gpu-check.json does not describe the machine",
+        "benchmarks/gpu_check.py",
+        'json.dump({"machine": info, **summary}',
+        "json.dump(summary",
+        (
+            "tests/test_gpu_check.py::"
+            "test_on_one_gpu_both_parts_see_the_split_and_the_results_file_holds_every_part",
+        ),
+    ),
+    Mutant(
+        "gpu-check-no-bench-seconds",
+        "gpu-check.json leaves out the seconds the benchmark took",
+        "benchmarks/gpu_check.py",
+        '        summary["seconds"]["bench"] = seconds\n',
+        "",
+        (
+            "tests/test_gpu_check.py::"
+            "test_on_one_gpu_both_parts_see_the_split_and_the_results_file_holds_every_part",
+        ),
+    ),
+    Mutant(
+        "gpu-check-exits-0-failed",
+        "make gpu-check exits 0 when a test or a pair failed",
+        "benchmarks/gpu_check.py",
+        'return 1 if summary["status"] == "failed" else 0',
+        "return 0",
+        ("tests/test_gpu_check.py::test_a_failed_check_exits_1",),
+    ),
+    Mutant(
+        "peers-auc-beside-itself",
+        "a peer's AUC '(one device)' is its own AUC, not its Keras's one device's",
+        "benchmarks/peers.py",
+        '            r["reference_auc"] = ref["held_out_auc"]\n',
+        '            r["reference_auc"] = r.get("held_out_auc")\n',
+        (
+            "tests/test_cluster_peers.py::test_each_peers_auc_is_beside_its_own_frameworks_one_device",
+        ),
+    ),
+    Mutant(
+        "peers-one-reference",
+        "only Keras 3's one device runs: the tf-keras peers (PSS, tf-keras's MWMS) have no "
+        "reference loss or distance",
+        "benchmarks/peers.py",
+        "            for framework in frameworks:\n",
+        "            for framework in frameworks[:1]:\n",
+        (
+            "tests/test_cluster_peers.py::"
+            "test_every_peer_runs_at_every_w_beside_one_device_of_its_own_keras",
+        ),
+    ),
+    Mutant(
+        "peers-auc-on-training",
+        "a peer's held-out loss and AUC are computed on the examples it trained on",
+        "benchmarks/peer_client.py",
+        "held_out(config, keras, model, x_held, y_held)",
+        "held_out(config, keras, model, x, y)",
+        (
+            "tests/test_cluster_peers.py::"
+            "test_a_client_holds_out_examples_it_never_trains_on_and_trains_on_each_once",
+        ),
+    ),
+    Mutant(
+        "peers-fastest-repeat",
+        "a peer's samples/s is its fastest repeat's, not the median's",
+        "benchmarks/peer_client.py",
+        "[(len(runs) - 1) // 2]",
+        "[0]",
+        ("tests/test_cluster_peers.py::test_the_median_repeat_is_reported",),
+    ),
+    Mutant(
+        "peers-failed-row-short",
+        "a peer that failed or did not run is a row with one column fewer than the table's",
+        "benchmarks/peers.py",
+        '" |" * 10)',
+        '" |" * 9)',
+        (
+            "tests/test_cluster_peers.py::"
+            "test_a_peer_that_raises_is_a_row_with_its_message_not_a_crash",
+        ),
+    ),
+    Mutant(
+        "recsys-report-by-k",
+        "recsys's report of earlier records pairs each strategy with one device of its own K: "
+        "MirroredStrategy's row (K=1) loses one device's AUC",
+        "benchmarks/recsys.py",
+        "records = peers.add_distances(records, by_k=False)",
+        "records = peers.add_distances(records)",
+        (
+            "tests/test_benchmark.py::"
+            "test_the_recommender_report_puts_one_devices_auc_beside_every_strategy_at_any_k",
+        ),
+    ),
+    Mutant(
+        "tf-keras-a-dependency",
+        "tf-keras (the benchmark peers') becomes a dependency of dpkeras",
+        "pyproject.toml",
+        '    "absl-py>=2.1",\n]',
+        '    "absl-py>=2.1",\n    "tf-keras==2.21.*",\n]',
+        (
+            "tests/test_wheel.py::test_tf_keras_is_only_the_benchmark_peers_extra_never_a_dependency",
+        ),
+    ),
+    Mutant(
+        "tf-keras-in-dev",
+        "the dev extra installs tf-keras (the peers extra)",
+        "pyproject.toml",
+        'dev = ["dpkeras[test,bench,rs]"',
+        'dev = ["dpkeras[test,bench,rs,peers]"',
+        (
+            "tests/test_wheel.py::test_tf_keras_is_only_the_benchmark_peers_extra_never_a_dependency",
+        ),
+    ),
 )
 
 
