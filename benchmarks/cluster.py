@@ -785,6 +785,12 @@ def run_peers(counts, ks):
 
 def main(argv):
     del argv
+    if FLAGS.peers and FLAGS["input"].present:
+        raise app.UsageError(
+            f"--input={FLAGS.input} applies to --strategies runs. Received it with --peers, "
+            "where every peer (dpkeras too) fits the same tf.data dataset of global batches "
+            "(benchmarks/peer_client.py): ParameterServerStrategy cannot take NumPy arrays."
+        )
     if FLAGS.merge and all(os.path.basename(p) == "peers.jsonl" for p in FLAGS.merge):
         merge_peers(FLAGS.merge)
         return

@@ -317,3 +317,27 @@ def test_a_client_holds_out_examples_it_never_trains_on_and_trains_on_each_once(
     assert trained == list(range(1000, 1000 + rows))
     assert held == list(range(1000 + rows, 1000 + rows + 12))
     assert record["samples"] == rows and record["held_out_loss"] == 0.0
+
+
+def test_input_with_peers_is_a_usage_error_naming_both():
+    """`--input` picks what dpkeras's own runs fit; every peer fits one dataset of global
+    batches (PSS cannot take arrays), so `--input` beside `--peers` would be ignored while
+    the run's label said arrays: refused before any process starts."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.cluster",
+            "--peers=dpkeras",
+            "--input=numpy",
+            "--workers=0",  # refused too, after: a run ignoring --input ends here
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "--input=numpy applies to --strategies runs. Received it with --peers" in (
+        proc.stdout + proc.stderr
+    ), proc.stderr[-2000:]
