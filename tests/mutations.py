@@ -3331,6 +3331,22 @@ MUTANTS = (
             "tests/test_wheel.py::test_tf_keras_is_only_the_benchmark_peers_extra_never_a_dependency",
         ),
     ),
+    Mutant(
+        "serve-imports-keras",
+        "a dpkeras serve task imports Keras (and matplotlib) with TensorFlow again",
+        "dpkeras/_cli/__init__.py",
+        "        refuse_keras()\n",
+        "        pass\n",
+        ("tests/test_serve.py::test_a_task_starts_without_importing_keras_and_serves",),
+    ),
+    Mutant(
+        "peers-input-ignored",
+        "--input beside --peers is ignored again (every peer fits one dataset)",
+        "benchmarks/cluster.py",
+        '    if FLAGS.peers and FLAGS["input"].present:',
+        "    if False:",
+        ("tests/test_cluster_peers.py::test_input_with_peers_is_a_usage_error_naming_both",),
+    ),
 )
 
 

@@ -46,6 +46,56 @@ def test_serves_a_reachable_task_and_exits_0_on_sigterm():
         print(cluster.stderr("worker", 0))  # shown by pytest -s, for what TF logs
 
 
+def test_a_task_starts_without_importing_keras_and_serves(tmp_path):
+    """`dpkeras serve` refuses Keras's import before TensorFlow's (TensorFlow would import Keras,
+    and Keras matplotlib: about half of a task's start): the task's imports, as `python -X
+    importtime` lists them, hold TensorFlow and no Keras, matplotlib or tf-keras module, and
+    the task serves a client. In a process that has TensorFlow already (this one), nothing is
+    refused."""
+    from dpkeras.cluster._without_keras import refuse_keras
+
+    assert refuse_keras() is False  # this process imported TensorFlow and Keras
+    (port,) = free_ports(1)
+    spec = {"worker": [f"127.0.0.1:{port}"]}
+    argv = serve_command(spec, "worker", 0, cpus=2)
+    log = tmp_path / "stderr"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [argv[0], "-X", "importtime", *argv[1:]],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**server_env(), _config.VARIABLES["verbose"]: "1"},
+        )
+        try:
+            lines = []
+            deadline = time.monotonic() + 120
+            while "ready" not in lines and time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                lines.append(line.strip())
+            assert "ready" in lines, (lines, log.read_text()[-3000:])
+            out = run_python(
+                f"""
+                import tensorflow as tf
+                from dpkeras import cluster
+                cluster.connect(cluster.cluster_spec_of({spec!r}), timeout=60)
+                with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+                    print(float(tf.constant(20.0) + 22.0))
+                """,
+                timeout=300,
+            )
+            assert out.split() == ["42.0"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", log.read_text(), re.M)
+    assert "tensorflow" in imported, log.read_text()[-3000:]
+    refused = [m for m in imported if m.split(".")[0] in ("keras", "tf_keras", "matplotlib")]
+    assert not refused, refused
+
+
 def test_ready_lines_name_task_address_and_warning_and_sigint_exits_0():
     with LocalCluster(ps=1, workers=1, cpus=1) as cluster:
         address = cluster.address("ps", 0)

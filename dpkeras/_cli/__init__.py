@@ -88,6 +88,10 @@ def main(argv=None):
     except ValueError as e:  # a bad $DPKERAS_VERBOSE
         print(f"dpkeras {argv[0]}: error: {e}", file=sys.stderr)
         return 2
+    if argv[0] == "serve":  # a task never runs Keras: it starts without importing it
+        from dpkeras.cluster._without_keras import refuse_keras
+
+        refuse_keras()
     # Imported now, after the filter: the commands that import TensorFlow start quiet.
     command = getattr(importlib.import_module(f"dpkeras._cli.{argv[0]}"), argv[0])
     try:
