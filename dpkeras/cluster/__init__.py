@@ -17,6 +17,7 @@ The package, one concept a module:
   process's role under `TF_CONFIG`, and serving it;
 - `_loop`: the on-cluster loop (a step function coordinated by a task);
 - `_local`: a cluster's tasks as processes of this machine (free ports, children).
+- `_without_keras`: a task process (`dpkeras serve`) started without importing Keras.
 """
 
 import typing
