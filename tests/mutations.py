@@ -1065,6 +1065,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "endless-rows-unknown",
+        "an endless dataset batched without drop_remainder and read whole keeps unknown rows",
+        "dpkeras/_input/sharding.py",
+        "    return size if endless else None\n",
+        "    return None\n",
+        (
+            "tests/test_input_sharding.py::test_rows_of_every_batch_known_from_the_spec_or_an_endless_batchs_input",
+            "tests/test_input_sharding.py::test_data_slices_of_an_endless_dataset_have_known_rows",
+        ),
+    ),
+    Mutant(
         "shares-rows-unknown",
         "no host's share is given known rows (DATA, and a host of several replicas)",
         "dpkeras/_input/sharding.py",

@@ -312,6 +312,10 @@ def _():
         "arrays-last-batch-partial": lambda: (dict(x=x[:62], y=y[:62], batch_size=16), None),
         "dataset": lambda: (dict(x=pairs.map(lambda a, b: (a * 2, b)).batch(16)), 16),
         "dataset-uneven": lambda: (dict(x=pairs.map(lambda a, b: (a * 2, b)).batch(18)), None),
+        # endless, read whole by each worker (no map for AUTO to cut before), and cut early
+        "endless": lambda: (dict(x=pairs.repeat().batch(16), steps_per_epoch=4), 16),
+        "endless-mapped": lambda: (
+            dict(x=pairs.repeat().map(lambda a, b: (a * 2, b)).batch(16), steps_per_epoch=4), 16),
     }
     result = {}
     for name, given in inputs.items():
@@ -395,11 +399,11 @@ def test_a_read_made_under_control_dependencies_on_the_steps_values_trains_as_on
 
 
 def test_each_replicas_share_is_traced_with_known_rows_where_every_share_is_alike(results):
-    """Issue 43: arrays and a dataset whose every global batch has 16 rows: each of the 4
-    replicas' steps is traced for 4 rows (the ops a gradient spends on shapes at run time are
-    folded away: the benchmark's recommender at W=2, 197 ops a step on worker 0 before, 124
-    now); with a partial last batch, or 18 rows over 4 replicas, unknown rows, as before.
-    Training equals one process either way."""
+    """Issue 43: arrays and datasets (endless ones too) whose every global batch has 16 rows:
+    each of the 4 replicas' steps is traced for 4 rows (the ops a gradient spends on shapes
+    at run time are folded away: the benchmark's recommender at W=2, 197 ops a step on
+    worker 0 before, 124 now); with a partial last batch, or 18 rows over 4 replicas,
+    unknown rows, as before. Training equals one process either way."""
     out = _result(results, "known-rows")
     for name, case in out.items():
         # Unknown rows: the step's trace (None), and the batch of zeros Keras's metrics are

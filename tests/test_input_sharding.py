@@ -223,7 +223,7 @@ def test_known_rows_are_read_from_the_first_component_with_rows_past_a_scalar():
         batches = _elements(48).batch(12, drop_remainder=True)
         return batches.map(lambda a, b: ({"a_scalar": tf.constant(3), "b": b}, a))
 
-    pipelines = [sharding.host_slices(make(), first, end, 2) for first, end in [(0, 1), (1, 2)]]
+    pipelines = [sharding.host_slices(make(), first, end, 2, 12) for first, end in [(0, 1), (1, 2)]]
     for pipeline in pipelines:
         features, labels = pipeline.element_spec
         assert features["a_scalar"].shape == [] and features["b"].shape == [6, 3]
@@ -244,9 +244,43 @@ def test_data_keeps_known_rows_where_every_share_is_alike(make, replicas, share)
     Keras's pipeline of NumPy arrays, shuffled without a seed): known rows when the global
     batch's are known and divide evenly."""
     ranges = [(0, 1), (1, replicas)]
-    pipelines = [sharding.host_slices(make(), first, end, replicas) for first, end in ranges]
+    pipelines = [
+        sharding.host_slices(make(), first, end, replicas, sharding.rows_of_every_batch(make()))
+        for first, end in ranges
+    ]
     assert [_rows_in_spec(p) for p in pipelines] == [{share}] * 2
     assert _assert_slices_make_the_global_batches(make, ranges, replicas, pipelines) == 5
+
+
+@pytest.mark.parametrize(
+    "make, rows",
+    [
+        (lambda: tf.data.Dataset.range(7).repeat().batch(4), 4),  # endless: every batch full
+        (lambda: tf.data.Dataset.range(7).repeat().batch(4).prefetch(2), 4),
+        (lambda: _elements(7).repeat().batch(4, drop_remainder=True), 4),
+        (lambda: tf.data.Dataset.range(7).batch(4), None),  # 4, 3
+        (lambda: tf.data.Dataset.range(8).batch(4), None),  # not known before it runs
+        (lambda: tf.data.Dataset.range(7).repeat().filter(lambda i: i > 0).batch(4), None),
+        (lambda: tf.data.Dataset.range(7).repeat().batch(4).map(lambda b: b[1:]), None),
+        (lambda: tf.data.Dataset.range(7).repeat().batch(4).unbatch().batch(3), 3),
+    ],
+)
+def test_rows_of_every_batch_known_from_the_spec_or_an_endless_batchs_input(make, rows):
+    """An endless dataset's batches are all full, though `batch` without `drop_remainder`
+    says None rows: `Dataset.range(7).repeat().batch(4)`, which `AUTO` reads whole (no map
+    to cut before), keeps its rows known on a cluster, as docs/cluster.md says."""
+    assert sharding.rows_of_every_batch(make()) == rows
+
+
+def test_data_slices_of_an_endless_dataset_have_known_rows():
+    make = lambda: tf.data.Dataset.range(7).repeat().batch(4)  # noqa: E731
+    ranges = [(0, 1), (1, 2)]
+    rows = sharding.rows_of_every_batch(make())
+    pipelines = [sharding.host_slices(make(), first, end, 2, rows) for first, end in ranges]
+    assert [_rows_in_spec(p) for p in pipelines] == [{2}] * 2
+    finite = lambda: make().take(5)  # noqa: E731
+    taken = [p.take(5) for p in pipelines]
+    assert _assert_slices_make_the_global_batches(finite, ranges, 2, taken) == 5
 
 
 def test_data_keeps_each_hosts_slices_of_the_whole_pipeline():
@@ -254,7 +288,7 @@ def test_data_keeps_each_hosts_slices_of_the_whole_pipeline():
     batch, 3 rows, is 1, 1, 1, 0."""
     make = lambda: _elements(23).batch(10)  # noqa: E731
     ranges = [(0, 1), (1, 4)]
-    pipelines = [sharding.host_slices(make(), first, end, 4) for first, end in ranges]
+    pipelines = [sharding.host_slices(make(), first, end, 4, None) for first, end in ranges]
     assert _assert_slices_make_the_global_batches(make, ranges, 4, pipelines) == 3
 
 

@@ -225,12 +225,13 @@ class InputPlan:
         # does: each host's pipeline prefetches one element itself.
         buffered = self.feeds_only_its_own_cpu()
         infinite = endless(dataset)
+        rows = sharding.rows_of_every_batch(dataset)
 
         def dataset_fn(context, graph_def=graph_def):  # runs under the input host's device
             i = context.input_pipeline_id
             if pipelines is None:
                 copy = source.copy(hosts[i], graph_def)
-                mine = sharding.host_slices(copy, *ranges[i], self.num_replicas)
+                mine = sharding.host_slices(copy, *ranges[i], self.num_replicas, rows)
             else:
                 mine = _tf_internals.replicate(pipelines[i], [hosts[i]])[hosts[i]]
             if infinite:

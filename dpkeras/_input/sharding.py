@@ -220,9 +220,30 @@ def host_pipelines(dataset, ranges, num_replicas):
     return [p.with_options(options) for p in pipelines]
 
 
-def host_slices(dataset, first, end, num_replicas):
+def rows_of_every_batch(dataset):
+    """The rows every global batch of `dataset` has, when known before it runs: its element
+    spec's, or a batch size of an endless input, `[options, prefetch ...] <- batch(n) <-
+    endless` (every batch is full; its spec says None rows unless `drop_remainder=True`).
+    Else None."""
+    rows = batch_rows.static_rows_of_spec(dataset.element_spec)
+    if rows is not None:
+        return rows
+    node = dataset
+    while _tf_internals.dataset_kind(node) in ("options", "prefetch"):
+        node = _tf_internals.dataset_input(node)
+    if _tf_internals.dataset_kind(node) != "batch":
+        return None
+    size, _ = _tf_internals.batch_arguments(node)
+    source = _tf_internals.dataset_input(node)
+    endless = tf.get_static_value(source.cardinality()) == tf.data.INFINITE_CARDINALITY
+    return size if endless else None
+
+
+def host_slices(dataset, first, end, num_replicas, rows):
     """`DATA`: the per-replica batches of replicas `first`..`end - 1` (one input host's) from
-    the whole pipeline's global batches.
+    the whole pipeline's global batches, whose rows are `rows` in every batch when known
+    (`rows_of_every_batch` of the dataset the user gave: `dataset` may be a copy that no
+    longer shows its stages).
 
     A global batch of b rows is split into `num_replicas` contiguous slices as TensorFlow's
     rebatching splits it (sizes differ by at most one, larger first: 10 over 4 is 3, 3, 2, 2);
@@ -233,9 +254,7 @@ def host_slices(dataset, first, end, num_replicas):
     replicas = tf.constant([first, end], tf.int64)
     slicer = _slicer(num_replicas)
     slices = dataset.flat_map(lambda *element: slicer(element, replicas))
-    return _with_even_shares(
-        slices, batch_rows.static_rows_of_spec(dataset.element_spec), num_replicas
-    )
+    return _with_even_shares(slices, rows, num_replicas)
 
 
 def _with_even_shares(slices, rows, num_replicas):
