@@ -55,12 +55,19 @@ class _Cut:
     elements: int  # elements into the batch: a count, or tf.data.INFINITE_CARDINALITY
 
 
-def _plan_cut(dataset):
-    """The `_Cut` of `dataset`, or None when its form does not allow an exact early cut."""
+def _last_batch(dataset):
+    """The `batch` transformation that makes `dataset`'s elements, behind any `options` and
+    `prefetch` stages, or None when another stage comes after it (or none is there)."""
     node = dataset
     while _tf_internals.dataset_kind(node) in ("options", "prefetch"):
         node = _tf_internals.dataset_input(node)
-    if _tf_internals.dataset_kind(node) != "batch":
+    return node if _tf_internals.dataset_kind(node) == "batch" else None
+
+
+def _plan_cut(dataset):
+    """The `_Cut` of `dataset`, or None when its form does not allow an exact early cut."""
+    node = _last_batch(dataset)
+    if node is None:
         return None
     batch_size, drop_remainder = _tf_internals.batch_arguments(node)
     maps = []
@@ -228,10 +235,8 @@ def rows_of_every_batch(dataset):
     rows = batch_rows.static_rows_of_spec(dataset.element_spec)
     if rows is not None:
         return rows
-    node = dataset
-    while _tf_internals.dataset_kind(node) in ("options", "prefetch"):
-        node = _tf_internals.dataset_input(node)
-    if _tf_internals.dataset_kind(node) != "batch":
+    node = _last_batch(dataset)
+    if node is None:
         return None
     size, _ = _tf_internals.batch_arguments(node)
     source = _tf_internals.dataset_input(node)
