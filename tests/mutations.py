@@ -1076,6 +1076,19 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "endless-rows-past-any-stage",
+        "rows_of_every_batch walks past any stage after the batch but a map (rebatch, flat_map)",
+        "dpkeras/_input/sharding.py",
+        "        return rows\n    node = dataset\n"
+        '    while _tf_internals.dataset_kind(node) in ("options", "prefetch"):',
+        "        return rows\n    node = dataset\n"
+        '    while _tf_internals.dataset_kind(node) not in ("batch", "map")'
+        " and _tf_internals.dataset_input(node) is not None:",
+        (
+            "tests/test_input_sharding.py::test_rows_of_every_batch_known_from_the_spec_or_an_endless_batchs_input",
+        ),
+    ),
+    Mutant(
         "shares-rows-unknown",
         "no host's share is given known rows (DATA, and a host of several replicas)",
         "dpkeras/_input/sharding.py",
@@ -3357,6 +3370,76 @@ MUTANTS = (
         '    if FLAGS.peers and FLAGS["input"].present:',
         "    if False:",
         ("tests/test_cluster_peers.py::test_input_with_peers_is_a_usage_error_naming_both",),
+    ),
+    Mutant(
+        "serve-imports-tf-keras",
+        "a dpkeras serve task refuses Keras but lets tf-keras (and TensorFlow with it) import",
+        "dpkeras/cluster/_without_keras.py",
+        '_REFUSED = ("keras", "tf_keras")',
+        '_REFUSED = ("keras",)',
+        (
+            "tests/test_serve.py::test_only_keras_and_tf_keras_are_refused_and_only_before_tensorflow",
+        ),
+    ),
+    Mutant(
+        "serve-refuses-keras-prefix",
+        "a dpkeras serve task refuses every module whose name starts with keras (keras_extra)",
+        "dpkeras/cluster/_without_keras.py",
+        '        if name.partition(".")[0] not in _REFUSED:',
+        "        if not name.startswith(_REFUSED):",
+        (
+            "tests/test_serve.py::test_only_keras_and_tf_keras_are_refused_and_only_before_tensorflow",
+        ),
+    ),
+    Mutant(
+        "serve-refuses-beside-tensorflow",
+        "refuse_keras refuses Keras in a process that imported TensorFlow already (not Keras)",
+        "dpkeras/cluster/_without_keras.py",
+        '    if any(name in sys.modules for name in ("tensorflow", *_REFUSED)):',
+        "    if any(name in sys.modules for name in _REFUSED):",
+        (
+            "tests/test_serve.py::test_only_keras_and_tf_keras_are_refused_and_only_before_tensorflow",
+        ),
+    ),
+    Mutant(
+        "serve-find-spec-blind",
+        "find_spec of a refused Keras gives a spec with no origin or directory (TF reads it)",
+        "dpkeras/cluster/_without_keras.py",
+        "        spec = importlib.machinery.PathFinder.find_spec(name, path)\n",
+        "        spec = importlib.machinery.ModuleSpec(name, None)\n",
+        (
+            "tests/test_serve.py::test_only_keras_and_tf_keras_are_refused_and_only_before_tensorflow",
+        ),
+    ),
+    Mutant(
+        "peers-input-default-ignored",
+        "--input=dataset (its default, given) beside --peers is ignored, not refused",
+        "benchmarks/cluster.py",
+        '    if FLAGS.peers and FLAGS["input"].present:',
+        '    if FLAGS.peers and FLAGS.input != "dataset":',
+        (
+            "tests/test_cluster_peers.py::test_input_with_peers_is_refused_even_as_its_default_and_before_a_merge",
+        ),
+    ),
+    Mutant(
+        "peers-input-merged",
+        "--input beside --peers is refused only after a --merge has written its report",
+        "benchmarks/cluster.py",
+        '    if FLAGS.peers and FLAGS["input"].present:',
+        '    if FLAGS.peers and FLAGS["input"].present and not FLAGS.merge:',
+        (
+            "tests/test_cluster_peers.py::test_input_with_peers_is_refused_even_as_its_default_and_before_a_merge",
+        ),
+    ),
+    Mutant(
+        "peers-input-crash",
+        "--input beside --peers is a crash (a traceback), not a usage error",
+        "benchmarks/cluster.py",
+        '        raise app.UsageError(\n            f"--input={FLAGS.input} applies',
+        '        raise ValueError(\n            f"--input={FLAGS.input} applies',
+        (
+            "tests/test_cluster_peers.py::test_input_with_peers_is_refused_even_as_its_default_and_before_a_merge",
+        ),
     ),
 )
 

@@ -341,3 +341,35 @@ def test_input_with_peers_is_a_usage_error_naming_both():
     assert "--input=numpy applies to --strategies runs. Received it with --peers" in (
         proc.stdout + proc.stderr
     ), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("given", ["--input=dataset", "--input=numpy"])
+def test_input_with_peers_is_refused_even_as_its_default_and_before_a_merge(tmp_path, given):
+    """`--input` given beside `--peers` is refused whatever its value (`dataset` is the default,
+    but naming it still says dpkeras fits what the flag picks), as absl's usage error (status
+    1, no traceback), before anything runs: here before a `--merge` of peers' results writes
+    its report."""
+    merged = tmp_path / "peers.jsonl"
+    merged.write_text("")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.cluster",
+            "--peers=dpkeras",
+            given,
+            f"--merge={merged}",
+            f"--out={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert f"{given} applies to --strategies runs. Received it with --peers" in (
+        proc.stdout + proc.stderr
+    ), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists()

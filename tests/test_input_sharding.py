@@ -252,6 +252,10 @@ def test_data_keeps_known_rows_where_every_share_is_alike(make, replicas, share)
     assert _assert_slices_make_the_global_batches(make, ranges, replicas, pipelines) == 5
 
 
+def _halves(batch):
+    return tf.data.Dataset.from_tensor_slices(tf.reshape(batch, [2, -1]))
+
+
 @pytest.mark.parametrize(
     "make, rows",
     [
@@ -263,6 +267,9 @@ def test_data_keeps_known_rows_where_every_share_is_alike(make, replicas, share)
         (lambda: tf.data.Dataset.range(7).repeat().filter(lambda i: i > 0).batch(4), None),
         (lambda: tf.data.Dataset.range(7).repeat().batch(4).map(lambda b: b[1:]), None),
         (lambda: tf.data.Dataset.range(7).repeat().batch(4).unbatch().batch(3), 3),
+        # after the batch, stages that change its rows: read no further than the spec
+        (lambda: tf.data.Dataset.range(7).repeat().batch(4).rebatch(2), None),
+        (lambda: tf.data.Dataset.range(7).repeat().batch(4).flat_map(_halves), None),
     ],
 )
 def test_rows_of_every_batch_known_from_the_spec_or_an_endless_batchs_input(make, rows):

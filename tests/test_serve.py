@@ -96,6 +96,57 @@ def test_a_task_starts_without_importing_keras_and_serves(tmp_path):
     assert not refused, refused
 
 
+def test_only_keras_and_tf_keras_are_refused_and_only_before_tensorflow(tmp_path):
+    """What `refuse_keras` promises, in a fresh Python: nothing in a process that has TensorFlow
+    already (though not Keras); else Keras and tf-keras, their submodules too, cannot be
+    imported, while `find_spec` still finds them where Python would (TensorFlow reads Keras's
+    directory); a module that only starts with their names (`keras_extra`) imports; a second
+    call adds no second finder."""
+    (tmp_path / "keras_extra.py").write_text("NAME = 'keras_extra'\n")
+    (tmp_path / "tf_keras_extra.py").write_text("NAME = 'tf_keras_extra'\n")
+    out = run_python(
+        f"""
+        import importlib, importlib.util, sys, types
+        sys.path.insert(0, {str(tmp_path)!r})
+        from dpkeras.cluster import _without_keras
+
+        def finders():
+            return sum(isinstance(f, _without_keras._Finder) for f in sys.meta_path)
+
+        refused = ["keras", "keras.src.optimizers"]
+        if importlib.util.find_spec("tf_keras") is not None:  # the peers extra
+            refused += ["tf_keras", "tf_keras.optimizers"]
+        found = {{m: importlib.util.find_spec(m).origin for m in refused if "." not in m}}
+        sys.modules["tensorflow"] = types.ModuleType("tensorflow")  # TensorFlow, no Keras
+        print("with tensorflow", _without_keras.refuse_keras(), finders())
+        del sys.modules["tensorflow"]
+        print("fresh", _without_keras.refuse_keras(), _without_keras.refuse_keras(), finders())
+        for name, origin in found.items():
+            spec = importlib.util.find_spec(name)
+            print("found", name, spec.origin == origin, bool(spec.submodule_search_locations))
+        for name in refused:
+            try:
+                importlib.import_module(name)
+                print("imported", name)
+            except ImportError as e:
+                print("refused", name, "is not imported in a dpkeras serve task" in str(e))
+        import keras_extra, tf_keras_extra
+        print("imported", keras_extra.NAME, tf_keras_extra.NAME)
+        print("modules", sorted(m for m in sys.modules if m.split(".")[0] in ("keras", "tf_keras")))
+        """,
+        timeout=120,
+    )
+    lines = out.splitlines()
+    assert lines[:2] == ["with tensorflow False 0", "fresh True True 1"], out
+    refused = [line for line in lines if line.startswith("refused")]
+    assert refused[:2] == ["refused keras True", "refused keras.src.optimizers True"], out
+    assert all(line.endswith(" True") for line in refused) and len(refused) in (2, 4), out
+    found = [line for line in lines if line.startswith("found")]
+    assert found and all(line.endswith(" True True") for line in found), out
+    assert lines[-2:] == ["imported keras_extra tf_keras_extra", "modules []"], out
+    assert not [line for line in lines if line.startswith("imported ") and "extra" not in line]
+
+
 def test_ready_lines_name_task_address_and_warning_and_sigint_exits_0():
     with LocalCluster(ps=1, workers=1, cpus=1) as cluster:
         address = cluster.address("ps", 0)
