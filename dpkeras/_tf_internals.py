@@ -221,6 +221,8 @@ _KINDS = {
     "_BatchDataset": "batch",
     "_MapDataset": "map",
     "_ParallelMapDataset": "map",
+    "_RepeatDataset": "repeat",
+    "_ShuffleDataset": "shuffle",
 }
 
 
@@ -299,7 +301,7 @@ def connect_with(definition):
 
 
 def dataset_kind(dataset):
-    """`"options"`, `"prefetch"`, `"batch"`, `"map"` or `"other"`."""
+    """`"options"`, `"prefetch"`, `"batch"`, `"map"`, `"repeat"`, `"shuffle"` or `"other"`."""
     return _KINDS.get(type(dataset).__name__, "other")
 
 
@@ -414,6 +416,12 @@ def op_inputs(op):
     if op_def is None:
         return []
     return [(a.name, a.number_attr, a.type_list_attr) for a in op_def.input_arg]
+
+
+def repeat_count(dataset):
+    """The count of a `repeat` transformation (-1: endless), or None if not static."""
+    count = tf.get_static_value(dataset._count)
+    return None if count is None else int(count)
 
 
 def batch_arguments(dataset):

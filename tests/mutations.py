@@ -1079,11 +1079,42 @@ MUTANTS = (
         "endless-rows-past-any-stage",
         "rows_of_every_batch walks past any stage after the batch but a map (rebatch, flat_map)",
         "dpkeras/_input/sharding.py",
-        "        return rows\n    node = dataset\n"
         '    while _tf_internals.dataset_kind(node) in ("options", "prefetch"):',
-        "        return rows\n    node = dataset\n"
         '    while _tf_internals.dataset_kind(node) not in ("batch", "map")'
         " and _tf_internals.dataset_input(node) is not None:",
+        (
+            "tests/test_input_sharding.py::test_rows_of_every_batch_known_from_the_spec_or_an_endless_batchs_input",
+        ),
+    ),
+    Mutant(
+        "endless-rows-trust-cardinality",
+        "rows_of_every_batch takes TensorFlow's INFINITE_CARDINALITY as endless (it is not, for "
+        "choose_from_datasets by a finite selector)",
+        "dpkeras/_input/sharding.py",
+        "    endless = _surely_endless(_tf_internals.dataset_input(node))\n",
+        "    endless = tf.get_static_value(_tf_internals.dataset_input(node).cardinality())"
+        " == -1\n",
+        (
+            "tests/test_input_sharding.py::test_rows_of_every_batch_unknown_for_an_endless_input_that_ends",
+        ),
+    ),
+    Mutant(
+        "early-cut-trusts-cardinality",
+        "AUTO's early cut takes TensorFlow's INFINITE_CARDINALITY as endless",
+        "dpkeras/_input/sharding.py",
+        "(elements != tf.data.INFINITE_CARDINALITY or not _surely_endless(node))",
+        "(elements != tf.data.INFINITE_CARDINALITY)",
+        (
+            "tests/test_input_sharding.py::test_rows_of_every_batch_unknown_for_an_endless_input_that_ends",
+        ),
+    ),
+    Mutant(
+        "endless-past-any-stage",
+        "an endless input is looked for past any stage, not only maps, shuffles, prefetches",
+        "dpkeras/_input/sharding.py",
+        '    while _tf_internals.dataset_kind(node) in ("map", "shuffle", "prefetch", "options"):',
+        '    while _tf_internals.dataset_kind(node) != "repeat"'
+        " and _tf_internals.dataset_input(node):",
         (
             "tests/test_input_sharding.py::test_rows_of_every_batch_known_from_the_spec_or_an_endless_batchs_input",
         ),

@@ -64,6 +64,21 @@ def _last_batch(dataset):
     return node if _tf_internals.dataset_kind(node) == "batch" else None
 
 
+def _surely_endless(dataset):
+    """Whether `dataset` never ends: `repeat()` of a dataset of known, positive length, behind
+    maps, shuffles, prefetches and options. TensorFlow says `INFINITE_CARDINALITY` for more
+    than that, and for some datasets that end (`choose_from_datasets` by a finite selector,
+    `stop_on_empty_dataset=True` beside a finite input, a `repeat()` of a filter that stops
+    passing): their last batch can be partial."""
+    node = dataset
+    while _tf_internals.dataset_kind(node) in ("map", "shuffle", "prefetch", "options"):
+        node = _tf_internals.dataset_input(node)
+    if _tf_internals.dataset_kind(node) != "repeat" or _tf_internals.repeat_count(node) != -1:
+        return False
+    elements = tf.get_static_value(_tf_internals.dataset_input(node).cardinality())
+    return elements is not None and elements > 0
+
+
 def _plan_cut(dataset):
     """The `_Cut` of `dataset`, or None when its form does not allow an exact early cut."""
     node = _last_batch(dataset)
@@ -79,7 +94,7 @@ def _plan_cut(dataset):
     elements = tf.get_static_value(node.cardinality())
     if not maps or batch_size is None or elements is None:
         return None
-    if elements < 0 and elements != tf.data.INFINITE_CARDINALITY:
+    if elements < 0 and (elements != tf.data.INFINITE_CARDINALITY or not _surely_endless(node)):
         return None  # unknown length: the last batch's split (or a dropped one) is unknown
     return _Cut(node, tuple(reversed(maps)), batch_size, drop_remainder, int(elements))
 
@@ -230,8 +245,8 @@ def host_pipelines(dataset, ranges, num_replicas):
 def rows_of_every_batch(dataset):
     """The rows every global batch of `dataset` has, when known before it runs: its element
     spec's, or a batch size of an endless input, `[options, prefetch ...] <- batch(n) <-
-    endless` (every batch is full; its spec says None rows unless `drop_remainder=True`).
-    Else None."""
+    [map, shuffle ...] <- repeat() <- a dataset of known length` (every batch is full; its
+    spec says None rows unless `drop_remainder=True`). Else None."""
     rows = batch_rows.static_rows_of_spec(dataset.element_spec)
     if rows is not None:
         return rows
@@ -239,8 +254,7 @@ def rows_of_every_batch(dataset):
     if node is None:
         return None
     size, _ = _tf_internals.batch_arguments(node)
-    source = _tf_internals.dataset_input(node)
-    endless = tf.get_static_value(source.cardinality()) == tf.data.INFINITE_CARDINALITY
+    endless = _surely_endless(_tf_internals.dataset_input(node))
     return size if endless else None
 
 
