@@ -2772,13 +2772,38 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "hybrid-worker-copies-ignored",
-        "under hybrid a restarted worker's copies are taken as made again, and fit fails on "
-        "the workers' all-reduce instead of saying why",
+        "hybrid-worker-copies-not-remade",
+        "under hybrid a restarted worker's copies are not made again (their resources gone)",
         "dpkeras/_variables/replicated.py",
-        '        if any(c.startswith(f"{task}/") for c in self.copy_devices):\n',
-        "        if False:\n",
-        ("tests/test_cluster_training.py::test_a_worker_lost_under_hybrid_ends_fit_saying_why",),
+        "            if device_names.task_of(copy.device) == task:\n",
+        "            if False:\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[worker-hybrid-k1]",
+        ),
+    ),
+    Mutant(
+        "hybrid-collectives-after-a-loss",
+        "after a worker's loss the all-reduce still uses TensorFlow's collectives (which refuse "
+        "a restarted worker)",
+        "dpkeras/_extended/all_reduce.py",
+        "    if tf.executing_eagerly() or not collectives_trusted():\n",
+        "    if tf.executing_eagerly():\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[hybrid-k2]",
+        ),
+    ),
+    Mutant(
+        "hybrid-copies-of-left-out-worker-kept",
+        "under hybrid the copies on a left-out worker stay among the ones the step uses",
+        "dpkeras/_variables/replicated.py",
+        "            active = tuple(c for c in self._every_copy if _canonical(c.device) in on)\n",
+        "            active = self._every_copy\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[hybrid-k2]",
+        ),
     ),
     Mutant(
         "lost-task-tables-not-remade",

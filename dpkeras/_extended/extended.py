@@ -123,13 +123,15 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
 
         For a worker lost mid-`fit` (`dpkeras._patches.lost_tasks`): the global batch is cut
         among fewer replicas, and Keras's step functions, made again, run on them. Raises
-        ValueError if no device would be left, or if a variable lives on one of `tasks` (its
-        values or its copies: a parameter device, or `placement.hybrid()`'s copies).
+        ValueError if no device would be left, or if a variable's values live on one of
+        `tasks` (a parameter device there). `placement.hybrid()`'s copies on them are left
+        out with their devices: the others carry on.
         """
         tasks = set(tasks)
         for variable in self.variables() if tasks else ():
             ours = placed.of(variable)
-            if ours is not None and any(ours.lives_on(task) for task in tasks):
+            parts = () if ours is None else ours.parts
+            if any(device_names.task_of(p.device) in tasks for p in parts):
                 raise ValueError(
                     f"Variable {ours.name!r} lives on {sorted(tasks)}: its replicas cannot be "
                     f"left out."

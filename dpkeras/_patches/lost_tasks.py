@@ -34,9 +34,12 @@ the backup. A worker still left out when a `fit` ends is taken back at the start
 The `History` returned holds the epochs of the calls, each epoch once (a resumed epoch's
 entry is the resumed call's). Callbacks see a second `on_train_begin`, as after a restart of
 the client. Without a backup, or with the wait set to 0, the `TaskFailedError` ends `fit` as
-before, saying what to add. Under `placement.hybrid()` a lost worker held copies of the
-replicated variables and took part in the workers' all-reduce, which TensorFlow's collectives
-do not let a running client make again: that ends `fit` (restart the client), saying so.
+before, saying what to add. Under `placement.hybrid()` a lost worker's copies of the replicated
+variables are left out with its replicas (the other copies carry on) and made again when it
+is taken back, before the backup is restored into every copy; from the first loss on, the
+workers' all-reduce exchanges the copies' gradients among the devices instead of using
+TensorFlow's collectives, which keep the incarnation of every worker they met and refuse a
+restarted one (`dpkeras._extended.all_reduce`).
 """
 
 import logging
@@ -47,6 +50,7 @@ import tensorflow as tf
 
 from dpkeras import _config
 from dpkeras._dynamic.layer import DynamicEmbedding
+from dpkeras._extended import all_reduce
 from dpkeras._extended.extended import extended_of
 from dpkeras._patches import resume
 from dpkeras._variables import placed
@@ -227,9 +231,11 @@ def _went_on_without(model, extended, error, backup):
     """For a worker lost under `$DPKERAS_ELASTIC_WORKERS` (on by default): leaves it out and
     runs the replicas on the other workers' devices (`compute_without`), so that the next call
     of `fit` restores the backup and goes on at the same global batch. Returns False (nothing
-    changed) for a ps, with the setting off, or where it cannot: a variable (a parameter
-    device, `placement.hybrid()`'s copies) lives on the worker, no replica is left, or the
-    worker runs the step loop (worker 0, `_loop.loop_device`: waited for)."""
+    changed) for a ps, with the setting off, or where it cannot: a variable's values live on
+    the worker (a parameter device there), no replica is left, or the worker runs the step
+    loop (worker 0, `_loop.loop_device`: waited for). `placement.hybrid()`'s copies on it are
+    left out with its replicas; the workers' all-reduce is exchanged from then on
+    (`all_reduce.lost`)."""
     task = error.task
     if not task.startswith("/job:worker/") or not _config.setting("elastic_workers").value:
         return False
@@ -245,6 +251,7 @@ def _went_on_without(model, extended, error, backup):
     except BaseException:
         extended.compute_without(_health.left_out())
         raise
+    all_reduce.lost(task)  # placement.hybrid()'s all-reduce: exchanged from now on
     _forget_step_functions(model)
     _log.warning(
         "dpkeras: %s at %s was lost; fit goes on without it on %d replica(s) (was %d) at the "
@@ -265,6 +272,7 @@ def _take_back(model, extended, task):
     end and goes on with it."""
     before = len(extended.worker_devices)
     _connect.take_back(task)
+    remake_lost_resources(model, extended, task)  # placement.hybrid()'s copies there
     extended.compute_without(_health.left_out())
     _forget_step_functions(model)
     _log.warning(

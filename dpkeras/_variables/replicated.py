@@ -4,7 +4,10 @@ A placement policy answers `placement.REPLICATED` for it (`placement.hybrid()` d
 variable but the tables and metric state). Copy i lives on compute device i; replica i reads
 its own copy, with no transfer; the optimizer all-reduces the copies' gradients among the
 compute devices and updates every copy with the same sum (`dpkeras._extended.optimizer_apply`,
-`dpkeras._extended.all_reduce`), so the copies stay identical, bit for bit.
+`dpkeras._extended.all_reduce`), so the copies stay identical, bit for bit. On a cluster, the
+copies of a worker left out after its loss (`dpkeras._patches.lost_tasks`) are left out with
+its replicas (`copies` are those of the devices that run replicas now), and made again when
+it is taken back (`remake_on`).
 
 Which copy an operation touches:
 - inside replica i of the strategy: copy i;
@@ -36,11 +39,19 @@ once per call, as the export of an all-on-ps model does.
 
 import tensorflow as tf
 
+from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals, placement
+from dpkeras._extended import all_reduce
 from dpkeras._variables import pieces, replica_step
 from dpkeras._variables.variables import ParameterVariable, WholeVariable, record_lookup
 
 _BASE = _tf_internals.BaseResourceVariable
+
+
+def _canonical(device):
+    return tf.DeviceSpec.from_string(device).to_string()
+
+
 _NONE = tf.VariableAggregation.NONE
 
 
@@ -68,7 +79,19 @@ class ReplicatedVariable(WholeVariable):
 
     def __init__(self, extended, copies, spec):
         super().__init__(extended, copies[0], spec)
-        self._copies = tuple(copies)
+        self._every_copy = tuple(copies)
+        self._active = (None, self._every_copy)
+
+    @property
+    def _copies(self):
+        """The copies on the compute devices the strategy runs replicas on now (all of them,
+        unless a worker was left out: `ParameterDeviceExtended.compute_without`)."""
+        devices = self._extended.worker_devices  # the same object until they change
+        if self._active[0] is not devices:
+            on = set(devices)
+            active = tuple(c for c in self._every_copy if _canonical(c.device) in on)
+            self._active = (devices, active)
+        return self._active[1]
 
     @property
     def copies(self):
@@ -91,16 +114,22 @@ class ReplicatedVariable(WholeVariable):
         )
 
     def remake_on(self, task):
-        """0 for a ps. A worker held one of its copies, and took part in the workers'
-        all-reduce, which TensorFlow's collectives do not let a running client make again
-        (they keep the incarnation of every worker they met): raises NotImplementedError."""
-        if any(c.startswith(f"{task}/") for c in self.copy_devices):
-            raise NotImplementedError(
-                f"Under placement.hybrid(), replicated variable {self.name!r} had a copy on "
-                f"{task}, and the workers' all-reduce cannot take a restarted worker back in a "
-                f"running client."
-            )
-        return 0
+        """Makes again, uninitialised, its copies on `task` (a worker that restarted); returns
+        how many. The values then come from a backup (`dpkeras._patches.lost_tasks`); the
+        workers' all-reduce no longer uses TensorFlow's collectives (`all_reduce.lost`)."""
+        made = 0
+        for copy in self._every_copy:
+            if device_names.task_of(copy.device) == task:
+                setattr(
+                    copy,
+                    _tf_internals.variable_handle_attribute(),
+                    _tf_internals.new_variable_handle(copy),
+                )
+                made += 1
+        if made:
+            self._invalidate_reads()
+            all_reduce.lost(task)
+        return made
 
     def sum_gradient(self, reductions, grad, sum_repeats):
         """None: the optimizer all-reduces it among the compute devices, per copy."""
@@ -155,9 +184,9 @@ class ReplicatedVariable(WholeVariable):
 
     @property
     def handle(self):
-        copies = self.__dict__.get("_copies")
-        if not copies:  # during construction
+        if "_active" not in self.__dict__:  # during construction
             return self._handle
+        copies = self._copies
         return copies[self._copy_index()].handle
 
     # -- reads --------------------------------------------------------------------------------
