@@ -520,9 +520,9 @@ MUTANTS = (
     ),
     Mutant(
         "elastic-variables-not-checked",
-        "the replicas of a task that holds variables (hybrid's copies) are left out",
+        "the replicas of a task that holds variables' values (a parameter device) are left out",
         "dpkeras/_extended/extended.py",
-        "            if ours is not None and any(ours.lives_on(task) for task in tasks):\n",
+        "            if any(device_names.task_of(p.device) in tasks for p in parts):\n",
         "            if False:\n",
         ("tests/test_elastic_workers.py::test_replicas_are_not_left_out_where_a_variable_lives",),
     ),
@@ -534,7 +534,7 @@ MUTANTS = (
         " or True:",
         (
             "tests/test_cluster_training.py::"
-            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[k1]",
         ),
     ),
     Mutant(
@@ -545,7 +545,7 @@ MUTANTS = (
         "            pass\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[k1]",
         ),
     ),
     Mutant(
@@ -556,7 +556,7 @@ MUTANTS = (
         "        pass\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[k1]",
         ),
     ),
     Mutant(
@@ -709,7 +709,7 @@ MUTANTS = (
         "        _health.take_back(task)\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[k1]",
         ),
     ),
     Mutant(
@@ -720,7 +720,7 @@ MUTANTS = (
         "    extended.compute_without(_health.left_out())\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[k1]",
         ),
     ),
     Mutant(
@@ -3215,7 +3215,7 @@ MUTANTS = (
         "        if False:\n",
         (
             "tests/test_cluster_training.py::"
-            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[1]",
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[k1]",
         ),
     ),
     Mutant(

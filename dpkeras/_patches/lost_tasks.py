@@ -303,6 +303,8 @@ def _recover(model, extended, error, backup, timeout, deadline):
                 f"{why}.",
             ) from None
         _connect.reconnect_to_restarted(task)
+        if task.startswith("/job:worker/"):  # placement.hybrid()'s all-reduce: exchanged
+            all_reduce.lost(task)
         try:
             made = remake_lost_resources(model, extended, task)
         except NotImplementedError as e:

@@ -41,7 +41,6 @@ import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals, placement
-from dpkeras._extended import all_reduce
 from dpkeras._variables import pieces, replica_step
 from dpkeras._variables.variables import ParameterVariable, WholeVariable, record_lookup
 
@@ -115,8 +114,8 @@ class ReplicatedVariable(WholeVariable):
 
     def remake_on(self, task):
         """Makes again, uninitialised, its copies on `task` (a worker that restarted); returns
-        how many. The values then come from a backup (`dpkeras._patches.lost_tasks`); the
-        workers' all-reduce no longer uses TensorFlow's collectives (`all_reduce.lost`)."""
+        how many. The values then come from a backup; the workers' all-reduce no longer uses
+        TensorFlow's collectives (`dpkeras._patches.lost_tasks` tells `all_reduce.lost`)."""
         made = 0
         for copy in self._every_copy:
             if device_names.task_of(copy.device) == task:
@@ -128,7 +127,6 @@ class ReplicatedVariable(WholeVariable):
                 made += 1
         if made:
             self._invalidate_reads()
-            all_reduce.lost(task)
         return made
 
     def sum_gradient(self, reductions, grad, sum_repeats):
