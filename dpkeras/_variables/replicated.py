@@ -45,13 +45,11 @@ from dpkeras._variables import pieces, replica_step
 from dpkeras._variables.variables import ParameterVariable, WholeVariable, record_lookup
 
 _BASE = _tf_internals.BaseResourceVariable
+_NONE = tf.VariableAggregation.NONE
 
 
 def _canonical(device):
     return tf.DeviceSpec.from_string(device).to_string()
-
-
-_NONE = tf.VariableAggregation.NONE
 
 
 def _same_graph(tensor):
