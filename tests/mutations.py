@@ -522,7 +522,7 @@ MUTANTS = (
         "elastic-variables-not-checked",
         "the replicas of a task that holds variables' values (a parameter device) are left out",
         "dpkeras/_extended/extended.py",
-        "            if any(device_names.task_of(p.device) in tasks for p in parts):\n",
+        "            if ours is not None and any(ours.lives_on(task) for task in tasks):\n",
         "            if False:\n",
         ("tests/test_elastic_workers.py::test_replicas_are_not_left_out_where_a_variable_lives",),
     ),
@@ -2798,7 +2798,8 @@ MUTANTS = (
         "hybrid-copies-of-left-out-worker-kept",
         "under hybrid the copies on a left-out worker stay among the ones the step uses",
         "dpkeras/_variables/replicated.py",
-        "            active = tuple(c for c in self._every_copy if _canonical(c.device) in on)\n",
+        "            active = tuple(c for c in self._every_copy"
+        " if canonical_device(c.device) in on)\n",
         "            active = self._every_copy\n",
         (
             "tests/test_cluster_training.py::"

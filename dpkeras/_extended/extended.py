@@ -130,8 +130,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         tasks = set(tasks)
         for variable in self.variables() if tasks else ():
             ours = placed.of(variable)
-            parts = () if ours is None else ours.parts
-            if any(device_names.task_of(p.device) in tasks for p in parts):
+            if ours is not None and any(ours.lives_on(task) for task in tasks):
                 raise ValueError(
                     f"Variable {ours.name!r} lives on {sorted(tasks)}: its replicas cannot be "
                     f"left out."

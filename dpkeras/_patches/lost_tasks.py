@@ -208,6 +208,8 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
             histories.append(getattr(model, "history", None))
             lost = error
             deadline = time.monotonic() + timeout
+            if error.task.startswith("/job:worker/"):  # placement.hybrid()'s all-reduce:
+                all_reduce.lost(error.task)  # exchanged from now on, left out or waited for
             if _went_on_without(model, extended, error, backup):
                 continue
             _recover(model, extended, error, backup, timeout, deadline)
@@ -251,7 +253,6 @@ def _went_on_without(model, extended, error, backup):
     except BaseException:
         extended.compute_without(_health.left_out())
         raise
-    all_reduce.lost(task)  # placement.hybrid()'s all-reduce: exchanged from now on
     _forget_step_functions(model)
     _log.warning(
         "dpkeras: %s at %s was lost; fit goes on without it on %d replica(s) (was %d) at the "
@@ -303,8 +304,6 @@ def _recover(model, extended, error, backup, timeout, deadline):
                 f"{why}.",
             ) from None
         _connect.reconnect_to_restarted(task)
-        if task.startswith("/job:worker/"):  # placement.hybrid()'s all-reduce: exchanged
-            all_reduce.lost(task)
         try:
             made = remake_lost_resources(model, extended, task)
         except NotImplementedError as e:

@@ -93,10 +93,10 @@ class PlacedVariable:
         raise NotImplementedError
 
     def lives_on(self, task):
-        """Whether any of its values (a part, or a copy) live on `task` (a task name such as
-        `/job:worker/replica:0/task:1`)."""
-        devices = [part.device for part in self.parts] + list(self.copy_devices)
-        return any(device_names.task_of(device) == task for device in devices)
+        """Whether any of its values (a part) live on `task` (a task name such as
+        `/job:worker/replica:0/task:1`). A replicated variable's copies are not counted: a
+        task's copies are left out with its replicas."""
+        return any(device_names.task_of(part.device) == task for part in self.parts)
 
     def remake_on(self, task):
         """Makes again, uninitialised, what of it lived on `task` (a task of the cluster that

@@ -41,15 +41,17 @@ import tensorflow as tf
 
 from dpkeras import _device_names as device_names
 from dpkeras import _tf_internals, placement
+from dpkeras._device_names import canonical_device
 from dpkeras._variables import pieces, replica_step
-from dpkeras._variables.variables import ParameterVariable, WholeVariable, record_lookup
+from dpkeras._variables.variables import (
+    ParameterVariable,
+    WholeVariable,
+    make_resource_again,
+    record_lookup,
+)
 
 _BASE = _tf_internals.BaseResourceVariable
 _NONE = tf.VariableAggregation.NONE
-
-
-def _canonical(device):
-    return tf.DeviceSpec.from_string(device).to_string()
 
 
 def _same_graph(tensor):
@@ -86,7 +88,7 @@ class ReplicatedVariable(WholeVariable):
         devices = self._extended.worker_devices  # the same object until they change
         if self._active[0] is not devices:
             on = set(devices)
-            active = tuple(c for c in self._every_copy if _canonical(c.device) in on)
+            active = tuple(c for c in self._every_copy if canonical_device(c.device) in on)
             self._active = (devices, active)
         return self._active[1]
 
@@ -117,11 +119,7 @@ class ReplicatedVariable(WholeVariable):
         made = 0
         for copy in self._every_copy:
             if device_names.task_of(copy.device) == task:
-                setattr(
-                    copy,
-                    _tf_internals.variable_handle_attribute(),
-                    _tf_internals.new_variable_handle(copy),
-                )
+                make_resource_again(copy)
                 made += 1
         if made:
             self._invalidate_reads()

@@ -52,6 +52,17 @@ def record_lookup(value, indices, handle, shape, weight):
     )
 
 
+def make_resource_again(variable):
+    """Gives `variable` (a resource variable whose task restarted) a new, uninitialised
+    resource in place of its lost one (`_tf_internals.new_variable_handle`), where TensorFlow
+    keeps it (`_tf_internals.variable_handle_attribute`)."""
+    setattr(
+        variable,
+        _tf_internals.variable_handle_attribute(),
+        _tf_internals.new_variable_handle(variable),
+    )
+
+
 class WholeVariable(PlacedVariable, ReplicaWrites, _tf_internals.BaseResourceVariable):
     """A variable of a dpkeras strategy kept whole (not cut into shards): a full `tf.Variable`
     (checkpoints, SavedModel, `assign`, `scatter_*`, `numpy()` work as usual) over a resource
@@ -247,10 +258,6 @@ class ParameterVariable(WholeVariable):
             return 0
         # The handle the creator's variable (`_primary`) holds is of the lost resource; reads
         # and writes go through this object's handle, and reads cached per replica are of it.
-        setattr(
-            self,
-            _tf_internals.variable_handle_attribute(),
-            _tf_internals.new_variable_handle(self),
-        )
+        make_resource_again(self)
         self._replica_reads = GraphCache()
         return 1
