@@ -2795,6 +2795,19 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "hybrid-collectives-after-a-ps-loss",
+        "after a ps's loss the all-reduce still uses TensorFlow's collectives (a worker crashed "
+        "in them after the ps's restart)",
+        "dpkeras/_patches/lost_tasks.py",
+        "            all_reduce.lost(error.task)\n",
+        "            if error.task.startswith('/job:worker/'):\n"
+        "                all_reduce.lost(error.task)\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[ps-hybrid-k2]",
+        ),
+    ),
+    Mutant(
         "hybrid-copies-of-left-out-worker-kept",
         "under hybrid the copies on a left-out worker stay among the ones the step uses",
         "dpkeras/_variables/replicated.py",

@@ -17,9 +17,9 @@ in `DeadlineExceededError ... Collective has timed out waiting for other workers
 
 Run eagerly (`run_eagerly=True`) the ops run one at a time, so a collective would wait for
 peers never launched: each device then sums the components itself (`tf.add_n`, in replica
-order, identical on every device). So does a client once a worker was lost (`lost`): from
-then on every device receives each other device's gradients, (n - 1) buffers where the ring
-moves about two, for the rest of the process.
+order, identical on every device). So does a client once a task was lost (`lost`), a worker
+or a ps: from then on every device receives each other device's gradients, (n - 1) buffers
+where the ring moves about two, for the rest of the process.
 """
 
 import itertools
@@ -47,23 +47,25 @@ _instance_keys = itertools.count(1)
 _PROCESS = f"{os.getpid()}-{time.time_ns()}"
 
 
-# Workers lost while this process was connected to them. Once one is, the copies' gradients are
+# Tasks lost while this process was connected to them. Once one is, the copies' gradients are
 # exchanged among the devices instead of summed by TensorFlow's collectives, for the rest of
 # the process: every other task's collectives keep the incarnation of each device they met and
 # refuse a group with a restarted one ("exists in cache with a different incarnation", after
-# which they stay aborted), and a collective cancelled by a peer's loss can leave them aborted
-# too (see `_every_replica_ready`).
+# which they stay aborted), a collective cancelled by a peer's loss can leave them aborted
+# too (see `_every_replica_ready`), and after this client connected again to a restarted ps a
+# worker crashed (SIGSEGV) in its next collectives, even in a group of new keys (TF 2.21).
 _lost = set()
 
 
 def lost(task):
-    """Notes that worker `task` was lost: from now on sums are exchanged, not collective."""
+    """Notes that `task` (a worker or a ps) was lost: from now on sums are exchanged, not
+    collective."""
     with _lock:
         _lost.add(task)
 
 
 def collectives_trusted():
-    """Whether the all-reduce uses TensorFlow's collectives (no worker lost yet)."""
+    """Whether the all-reduce uses TensorFlow's collectives (no task lost yet)."""
     return not _lost
 
 

@@ -36,10 +36,13 @@ entry is the resumed call's). Callbacks see a second `on_train_begin`, as after 
 the client. Without a backup, or with the wait set to 0, the `TaskFailedError` ends `fit` as
 before, saying what to add. Under `placement.hybrid()` a lost worker's copies of the replicated
 variables are left out with its replicas (the other copies carry on) and made again when it
-is taken back, before the backup is restored into every copy; from the first loss on, the
-workers' all-reduce exchanges the copies' gradients among the devices instead of using
-TensorFlow's collectives, which keep the incarnation of every worker they met and refuse a
-restarted one (`dpkeras._extended.all_reduce`).
+is taken back, before the backup is restored into every copy. From the first loss of any task
+on (a worker or a ps), the workers' all-reduce exchanges the copies' gradients among the
+devices instead of using TensorFlow's collectives (`dpkeras._extended.all_reduce`): these keep
+the incarnation of every worker they met and refuse a restarted one, and after this client
+connected again to a restarted ps a worker crashed (SIGSEGV) in its next collectives
+(measured on TF 2.21: `benchmarks.recovery`'s `ps-waited-hybrid`, in the middle of the fit at
+steps_per_execution=1, and as the client ended at 2).
 """
 
 import logging
@@ -208,8 +211,9 @@ def going_on_after_a_lost_task(fit, signature, model, *args, **kwargs):
             histories.append(getattr(model, "history", None))
             lost = error
             deadline = time.monotonic() + timeout
-            if error.task.startswith("/job:worker/"):  # placement.hybrid()'s all-reduce:
-                all_reduce.lost(error.task)  # exchanged from now on, left out or waited for
+            # placement.hybrid()'s all-reduce: exchanged from now on, for a worker left out
+            # or waited for and for a ps (a worker's collectives crashed after a ps's restart).
+            all_reduce.lost(error.task)
             if _went_on_without(model, extended, error, backup):
                 continue
             _recover(model, extended, error, backup, timeout, deadline)
