@@ -130,12 +130,11 @@ def run_case(local, job, env, placement, kill_at):
         )
         raise RuntimeError(f"the client failed ({client.returncode}):\n{err[-3000:]}{tasks}")
     # TensorFlow's collectives remember every worker's incarnation (each server's, for every
-    # client after it), and after a ps's restart a hybrid client's collectives crashed a worker
-    # that had served no client before it: the workers are restarted too (docs/reliability.md).
-    if job == "worker" or placement == "hybrid":
-        for task in range(len(local.spec["worker"])):
-            if (job, task) != ("worker", 1):
-                local.restart("worker", task)
+    # client after it), and after a ps's restart a hybrid client's collectives crashed a worker:
+    # the workers are restarted too before the next case (docs/reliability.md).
+    for task in range(len(local.spec["worker"])):
+        if (job, task) != ("worker", 1):
+            local.restart("worker", task)
     return json.loads(out.strip().splitlines()[-1]), restart
 
 
