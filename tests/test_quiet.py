@@ -352,10 +352,15 @@ def test_a_client_s_filter_passes_a_line_s_start_on_at_once():
 def test_a_client_s_filter_outlives_a_signal_to_the_group_and_passes_on_the_last_lines(sig):
     """Ctrl-C in a terminal (or a scheduler's SIGTERM) reaches every process of the group, the
     client's filter among them: the filter lives on to pass on what the client writes as it
-    ends (its traceback). The client says on its standard output when it has the signal."""
+    ends (its traceback). The client says on its standard output when it has the signal.
+
+    The client sets its SIGINT handler too, as Python does when started from a terminal: a
+    process started in the background by a shell without job control (`.ci/run &`) inherits
+    SIGINT ignored, and Python then keeps it ignored (the test waited 120 s for nothing)."""
     code = """
         import os, signal, sys
         from dpkeras import _quiet
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         _quiet.filter_client_stderr()
         try:  # before "ready": the signal may come at once (a race seen under load)
