@@ -883,7 +883,23 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
     assert len(resumed["records"]) == 4
 
 
-def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path):
+@pytest.mark.parametrize(
+    "placement",
+    [
+        None,
+        pytest.param(
+            "hybrid",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="under hybrid the worker's copies are made again uninitialised at the "
+                "next fit's start and nothing restores them (the last fit's backup is gone): "
+                "that fit fails, 'In[0] and In[1] has different ndims: [4,4] vs. [0]'",
+            ),
+        ),
+    ],
+    ids=["all-on-ps", "hybrid"],
+)
+def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path, placement):
     """Worker 1 killed in a first `fit`, which ends on worker 0's replicas; restarted by the
     test only once that `fit` returned (the client writes a file, then waits for the worker to
     answer): the second `fit`, without a backup, runs on all replicas again. 3 replicas, 2 on
@@ -894,7 +910,7 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
         import signal, socket, time
         keras.utils.set_random_seed(4)
         compute = [f"/job:worker/task:{{t}}/cpu:{{c}}" for t, c in ((0, 0), (0, 1), (1, 0))]
-        with dpkeras.scope(compute_devices=compute, cluster=SPEC):
+        with dpkeras.scope(compute_devices=compute, cluster=SPEC, parameter_device={placement!r}):
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
         seen = []
@@ -919,7 +935,9 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
             except OSError:
                 time.sleep(0.2)
         history = model.fit(x, y, batch_size=12, epochs=1, verbose=0, callbacks=[Kill()])
-        print(json.dumps({{"seen": seen, "loss": history.history["loss"]}}))
+        kernel = model.layers[0].kernel
+        copies = [c.numpy().tolist() for c in getattr(kernel, "copies", [kernel])]
+        print(json.dumps({{"seen": seen, "loss": history.history["loss"], "copies": copies}}))
         """
     task = local.procs[("worker", 1)]
     with _running_client(code, local.spec) as client:
@@ -940,6 +958,9 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path)
         f"(was 3) at the same global batch" in err
     ), err[-3000:]
     assert f"{name} answers again and rejoins: fit runs on 3 replica(s) (was 2)." in err
+    # Under hybrid the worker's copies, made again, hold the others' values: every copy alike.
+    assert len(result["copies"]) == (3 if placement == "hybrid" else 1)
+    assert all(c == result["copies"][0] for c in result["copies"]), result["copies"]
     assert np.isfinite(result["loss"]).all()
 
 
