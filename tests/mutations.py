@@ -2817,6 +2817,72 @@ MUTANTS = (
         (
             "tests/test_cluster_training.py::"
             "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[hybrid-k2]",
+            "tests/test_hybrid_leave_out.py::"
+            "test_copies_are_those_of_the_devices_that_run_replicas_now_in_replica_order",
+        ),
+    ),
+    Mutant(
+        "hybrid-active-copies-never-recomputed",
+        "under hybrid the copies a step uses are worked out once, not again when the devices "
+        "change (a leave-out, a take-back)",
+        "dpkeras/_variables/replicated.py",
+        "        if self._active[0] is not devices:\n",
+        "        if self._active[0] is None:\n",
+        (
+            "tests/test_hybrid_leave_out.py::"
+            "test_copies_are_those_of_the_devices_that_run_replicas_now_in_replica_order",
+        ),
+    ),
+    Mutant(
+        "hybrid-copy-index-of-every-copy",
+        "after a leave-out replica i touches copy i of every copy, not of the running ones (a "
+        "left-out copy, when the lost worker is not the last; the cluster tests lose the last)",
+        "dpkeras/_variables/replicated.py",
+        "        copies = self._copies\n",
+        "        copies = self._every_copy\n",
+        (
+            "tests/test_hybrid_leave_out.py::"
+            "test_copies_are_those_of_the_devices_that_run_replicas_now_in_replica_order",
+        ),
+    ),
+    Mutant(
+        "hybrid-remake-only-running-copies",
+        "a worker taken back has only its running copies made again: none, since they are made "
+        "before its devices run replicas again",
+        "dpkeras/_variables/replicated.py",
+        "        for copy in self._every_copy:\n",
+        "        for copy in self._copies:\n",
+        (
+            "tests/test_hybrid_leave_out.py::"
+            "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",
+            "tests/test_cluster_training.py::"
+            "test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance[hybrid-k2]",
+        ),
+    ),
+    Mutant(
+        "hybrid-remake-one-copy-per-task",
+        "a restarted worker with two devices has only the first of its copies made again",
+        "dpkeras/_variables/replicated.py",
+        "                make_resource_again(copy)\n                made += 1\n",
+        "                make_resource_again(copy)\n                made += 1\n"
+        "                break\n",
+        (
+            "tests/test_hybrid_leave_out.py::"
+            "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",
+        ),
+    ),
+    Mutant(
+        "hybrid-exchanged-sum-order-per-device",
+        "the exchanged sum adds the components in another order on every device but the first "
+        "(copies differ in their last bits)",
+        "dpkeras/_extended/all_reduce.py",
+        "                    sums.append(tf.add_n(parts))\n",
+        "                    sums.append(tf.add_n(parts if device == devices[0]"
+        " else parts[::-1]))\n",
+        (
+            "tests/test_hybrid_leave_out.py::"
+            "test_after_a_lost_task_the_sum_is_exchanged_the_same_on_every_device[eager]",
+            "tests/test_hybrid.py::test_eager_steps_all_reduce_too",
         ),
     ),
     Mutant(
