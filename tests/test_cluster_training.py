@@ -883,6 +883,62 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
     assert len(resumed["records"]) == 4
 
 
+def test_a_worker_lost_twice_under_hybrid_is_left_out_and_taken_back_twice(local, tmp_path):
+    """Worker 1 killed at step 10 (epoch 2 of 6), taken back at epoch 3's start, killed again
+    at step 18 (epoch 4) once it runs replicas again, and taken back again: its copies are
+    left out and made again twice; weights and history within float tolerance of an
+    uninterrupted run."""
+    host, port = local.spec["worker"][1].rsplit(":", 1)
+    kill_once = (
+        "            if victim and not self.killed and "
+        "self.model.optimizer.iterations.numpy() == 10:\n"
+    )
+    kill_twice = (
+        "            if (victim and self.killed and not self.again and self.replicas[-1] == 4\n"
+        "                    and self.model.optimizer.iterations.numpy() == 18):\n"
+        "                self.again = True\n"
+        f"                os.kill(int(open({str(tmp_path / 'pid-1')!r}).read()), signal.SIGKILL)\n"
+        + kill_once
+    )
+
+    def run(victim, backup):
+        code = _ELASTIC_RUN.format(
+            k=1, host=host, port=int(port), placement="hybrid", victim=victim, backup=backup
+        )
+        code = code.replace("killed = waited = False", "killed = waited = again = False")
+        code = code.replace("epochs=4,", "epochs=6,")
+        # The call after each loss waits for the worker to answer (it rejoins at the next
+        # epoch's start), after the second loss too.
+        for a, b in (
+            (
+                "if self.killed and not self.waited:",
+                "if self.killed and self.waited != 1 + self.again:",
+            ),
+            ("self.waited = True", "self.waited = 1 + self.again"),
+        ):
+            assert code.count(a) == 1, a
+            code = code.replace(a, b)
+        assert code.count(kill_once) == 1
+        return code.replace(kill_once, kill_twice)
+
+    uninterrupted = _uninterrupted(run(0, str(tmp_path / "a")), local.spec, tmp_path)
+    victim = local.procs[("worker", 1)].pid
+    returncode, out, err = _client_restarting(
+        local, "worker", run(victim, str(tmp_path / "b")), times=2, pids=tmp_path
+    )
+    _fresh_workers_after_a_restart(local, "worker")
+    assert returncode == 0, err[-4000:]
+    resumed = json.loads(out.strip().splitlines()[-1])
+    task = "/job:worker/replica:0/task:1"
+    assert err.count(f"{task} at {local.spec['worker'][1]} was lost; fit goes on") == 2, err[-3000:]
+    assert err.count(f"{task} answers again and rejoins") == 2, err[-3000:]
+    assert resumed["epochs"] == uninterrupted["epochs"] == list(range(6))
+    for key, values in uninterrupted["history"].items():
+        np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
+    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "placement",
     [
