@@ -2775,8 +2775,8 @@ MUTANTS = (
         "hybrid-worker-copies-not-remade",
         "under hybrid a restarted worker's copies are not made again (their resources gone)",
         "dpkeras/_variables/replicated.py",
-        "            if device_names.task_of(copy.device) == task:\n",
-        "            if False:\n",
+        "        for copy in lost:\n            make_resource_again(copy)\n",
+        "        for copy in lost:\n            continue\n",
         (
             "tests/test_cluster_training.py::"
             "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[worker-hybrid-k1]",
@@ -2850,8 +2850,8 @@ MUTANTS = (
         "a worker taken back has only its running copies made again: none, since they are made "
         "before its devices run replicas again",
         "dpkeras/_variables/replicated.py",
-        "        for copy in self._every_copy:\n",
-        "        for copy in self._copies:\n",
+        "        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task]\n",
+        "        lost = [c for c in self._copies if device_names.task_of(c.device) == task]\n",
         (
             "tests/test_hybrid_leave_out.py::"
             "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",
@@ -2863,9 +2863,32 @@ MUTANTS = (
         "hybrid-remake-one-copy-per-task",
         "a restarted worker with two devices has only the first of its copies made again",
         "dpkeras/_variables/replicated.py",
-        "                make_resource_again(copy)\n                made += 1\n",
-        "                make_resource_again(copy)\n                made += 1\n"
-        "                break\n",
+        "        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task]\n",
+        "        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task][:1]\n",
+        (
+            "tests/test_hybrid_leave_out.py::"
+            "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",
+        ),
+    ),
+    Mutant(
+        "hybrid-taken-back-copies-not-filled",
+        "a worker's copies made again keep no value until a backup is restored: a worker taken "
+        "back at the start of the next fit, with no backup, fails it",
+        "dpkeras/_variables/replicated.py",
+        "                    copy.assign(source.read_value())\n",
+        "                    pass\n",
+        (
+            "tests/test_cluster_training.py::"
+            "test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next[hybrid]",
+        ),
+    ),
+    Mutant(
+        "hybrid-taken-back-copies-filled-from-their-own",
+        "a task's copies made again take the value of the first running copy, even when it is "
+        "one of the task's own, made again without a value (a task waited for, worker 0)",
+        "dpkeras/_variables/replicated.py",
+        "        source = next((c for c in self._copies if all(c is not x for x in lost)), None)\n",
+        "        source = self._copies[0]\n",
         (
             "tests/test_hybrid_leave_out.py::"
             "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",

@@ -941,18 +941,7 @@ def test_a_worker_lost_twice_under_hybrid_is_left_out_and_taken_back_twice(local
 
 @pytest.mark.parametrize(
     "placement",
-    [
-        None,
-        pytest.param(
-            "hybrid",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="under hybrid the worker's copies are made again uninitialised at the "
-                "next fit's start and nothing restores them (the last fit's backup is gone): "
-                "that fit fails, 'In[0] and In[1] has different ndims: [4,4] vs. [0]'",
-            ),
-        ),
-    ],
+    [None, "hybrid"],
     ids=["all-on-ps", "hybrid"],
 )
 def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path, placement):
@@ -991,7 +980,7 @@ def test_a_worker_left_out_by_one_fit_is_taken_back_at_the_next(local, tmp_path,
             except OSError:
                 time.sleep(0.2)
         history = model.fit(x, y, batch_size=12, epochs=1, verbose=0, callbacks=[Kill()])
-        kernel = model.layers[0].kernel
+        kernel = model.layers[0].kernel.value
         copies = [c.numpy().tolist() for c in getattr(kernel, "copies", [kernel])]
         print(json.dumps({{"seen": seen, "loss": history.history["loss"], "copies": copies}}))
         """

@@ -113,17 +113,23 @@ class ReplicatedVariable(WholeVariable):
         )
 
     def remake_on(self, task):
-        """Makes again, uninitialised, its copies on `task` (a worker that restarted); returns
-        how many. The values then come from a backup; the workers' all-reduce no longer uses
-        TensorFlow's collectives (`dpkeras._patches.lost_tasks` tells `all_reduce.lost`)."""
-        made = 0
-        for copy in self._every_copy:
-            if device_names.task_of(copy.device) == task:
-                make_resource_again(copy)
-                made += 1
-        if made:
+        """Makes again its copies on `task` (a worker that restarted); returns how many. They
+        take the value of the first copy on another task (a running one: the copies of a
+        task left out are not written meanwhile), so that a worker taken back at the start of
+        a `fit`, with no backup to restore, holds what the others hold; a backup restored
+        after overwrites every copy. With no copy elsewhere they stay uninitialised, for the
+        backup. The workers' all-reduce no longer uses TensorFlow's collectives
+        (`dpkeras._patches.lost_tasks` tells `all_reduce.lost`)."""
+        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task]
+        source = next((c for c in self._copies if all(c is not x for x in lost)), None)
+        for copy in lost:
+            make_resource_again(copy)
+            if source is not None:
+                with tf.device(copy.device):
+                    copy.assign(source.read_value())
+        if lost:
             self._invalidate_reads()
-        return made
+        return len(lost)
 
     def sum_gradient(self, reductions, grad, sum_repeats):
         """None: the optimizer all-reduces it among the compute devices, per copy."""
