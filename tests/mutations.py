@@ -2864,7 +2864,8 @@ MUTANTS = (
         "a restarted worker with two devices has only the first of its copies made again",
         "dpkeras/_variables/replicated.py",
         "        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task]\n",
-        "        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task][:1]\n",
+        "        lost = [c for c in self._every_copy if device_names.task_of(c.device) == task]"
+        "[:1]\n",
         (
             "tests/test_hybrid_leave_out.py::"
             "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",

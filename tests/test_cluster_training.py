@@ -394,9 +394,16 @@ def _fresh_workers_after_a_restart(local, job):
     every worker restarts, and a hybrid client after a ps's restart crashed a worker (SIGSEGV),
     though not every time (docs/reliability.md). All-on-ps needs no such restart; the tests
     after this one may be hybrid."""
-    local.restart("worker", 0)
     if job == "ps":
-        local.restart("worker", 1)
+        _restart_every_worker(local)
+    else:
+        local.restart("worker", 0)
+
+
+def _restart_every_worker(local):
+    """Workers that served no client before, as a new cluster's."""
+    for index in range(len(local.spec["worker"])):
+        local.restart("worker", index)
 
 
 @pytest.mark.parametrize(
@@ -642,8 +649,7 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         # Workers that served no client before, as a new cluster's: with collectives after the
         # ps's restart, such a worker crashed (SIGSEGV) in the middle of the fit (mutant
         # hybrid-collectives-after-a-ps-loss; not the workers of the uninterrupted run).
-        local.restart("worker", 0)
-        local.restart("worker", 1)
+        _restart_every_worker(local)
     victim = local.procs[(job, 1)].pid
     returncode, out, err = _client_restarting(  # a worker waited for, not left out
         local,
@@ -655,10 +661,10 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     # Under hybrid, a fresh worker's collectives after a ps's restart crashed it (SIGSEGV):
     # from a loss on, the copies' gradients are exchanged; no task may die, even at the end.
     dead = _tasks_that_died(local) if placement == "hybrid" else {}
+    _fresh_workers_after_a_restart(local, job)
     for (j, t), proc in local.procs.items():
         if proc.poll() is not None:  # the tests after this one need every task
             local.restart(j, t)
-    _fresh_workers_after_a_restart(local, job)
     assert returncode == 0, err[-4000:]
     assert not dead, f"tasks died after the client (exit status): {dead}"
     resumed = json.loads(out.strip().splitlines()[-1])
