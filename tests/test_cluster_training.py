@@ -309,7 +309,9 @@ _RESUMABLE_RUN = """
     try:
         history = model.fit(x, y, batch_size=32, epochs=4, shuffle={shuffle}, verbose=0,
                             callbacks=[backup, kill, epochs])
-        result = {{"weights": [w.tolist() for w in model.get_weights()],
+        # The model's weights, then the optimizer's state (iterations, Adam's moments).
+        result = {{"weights": [w.tolist() for w in model.get_weights()]
+                   + [v.numpy().tolist() for v in model.optimizer.variables],
                    "epochs": epochs.seen, "history": len(history.history["loss"]),
                    "loss": history.history["loss"]}}
     except Exception as e:  # the killed task: described on stdout, then raised (its traceback)
@@ -455,7 +457,7 @@ def test_a_task_killed_mid_fit_fails_fast_and_the_run_resumes_exactly(
     assert uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["epochs"] == [2, 3] and resumed["history"] == 2, resumed["epochs"]
     assert resumed["loss"] == uninterrupted["loss"][2:]
-    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+    for a, b in zip(uninterrupted["weights"], resumed["weights"], strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
@@ -596,7 +598,9 @@ _LOST_TASK_RUN = (
     tables = [table.resource_handle.device.rsplit("/device:", 1)[0]  # the hash tables' tasks
               for layer in model.layers for name, table in vars(layer).items()
               if name.startswith(("index_table", "pending_table"))]
-    print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
+    # The model's weights, then the optimizer's state (iterations, Adam's moments).
+    print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()]
+                      + [v.numpy().tolist() for v in model.optimizer.variables],
                       "epochs": history.epoch, "history": history.history,
                       "on_task": on_task, "copies": copies, "tables": tables,
                       "records": records()}}))
@@ -695,11 +699,11 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         # another order.
         for key, values in uninterrupted["history"].items():
             np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
-        for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        for a, b in zip(uninterrupted["weights"], resumed["weights"], strict=True):
             np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
     else:
         assert resumed["history"] == uninterrupted["history"]
-        for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+        for a, b in zip(uninterrupted["weights"], resumed["weights"], strict=True):
             np.testing.assert_array_equal(np.array(a), np.array(b))
     # The restarted task knows its client again (a second client would be refused there).
     assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
@@ -771,7 +775,7 @@ def test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly
     resumed = json.loads(out.strip().splitlines()[-1])
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     assert resumed["history"] == uninterrupted["history"]
-    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+    for a, b in zip(uninterrupted["weights"], resumed["weights"], strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b))
     assert resumed["records"] == dict.fromkeys(resumed["records"], [True, "training"])
 
@@ -826,7 +830,9 @@ _ELASTIC_RUN = (
     callbacks = [keras.callbacks.BackupAndRestore({backup!r}, save_freq=3), kill]
     history = model.fit(x, y, batch_size=32, epochs=4, shuffle=True, verbose=0,
                         callbacks=callbacks)
-    print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()],
+    # The model's weights, then the optimizer's state (iterations, Adam's moments).
+    print(json.dumps({{"weights": [w.tolist() for w in model.get_weights()]
+                      + [v.numpy().tolist() for v in model.optimizer.variables],
                       "epochs": history.epoch, "history": history.history,
                       "replicas": kill.replicas, "records": records(),
                       "functions": [n for _, n in kill.functions]}}))
@@ -878,7 +884,7 @@ def test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance
     assert resumed["epochs"] == uninterrupted["epochs"] == [0, 1, 2, 3]
     for key, values in uninterrupted["history"].items():
         np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
-    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+    for a, b in zip(uninterrupted["weights"], resumed["weights"], strict=True):
         np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
     # A step function per replica count: traced again on 2 replicas, and again on 4 (the
     # function of 2 replicas would leave the worker taken back idle).
@@ -941,7 +947,7 @@ def test_a_worker_lost_twice_under_hybrid_is_left_out_and_taken_back_twice(local
     assert resumed["epochs"] == uninterrupted["epochs"] == list(range(6))
     for key, values in uninterrupted["history"].items():
         np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
-    for a, b in zip(uninterrupted["weights"], resumed["weights"]):
+    for a, b in zip(uninterrupted["weights"], resumed["weights"], strict=True):
         np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
 
 
