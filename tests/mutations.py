@@ -2891,6 +2891,8 @@ MUTANTS = (
         "        source = next((c for c in self._copies if all(c is not x for x in lost)), None)\n",
         "        source = self._copies[0]\n",
         (
+            "tests/test_cluster_training.py::"
+            "test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly[worker-0-hybrid-k1]",
             "tests/test_hybrid_leave_out.py::"
             "test_remake_on_makes_every_copy_of_the_task_again_even_of_a_left_out_device",
         ),

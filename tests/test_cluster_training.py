@@ -389,17 +389,16 @@ def _tasks_that_died(local, seconds=3.0):
         time.sleep(0.1)
 
 
-def _fresh_workers_after_a_restart(local, job):
-    """After task 1 of `job` restarted, restarts the workers that did not: TensorFlow's
+def _fresh_workers_after_a_restart(local, job, index=1):
+    """After task `index` of `job` restarted, restarts the workers that did not: TensorFlow's
     collectives on worker 0 keep the incarnation of every worker they met, so a hybrid client
     after a worker's restart fails ("... exists in cache with a different incarnation") until
     every worker restarts, and a hybrid client after a ps's restart crashed a worker (SIGSEGV),
     though not every time (docs/reliability.md). All-on-ps needs no such restart; the tests
     after this one may be hybrid."""
-    if job == "ps":
-        _restart_every_worker(local)
-    else:
-        local.restart("worker", 0)
+    for other in range(len(local.spec["worker"])):
+        if job == "ps" or other != index:
+            local.restart("worker", other)
 
 
 def _restart_every_worker(local):
@@ -506,20 +505,20 @@ def _tell_pid(directory, local, job, name):
     (directory / "pid").rename(directory / name)
 
 
-def _client_restarting(local, job, code, times=1, pids=None, delay=0, **extra_env):
-    """Runs `code` (see `_program`), which kills task 1 of `job` (`times` times); restarts that
-    task on its address each time it is gone (`delay` seconds after the test sees it gone),
-    while the client runs on, and writes the pid of restart i into `pids`/pid-i, whole.
-    `(returncode, stdout, stderr)`."""
+def _client_restarting(local, job, code, times=1, pids=None, delay=0, index=1, **extra_env):
+    """Runs `code` (see `_program`), which kills task `index` of `job` (`times` times);
+    restarts that task on its address each time it is gone (`delay` seconds after the test
+    sees it gone), while the client runs on, and writes the pid of restart i into
+    `pids`/pid-i, whole. `(returncode, stdout, stderr)`."""
     with _running_client(code, local.spec, **extra_env) as client:
         deadline = time.monotonic() + CLIENT_TIMEOUT
         for time_ in range(1, times + 1):
-            task = local.procs[(job, 1)]
+            task = local.procs[(job, index)]
             while task.poll() is None and client.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert task.poll() is not None, f"the client did not kill {job} 1 ({time_})"
+            assert task.poll() is not None, f"the client did not kill {job} {index} ({time_})"
             time.sleep(delay)
-            local.restart(job, 1)
+            local.restart(job, index)
             if pids is not None:
                 _tell_pid(pids, local, job, f"pid-{time_}")
         out, err = client.communicate(timeout=CLIENT_TIMEOUT)
@@ -593,7 +592,7 @@ _LOST_TASK_RUN = (
     extended = model.distribute_strategy.extended  # the variables on the ps task killed
     on_task = sum(v.device.startswith("/job:ps/replica:0/task:1/") for v in extended.variables())
     from dpkeras._variables import placed  # placement.hybrid()'s copies on worker 1
-    copies = sum(d.startswith("/job:worker/replica:0/task:1/") for v in extended.variables()
+    copies = sum(d.startswith("/job:worker/replica:0/task:{index}/") for v in extended.variables()
                  for d in placed.of(v).copy_devices)
     tables = [table.resource_handle.device.rsplit("/device:", 1)[0]  # the hash tables' tasks
               for layer in model.layers for name, table in vars(layer).items()
@@ -609,14 +608,15 @@ _LOST_TASK_RUN = (
 
 
 @pytest.mark.parametrize(
-    "job, placement, k, dynamic, save_freq, at",
+    "job, index, placement, k, dynamic, save_freq, at",
     [
-        ("ps", None, 1, False, 3, 10),
-        ("ps", "hybrid", 2, False, 3, 10),
-        ("ps", None, 1, True, 3, 10),
-        ("worker", None, 1, False, 3, 10),
-        ("worker", "hybrid", 1, False, 3, 10),
-        ("ps", None, 1, False, 5, 13),
+        ("ps", 1, None, 1, False, 3, 10),
+        ("ps", 1, "hybrid", 2, False, 3, 10),
+        ("ps", 1, None, 1, True, 3, 10),
+        ("worker", 1, None, 1, False, 3, 10),
+        ("worker", 1, "hybrid", 1, False, 3, 10),
+        ("worker", 0, "hybrid", 1, False, 3, 10),
+        ("ps", 1, None, 1, False, 5, 13),
     ],
     ids=[
         "ps-all-on-ps-k1",
@@ -624,13 +624,16 @@ _LOST_TASK_RUN = (
         "ps-dynamic-embedding",
         "worker-all-on-ps-k1",
         "worker-hybrid-k1",
+        "worker-0-hybrid-k1",
         "ps-epoch-trained-again",
     ],
 )
 def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
-    local, tmp_path, job, placement, k, dynamic, save_freq, at
+    local, tmp_path, job, index, placement, k, dynamic, save_freq, at
 ):
-    """Task 1 of `job` killed with SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
+    """Task `index` of `job` (1; worker 0, which runs the step loop, is waited for even with
+    leaving out on, and under hybrid its copies are made again from worker 1's) killed with
+    SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
     a backup every 3 steps: the last after step 9), and restarted on its address by the test
     once it is gone: the client's one `fit` waits for it, makes its variables (and a
     `DynamicEmbedding`'s hash tables, cut over both ps tasks) there again, and only there (the
@@ -647,6 +650,7 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         at=at,
         again=0,
         pids="",
+        index=index,
     )
     uninterrupted = _uninterrupted(run(victim=0, backup=str(tmp_path / "a")), local.spec, tmp_path)
     if placement == "hybrid":
@@ -654,18 +658,20 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
         # ps's restart, such a worker crashed (SIGSEGV) in the middle of the fit (mutant
         # hybrid-collectives-after-a-ps-loss; not the workers of the uninterrupted run).
         _restart_every_worker(local)
-    victim = local.procs[(job, 1)].pid
+    victim = local.procs[(job, index)].pid
     returncode, out, err = _client_restarting(  # a worker waited for, not left out
         local,
         job,
         run(victim=victim, backup=str(tmp_path / "b")),
-        DPKERAS_ELASTIC_WORKERS="0",
+        index=index,
+        # Worker 0 is waited for whatever the setting: it is left on (its default).
+        **({} if index == 0 else {"DPKERAS_ELASTIC_WORKERS": "0"}),
         DPKERAS_TASK_RESTART_TIMEOUT="60",  # a task restarts in seconds; a crash ends sooner
     )
     # Under hybrid, a fresh worker's collectives after a ps's restart crashed it (SIGSEGV):
     # from a loss on, the copies' gradients are exchanged; no task may die, even at the end.
     dead = _tasks_that_died(local) if placement == "hybrid" else {}
-    _fresh_workers_after_a_restart(local, job)
+    _fresh_workers_after_a_restart(local, job, index)
     for (j, t), proc in local.procs.items():
         if proc.poll() is not None:  # the tests after this one need every task
             local.restart(j, t)
@@ -673,7 +679,8 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     assert not dead, f"tasks died after the client (exit status): {dead}"
     resumed = json.loads(out.strip().splitlines()[-1])
     task = (
-        f"/job:{job}/replica:0/task:1 at {local.spec[job][1]} was lost; waiting up to 60 s for "
+        f"/job:{job}/replica:0/task:{index} at {local.spec[job][index]} was lost; waiting up to "
+        f"60 s for "
         f"it to answer again, then every variable is restored from the backup in "
         f"{tmp_path / 'b'} and fit goes on."
     )
@@ -743,6 +750,7 @@ def test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly
         save_freq=3,
         at=10,
         pids=str(tmp_path),
+        index=1,
     )
     uninterrupted = _uninterrupted(
         run(victim=0, again=0, backup=str(tmp_path / "a")), local.spec, tmp_path
