@@ -114,12 +114,12 @@ class ReplicatedVariable(WholeVariable):
 
     def remake_on(self, task):
         """Makes again its copies on `task` (a worker that restarted); returns how many. They
-        take the value of the first copy on another task (a running one: the copies of a
-        task left out are not written meanwhile), so that a worker taken back at the start of
-        a `fit`, with no backup to restore, holds what the others hold; a backup restored
-        after overwrites every copy. With no copy elsewhere they stay uninitialised, for the
-        backup. The workers' all-reduce no longer uses TensorFlow's collectives
-        (`dpkeras._patches.lost_tasks` tells `all_reduce.lost`)."""
+        take the value of the first running copy on another task (a left-out task's copies
+        are stale: nothing writes them while it is out), so that a worker taken back at the
+        start of a `fit`, with no backup to restore, holds what the others hold; a backup
+        restored after overwrites every copy. With no running copy elsewhere they stay
+        uninitialised, for the backup. The workers' all-reduce no longer uses TensorFlow's
+        collectives (`dpkeras._patches.lost_tasks` tells `all_reduce.lost`)."""
         lost = [c for c in self._every_copy if device_names.task_of(c.device) == task]
         source = next((c for c in self._copies if all(c is not x for x in lost)), None)
         for copy in lost:
