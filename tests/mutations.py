@@ -3349,6 +3349,192 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "lost-task-no-backup-yet-waited",
+        "a ps lost before the fit's BackupAndRestore wrote a backup is waited "
+        "for (nothing to restore it from) instead of ending fit saying what to "
+        "add (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "            if backup is None or not resume.has_backup(backup):\n",
+        "            if backup is None:\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_refused_loss_says_why_and_keeps_tensorflow_s_error[no-backup-yet]",
+        ),
+    ),
+    Mutant(
+        "rejoining-added-to-the-callbacks-given",
+        "the callback that takes a worker back is appended to the user's own "
+        "callbacks list (one more each call; a tuple fails) (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    arguments = dict(bound.arguments, "
+        'callbacks=[*bound.arguments["callbacks"], callback])\n',
+        '    arguments = dict(bound.arguments)\n    arguments["callbacks"].append(callback)\n',
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_fit_without_a_worker_can_take_it_back_and_leaves_the_callbacks_given[list]",
+            "tests/test_lost_tasks.py::"
+            "test_a_fit_without_a_worker_can_take_it_back_and_leaves_the_callbacks_given[tuple]",
+        ),
+    ),
+    Mutant(
+        "elastic-one-taken-back-per-fit",
+        "before a fit only the first left-out worker that answers again is "
+        "taken back (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    while (task := _answering_again(spec)) is not None:\n",
+        "    if (task := _answering_again(spec)) is not None:\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_every_left_out_worker_that_answers_again_is_taken_back_before_fit",
+        ),
+    ),
+    Mutant(
+        "elastic-second-loss-brings-back-the-first",
+        "a second worker lost is left out alone: the first, still lost, runs "
+        "replicas again (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "        extended.compute_without([*_health.left_out(), task])\n",
+        "        extended.compute_without([task])\n",
+        ("tests/test_lost_tasks.py::test_a_second_worker_lost_is_left_out_with_the_first",),
+    ),
+    Mutant(
+        "elastic-take-back-brings-back-the-others",
+        "a worker taken back brings back every left-out worker's replicas, the "
+        "lost ones too (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    remake_lost_resources(model, extended, task)  # "
+        "placement.hybrid()'s copies there\n"
+        "    extended.compute_without(_health.left_out())\n",
+        "    remake_lost_resources(model, extended, task)  # "
+        "placement.hybrid()'s copies there\n"
+        "    extended.compute_without([])\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_worker_taken_back_mid_fit_keeps_the_others_out_and_the_epochs_before",
+        ),
+    ),
+    Mutant(
+        "elastic-rejoin-unavailable-not-retried",
+        "after a worker is taken back mid-fit, an UnavailableError of a "
+        "connection not back yet ends fit (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "            _take_back(model, extended, back.task)\n            lost = back\n",
+        "            _take_back(model, extended, back.task)\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_worker_taken_back_mid_fit_keeps_the_others_out_and_the_epochs_before",
+        ),
+    ),
+    Mutant(
+        "lost-task-history-next-call-only",
+        "the History drops an epoch only where the very next call logged it: a "
+        "call that logged no epoch lets a resumed epoch in twice (issue 44 "
+        "review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "        later = next((h.epoch[0] for h in kept[i + 1 :] if h.epoch), None)\n",
+        "        later = kept[i + 1].epoch[0] if i + 1 < len(kept) and kept[i "
+        "+ 1].epoch else None\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_the_history_after_a_call_that_trained_no_epoch_keeps_each_epoch_once",
+        ),
+    ),
+    Mutant(
+        "lost-task-refusal-drops-tensorflow-error",
+        "a refused lost task's TaskFailedError loses TensorFlow's error "
+        "(tensorflow_error None) (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "        error.task, error.address, error.reason, error.tensorflow_error, advice=why\n",
+        "        error.task, error.address, error.reason, None, advice=why\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_refused_loss_says_why_and_keeps_tensorflow_s_error[wait-off]",
+        ),
+    ),
+    Mutant(
+        "elastic-failed-leave-out-keeps-replicas-changed",
+        "a worker that could not be left out of the connection stays left out "
+        "of the replicas (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    except BaseException:\n"
+        "        extended.compute_without(_health.left_out())\n"
+        "        raise\n",
+        "    except BaseException:\n        raise\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_worker_that_cannot_be_left_out_leaves_the_replicas_as_they_were",
+        ),
+    ),
+    Mutant(
+        "elastic-tuple-callbacks-never-rejoin",
+        "a fit given its callbacks as a tuple never takes a left-out worker "
+        "back mid-fit (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "and isinstance(callbacks, (list, tuple)):\n",
+        "and isinstance(callbacks, list):\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_fit_without_a_worker_can_take_it_back_and_leaves_the_callbacks_given[tuple]",
+        ),
+    ),
+    Mutant(
+        "elastic-rejoin-epochs-dropped",
+        "the epochs of a call ended to take a worker back are missing from the "
+        "History (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        '            histories.append(getattr(model, "history", None))\n'
+        "            _take_back(model, extended, back.task)\n",
+        "            _take_back(model, extended, back.task)\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_worker_taken_back_mid_fit_keeps_the_others_out_and_the_epochs_before",
+        ),
+    ),
+    Mutant(
+        "lost-task-strings-table-not-remade",
+        "a string-keyed DynamicEmbedding's table of strings is not made again "
+        "on a restarted ps (issue 44 review)",
+        "dpkeras/_dynamic/layer.py",
+        "    parts = [part for part in (self._index, self._strings) if part is not None]\n",
+        "    parts = [self._index]\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_string_keyed_dynamic_embedding_has_its_strings_table_made_again_too",
+        ),
+    ),
+    Mutant(
+        "elastic-only-first-left-out-probed",
+        "only the first left-out worker is asked whether it answers again: a "
+        "later one is never taken back (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    for task in _health.left_out():\n        if _health.probe(",
+        "    for task in _health.left_out()[:1]:\n        if _health.probe(",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_every_left_out_worker_that_answers_again_is_taken_back_before_fit",
+        ),
+    ),
+    Mutant(
+        "elastic-log-was-after-take-back",
+        "the line logged for a worker taken back gives the new replica count "
+        "as the old (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    before = len(extended.worker_devices)\n"
+        "    _connect.take_back(task)\n"
+        "    remake_lost_resources(model, extended, task)  # "
+        "placement.hybrid()'s copies there\n"
+        "    extended.compute_without(_health.left_out())\n",
+        "    _connect.take_back(task)\n"
+        "    remake_lost_resources(model, extended, task)  # "
+        "placement.hybrid()'s copies there\n"
+        "    extended.compute_without(_health.left_out())\n"
+        "    before = len(extended.worker_devices)\n",
+        (
+            "tests/test_lost_tasks.py::"
+            "test_a_worker_taken_back_mid_fit_keeps_the_others_out_and_the_epochs_before",
+        ),
+    ),
+    Mutant(
         "dedup-global-clipnorm",
         "SGD with global_clipnorm sums a repeated id's gradient rows before they cross (Keras "
         "3's global norm counts each repeat's row)",
