@@ -3535,6 +3535,29 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "elastic-take-back-reconnects-every-left-out",
+        "a worker taken back connects this client again to every left-out "
+        "worker, those still down too (issue 44 review)",
+        "dpkeras/cluster/_connect.py",
+        "        rest = [name for name in _health.left_out() if name != task]\n",
+        "        rest = []\n",
+        (
+            "tests/test_elastic_workers.py::"
+            "test_a_worker_taken_back_leaves_the_others_still_out_out_of_the_connection",
+        ),
+    ),
+    Mutant(
+        "elastic-take-back-trusts-collectives-again",
+        "a worker taken back makes the all-reduce use TensorFlow's collectives "
+        "again, which refuse the restarted worker (issue 44 review)",
+        "dpkeras/_patches/lost_tasks.py",
+        "    before = len(extended.worker_devices)\n    _connect.take_back(task)\n",
+        "    before = len(extended.worker_devices)\n"
+        "    _connect.take_back(task)\n"
+        "    all_reduce._lost.discard(task)  # back: collectives again\n",
+        ("tests/test_lost_tasks.py::test_a_worker_taken_back_leaves_the_sums_exchanged",),
+    ),
+    Mutant(
         "dedup-global-clipnorm",
         "SGD with global_clipnorm sums a repeated id's gradient rows before they cross (Keras "
         "3's global norm counts each repeat's row)",

@@ -1,6 +1,7 @@
 """The pieces of going on without a lost worker that need no cluster: a task left out is
-neither watched nor named, the server definition without it, and the strategy's refusal to
-leave out the devices its variables live on. The whole path, on a real cluster whose worker
+neither watched nor named, the server definition without it (and, after a take-back, without
+the workers still out), and the strategy's refusal to leave out the devices its variables live
+on. The whole path, on a real cluster whose worker
 is killed and restarted, is tests/test_cluster_training.py's
 `test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance`."""
 
@@ -122,3 +123,27 @@ def test_worker_0_runs_the_step_loop_and_is_waited_for_not_left_out():
             raise AssertionError("the strategy's devices were changed")
 
     assert lost_tasks._went_on_without(None, Untouched(), error, backup=None) is False
+
+
+def test_a_worker_taken_back_leaves_the_others_still_out_out_of_the_connection(monkeypatch):
+    """Workers 1 and 2 left out, worker 1 taken back: this client connects again with worker
+    1 and still without worker 2 (a function sent to worker 2, still down, would fail), and
+    claims worker 1 alone. Faked: the connection, the claim and the wait for the others."""
+    definition = tensorflow_server_pb2.ServerDef(job_name="localhost", task_index=0)
+    for name, addresses in {"ps": ["a:1"], "worker": ["c:3", "d:4", "e:5"]}.items():
+        job = definition.cluster.job.add(name=name)
+        for i, address in enumerate(addresses):
+            job.tasks[i] = address
+    connected, claimed = [], []
+    monkeypatch.setattr(_connect, "_connected", object())
+    monkeypatch.setattr(_connect, "_whole", definition)
+    monkeypatch.setattr(_connect._tf_internals, "connect_with", connected.append)
+    monkeypatch.setattr(_connect, "claim", lambda cluster, record, only: claimed.append(only))
+    monkeypatch.setattr(_connect, "_wait_until_reached", lambda task: None)
+    other = "/job:worker/replica:0/task:2"
+    monkeypatch.setattr(_health, "_left_out", {DEAD, other})
+    _connect.take_back(DEAD)
+    assert [{job.name: dict(job.tasks) for job in d.cluster.job} for d in connected] == [
+        {"ps": {0: "a:1"}, "worker": {0: "c:3", 1: "d:4"}}
+    ]
+    assert claimed == [DEAD] and _health.left_out() == [other]

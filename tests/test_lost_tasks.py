@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import dpkeras
+from dpkeras._extended import all_reduce
 from dpkeras._patches import lost_tasks, resume
 from dpkeras.cluster import _connect, _health
 from dpkeras.cluster._spec import cluster_of
@@ -425,3 +426,17 @@ def test_a_string_keyed_dynamic_embedding_has_its_strings_table_made_again_too()
     made = lost_tasks.remake_lost_resources(model, strategy.extended, LOCAL)
     assert made == len(strategy.extended.variables()) + 2
     assert all(t.resource_handle is not h for t, h in zip(tables, handles, strict=True))
+
+
+def test_a_worker_taken_back_leaves_the_sums_exchanged(monkeypatch, tmp_path):
+    """Worker 1 lost (the copies' gradients exchanged from then on) and taken back: the sums
+    stay exchanged, as TensorFlow's collectives on the other workers refuse the restarted
+    worker ("exists in cache with a different incarnation")."""
+    clock = types.SimpleNamespace(now=0.0)
+    faked = _faked_workers(monkeypatch, clock, left=[1])
+    monkeypatch.setattr(all_reduce, "_lost", set())
+    all_reduce.lost(WORKER.format(1))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    lost_tasks._take_back(model, faked.extended, WORKER.format(1))
+    assert faked.taken_back == [WORKER.format(1)] and _health.left_out() == []
+    assert not all_reduce.collectives_trusted()
