@@ -591,7 +591,7 @@ _LOST_TASK_RUN = (
                         validation_data=(x[:64], y[:64]), callbacks=callbacks)
     extended = model.distribute_strategy.extended  # the variables on the ps task killed
     on_task = sum(v.device.startswith("/job:ps/replica:0/task:1/") for v in extended.variables())
-    from dpkeras._variables import placed  # placement.hybrid()'s copies on worker 1
+    from dpkeras._variables import placed  # placement.hybrid()'s copies on the worker lost
     copies = sum(d.startswith("/job:worker/replica:0/task:{index}/") for v in extended.variables()
                  for d in placed.of(v).copy_devices)
     tables = [table.resource_handle.device.rsplit("/device:", 1)[0]  # the hash tables' tasks
@@ -633,14 +633,15 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
 ):
     """Task `index` of `job` (1; worker 0, which runs the step loop, is waited for even with
     leaving out on, and under hybrid its copies are made again from worker 1's) killed with
-    SIGKILL at step 10, in the middle of epoch 3 (4-step epochs,
-    a backup every 3 steps: the last after step 9), and restarted on its address by the test
-    once it is gone: the client's one `fit` waits for it, makes its variables (and a
-    `DynamicEmbedding`'s hash tables, cut over both ps tasks) there again, and only there (the
-    count it logs), restores the backup (mid-epoch: at the batch after it) and trains on.
-    Weights, every epoch's history and the epochs run equal an uninterrupted run's, exactly
-    (under hybrid within float tolerance: the copies' gradients are exchanged from the loss
-    on, and no task dies); the client logs both steps."""
+    SIGKILL at step 10, in the middle of epoch 3 (4-step epochs, a backup every 3 steps: the
+    last after step 9), and restarted on its address by the test once it is gone: the
+    client's one `fit` waits for it, makes its variables (and a `DynamicEmbedding`'s hash
+    tables, cut over both ps tasks) there again, and only there (the count it logs),
+    restores the backup (mid-epoch: at the batch after it) and trains on. Weights, the
+    optimizer's state, every epoch's history and the epochs run equal an uninterrupted run's,
+    exactly (under hybrid
+    within float tolerance: the copies' gradients are exchanged from the loss on, and no
+    task dies); the client logs both steps."""
     run = functools.partial(
         _LOST_TASK_RUN.format,
         placement=placement,
@@ -680,8 +681,7 @@ def test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly(
     resumed = json.loads(out.strip().splitlines()[-1])
     task = (
         f"/job:{job}/replica:0/task:{index} at {local.spec[job][index]} was lost; waiting up to "
-        f"60 s for "
-        f"it to answer again, then every variable is restored from the backup in "
+        f"60 s for it to answer again, then every variable is restored from the backup in "
         f"{tmp_path / 'b'} and fit goes on."
     )
     made = re.search(r"after [\d.]+ s; (\d+) variable\(s\) and table\(s\) made again", err)
