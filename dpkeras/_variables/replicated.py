@@ -127,6 +127,7 @@ class ReplicatedVariable(WholeVariable):
             if source is not None:
                 with tf.device(copy.device):
                     copy.assign(source.read_value())
+                source = copy  # the task's next copy from this one: one transfer per task
         if lost:
             self._invalidate_reads()
         return len(lost)
