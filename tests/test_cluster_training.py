@@ -396,15 +396,14 @@ def _fresh_workers_after_a_restart(local, job, index=1):
     every worker restarts, and a hybrid client after a ps's restart crashed a worker (SIGSEGV),
     though not every time (docs/reliability.md). All-on-ps needs no such restart; the tests
     after this one may be hybrid."""
-    for other in range(len(local.spec["worker"])):
-        if job == "ps" or other != index:
-            local.restart("worker", other)
+    _restart_every_worker(local, but=None if job == "ps" else index)
 
 
-def _restart_every_worker(local):
-    """Workers that served no client before, as a new cluster's."""
+def _restart_every_worker(local, but=None):
+    """Workers that served no client before, as a new cluster's: every one but worker `but`."""
     for index in range(len(local.spec["worker"])):
-        local.restart("worker", index)
+        if index != but:
+            local.restart("worker", index)
 
 
 @pytest.mark.parametrize(
