@@ -1,8 +1,8 @@
 """The pieces of going on without a lost worker that need no cluster: a task left out is
 neither watched nor named, the server definition without it (and, after a take-back, without
 the workers still out), and the strategy's refusal to leave out the devices its variables live
-on. The whole path, on a real cluster whose worker
-is killed and restarted, is tests/test_cluster_training.py's
+on. The whole path, on a real cluster whose worker is killed and restarted, is
+tests/test_cluster_training.py's
 `test_a_worker_lost_mid_fit_is_left_out_and_taken_back_within_float_tolerance`."""
 
 import socket

@@ -1,10 +1,10 @@
 """The pieces of going on after a lost task (`dpkeras._patches.lost_tasks`) that need no
-cluster: what a restarted task's resources count (a layer held twice, a variable listed
-twice, a string-keyed layer's strings), each loss's own wait, the calls tried again while a
-connection to a restarted task is not back yet, the refusals, and workers left out and taken
-back on a faked cluster of 4 workers (several out at once, the callbacks each call gets, the
-History merged). The whole path, on
-a real cluster whose tasks are killed and restarted, is tests/test_cluster_training.py's
+cluster: what a restarted task's resources count (a layer held twice, a variable listed twice,
+a string-keyed layer's strings), each loss's own wait, the calls tried again while a connection
+to a restarted task is not back yet, the refusals, and workers left out and taken back on a
+faked cluster of 4 workers (several out at once, the callbacks each call gets, the History
+merged). The whole path, on a real cluster whose tasks are killed and restarted, is
+tests/test_cluster_training.py's
 `test_a_task_lost_mid_fit_is_waited_for_and_the_same_fit_goes_on_exactly` and
 `test_a_ps_lost_twice_in_one_fit_is_waited_for_twice_and_the_fit_ends_exactly`."""
 
