@@ -793,11 +793,59 @@ MUTANTS = (
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",
-        "        refuse_if_in_use(cluster, timeout)\n",
-        "",
+        "        reservation = reserve(cluster, record, timeout)\n",
+        "        reservation = type('R', (), {'release': lambda self: None})()\n",
         (
             "tests/test_cluster_clients.py::"
             "test_a_second_client_is_refused_naming_the_first_and_env_shows_it_undisturbed",
+        ),
+    ),
+    Mutant(
+        "reserve-without-the-task-lock",
+        "the compare-and-swap of a task's client record runs outside the mutex every client "
+        "shares on the task",
+        "dpkeras/cluster/_client_record.py",
+        "    return section.execute(swap)\n",
+        "    return swap()\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_swap_waits_for_the_lock_another_session_holds_on_the_task",
+        ),
+    ),
+    Mutant(
+        "reserve-writes-whatever-it-read",
+        "the swap writes this client's record whatever it found (read, then write: two "
+        "clients at once both write, each reading the other's state)",
+        "dpkeras/cluster/_client_record.py",
+        "tf.cond(tf.equal(current, expected), write,",
+        "tf.cond(tf.constant(True), write,",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_of_clients_reserving_at_once_exactly_one_holds_the_cluster",
+        ),
+    ),
+    Mutant(
+        "reserve-ignores-a-connecting-client",
+        "a record of a client still connecting holds nothing: two clients at once both train",
+        "dpkeras/cluster/_client_record.py",
+        '        return "is connecting to it" if alive else None\n',
+        "        return None\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_of_clients_reserving_at_once_exactly_one_holds_the_cluster",
+            "tests/test_cluster_clients.py::"
+            "test_two_clients_started_at_once_one_trains_and_the_other_is_refused_in_one_line",
+        ),
+    ),
+    Mutant(
+        "reserve-kept-after-a-failed-connect",
+        "a client whose connecting fails after reserving keeps the tasks reserved",
+        "dpkeras/cluster/_connect.py",
+        "        except BaseException:\n            reservation.release()\n            raise\n",
+        "        except BaseException:\n            raise\n",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_client_whose_connecting_failed_after_reserving_leaves_the_cluster_free",
         ),
     ),
     Mutant(
@@ -816,8 +864,8 @@ MUTANTS = (
         "connect-timeout-not-to-record",
         "connect reads the client records with the default wait, not its own timeout",
         "dpkeras/cluster/_connect.py",
-        "        refuse_if_in_use(cluster, timeout)\n",
-        "        refuse_if_in_use(cluster)\n",
+        "        reservation = reserve(cluster, record, timeout)\n",
+        "        reservation = reserve(cluster, record)\n",
         (
             "tests/test_cluster_clients.py::"
             "test_a_task_that_answers_its_probe_but_never_a_read_ends_the_start_in_one_clear_error",
@@ -848,7 +896,7 @@ MUTANTS = (
     Mutant(
         "record-close-raises",
         "a reader whose task is gone since its read raises from close (TensorFlow's "
-        "DeadlineExceededError), hiding what refuse_if_in_use or dpkeras env would report",
+        "DeadlineExceededError), hiding what reserve or dpkeras env would report",
         "dpkeras/cluster/_client_record.py",
         "            try:\n                session.close()\n            except tf.errors.OpError:",
         "            session.close()\n            if False:",
@@ -859,11 +907,11 @@ MUTANTS = (
     ),
     Mutant(
         "record-reader-left-open",
-        "refuse_if_in_use does not close its readers: a caller holding its error holds a "
+        "reserve does not close its readers: a caller holding its error holds a "
         "session and a connection on the task",
         "dpkeras/cluster/_client_record.py",
-        "        finally:\n            reader.close()\n",
-        "        finally:\n            pass\n",
+        "            finally:\n                reader.close()\n            reservation",
+        "            finally:\n                pass\n            reservation",
         (
             "tests/test_cluster_clients.py::"
             "test_a_refused_client_leaves_no_connection_to_the_task_it_read",

@@ -20,6 +20,7 @@ import grpc  # TensorFlow's own dependency
 import pytest
 import tensorflow as tf
 
+from dpkeras import _config
 from dpkeras.cluster import _client_record, _connect, _spec, _task
 from dpkeras.testing import LocalCluster, server_env
 
@@ -105,6 +106,13 @@ class _FirstClient:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+def _check_in_use(cluster, timeout=_config.DEFAULT_CONNECT_TIMEOUT):
+    """What a client checks before connecting: reserves `cluster`'s tasks (or raises naming
+    the client that holds them), then releases them, as a client whose connecting failed."""
+    record = _client_record.own_record(cluster, "localhost:1")
+    _client_record.reserve(cluster, record, timeout).release()
 
 
 def _last_line(text):
@@ -223,7 +231,7 @@ def test_a_training_client_that_cannot_be_probed_from_here_refuses_a_second_one(
     be told from here, so the cluster is in use."""
     planted(client="/job:localhost/replica:0/task:0", address="localhost:1", host="elsewhere")
     with pytest.raises(RuntimeError) as refused:
-        _client_record.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))
+        _check_in_use(_spec.Cluster(_without_chief(local.spec)))
     assert re.match(
         r"Cannot connect to the cluster: it is in use by client /job:localhost/replica:0/task:0 "
         r"at localhost:1 \(pid 4242 on host elsewhere, connected at [-0-9: ]+ UTC\), which trains "
@@ -237,10 +245,10 @@ def test_a_dead_client_s_record_does_not_block_a_new_one(local, planted):
     """The record says training, but its client (on this machine) no longer answers: it died
     without finishing. Planted here, not left by another test."""
     planted(address=_dead_address())
-    _client_record.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))  # no error
+    _check_in_use(_spec.Cluster(_without_chief(local.spec)))  # no error
     planted(address=local.spec["ps"][0])  # the control: a client that answers blocks
     with pytest.raises(RuntimeError, match=r"in use by .* and still answers\."):
-        _client_record.refuse_if_in_use(_spec.Cluster(_without_chief(local.spec)))
+        _check_in_use(_spec.Cluster(_without_chief(local.spec)))
 
 
 def test_a_task_ends_for_its_own_client_s_finished_record_only(local, planted):
@@ -367,7 +375,7 @@ def test_a_task_slow_to_answer_its_first_read_is_waited_for_within_the_connect_t
     proxy = _SlowProxy(local.address("ps", 0), delay=6.0)
     try:
         started = time.monotonic()
-        _client_record.refuse_if_in_use(_spec.Cluster(_through(local, proxy)))  # no error
+        _check_in_use(_spec.Cluster(_through(local, proxy)))  # no error
         assert time.monotonic() - started >= 5.5  # the read did wait for the slow answer
     finally:
         proxy.close()
@@ -430,7 +438,7 @@ def _wait_for(condition, seconds):
 def test_a_reader_whose_task_is_gone_since_its_read_closes_without_raising(local):
     """The task answered a read, then its server went away: closing the session asks the task
     to close it, and that call fails at its own timeout (TensorFlow raises DeadlineExceededError
-    from `Session.close`, measured on TF 2.21). `close` swallows it: it ends `refuse_if_in_use`,
+    from `Session.close`, measured on TF 2.21). `close` swallows it: it ends `reserve`,
     `dpkeras env --cluster` and a task's watch in `finally`, where it would hide their result."""
     _plant(local, state=_client_record.FINISHED)
     proxy = _SlowProxy(local.address("ps", 0), delay=0.0)
@@ -446,14 +454,14 @@ def test_a_reader_whose_task_is_gone_since_its_read_closes_without_raising(local
 
 
 def test_a_refused_client_leaves_no_connection_to_the_task_it_read(local, planted):
-    """`refuse_if_in_use` closes each reader it made, whatever it raises: while a caller still
+    """`reserve` closes each reader it made, whatever it raises: while a caller still
     holds its error (and so the reader, in the error's traceback), no connection to the task
     stays open, and no session on it."""
     planted(client="/job:localhost/replica:0/task:0", address="localhost:1", host="elsewhere")
     proxy = _SlowProxy(local.address("ps", 0), delay=0.0)
     try:
         with pytest.raises(RuntimeError, match="in use by") as refused:
-            _client_record.refuse_if_in_use(_spec.Cluster(_through(local, proxy)))
+            _check_in_use(_spec.Cluster(_through(local, proxy)))
         assert refused.value.__traceback__ is not None  # held, with the reader in its frames
         assert _wait_for(lambda: proxy.connections() == 0, 20), proxy.connections()
     finally:
@@ -535,7 +543,7 @@ def test_a_read_that_ends_in_the_session_s_own_deadline_is_the_same_one_line_err
         assert str(alone.value) == "Graph execution error:\n\nDeadline Exceeded"
         cluster = _spec.Cluster({"ps": [server.address], "worker": [_dead_address()]})
         with pytest.raises(TimeoutError) as raised:
-            _client_record.refuse_if_in_use(cluster, timeout=30)
+            _check_in_use(cluster, timeout=30)
     finally:
         server.close()
     assert str(raised.value) == (
@@ -569,9 +577,207 @@ def test_a_read_answered_late_within_its_timeout_succeeds_and_exit_waits_for_its
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        _client_record.refuse_if_in_use(_spec.Cluster(_through(local, proxy)), timeout=8)
+        _check_in_use(_spec.Cluster(_through(local, proxy)), timeout=8)
     finally:
         stop.set()
         watcher.join(10)
         proxy.close()
     assert left and 4 * 8 - 4 <= left[0] <= 4 * 8, left  # seen within 4 s of its start
+
+
+# A client that imports everything, says READY, and on a line from stdin connects and trains
+# (40 steps): two of them released by one write each start connecting within milliseconds.
+_RACER = """
+import json, sys
+import numpy as np
+import dpkeras, keras
+
+x = np.random.RandomState(0).rand(320, 3).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+print("READY", flush=True)
+sys.stdin.readline()
+with dpkeras.scope(cluster=json.loads(sys.argv[1])):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+losses = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history["loss"]
+keras.utils.set_random_seed(1)
+reference = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+reference.compile(optimizer="sgd", loss="mse")
+expected = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+print("RESULT " + json.dumps({"loss": losses, "expected": expected.history["loss"]}), flush=True)
+"""
+
+
+def _racers(spec, n):
+    """`n` `_RACER` processes, each READY (imported), not yet released."""
+    racers = []
+    for _ in range(n):
+        racers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(_RACER), json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=server_env(),
+            )
+        )
+    for racer in racers:
+        line = []
+        reader = threading.Thread(
+            target=lambda r=racer, said=line: said.append(r.stdout.readline())
+        )
+        reader.daemon = True
+        reader.start()
+        reader.join(TIMEOUT)
+        assert line == ["READY\n"], line
+    return racers
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_two_clients_started_at_once_one_trains_and_the_other_is_refused_in_one_line(local, round_):
+    """Two clients of one cluster (as /job:localhost, as scripts that every worker runs would
+    be), released to connect within a millisecond of each other: exactly one trains, equal to
+    one process; the other is refused before it connects, its last line naming the first. No
+    interleaved steps, no hang (TensorFlow alone lets both train, or both hang)."""
+    racers = _racers(_without_chief(local.spec), 2)
+    try:
+        for racer in racers:  # released together
+            racer.stdin.write("\n")
+        for racer in racers:
+            racer.stdin.flush()
+        outcomes = [racer.communicate(timeout=TIMEOUT) for racer in racers]
+    finally:
+        for racer in racers:
+            if racer.poll() is None:
+                racer.kill()
+    codes = sorted(racer.returncode for racer in racers)
+    assert codes == [0, 1], [(r.returncode, err[-2000:]) for r, (_, err) in zip(racers, outcomes)]
+    (won_out, _), (_, lost_err) = sorted(outcomes, key=lambda o: 0 if "RESULT " in o[0] else 1)
+    winner = racers[0] if racers[0].returncode == 0 else racers[1]
+    result = json.loads(won_out.split("RESULT ", 1)[1])
+    assert result["loss"] == pytest.approx(result["expected"], rel=1e-5)  # undisturbed
+    assert re.fullmatch(
+        r"RuntimeError: Cannot connect to the cluster: it is in use by client "
+        r"/job:localhost/replica:0/task:0 at localhost:\d+ \(pid "
+        rf"{winner.pid} on host .*, (connecting since|connected at) [-0-9: ]+ UTC\), which "
+        r"(reserved|trains on) /job:ps/replica:0/task:0 at 127\.0\.0\.1:\d+ and (is connecting "
+        r"to it|still answers)\. Two clients would train .*",
+        _last_line(lost_err),
+    ), lost_err[-3000:]
+    assert "Traceback" in lost_err and lost_err.count("RuntimeError:") == 1
+
+
+def test_of_clients_reserving_at_once_exactly_one_holds_the_cluster(local):
+    """Three clients of this process reserve the cluster at the same instant, 20 times: each
+    time exactly one holds it and the others are refused naming it; released, the next round
+    finds it free (the compare-and-swap on each task, `_client_record.reserve`)."""
+    cluster = _spec.Cluster(_without_chief(local.spec))
+    for _ in range(20):
+        outcomes = {}
+        barrier = threading.Barrier(3)
+
+        def race(i, barrier=barrier, outcomes=outcomes):
+            record = _client_record.own_record(cluster, f"localhost:{i + 1}")
+            barrier.wait()
+            try:
+                outcomes[i] = _client_record.reserve(cluster, record, 60)
+            except RuntimeError as e:
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT)
+        held = [o for o in outcomes.values() if isinstance(o, _client_record.Reservation)]
+        refused = [str(o) for o in outcomes.values() if isinstance(o, RuntimeError)]
+        assert len(held) == 1 and len(refused) == 2, outcomes
+        assert all("is connecting to it" in why for why in refused), refused
+        held[0].release()
+
+
+def test_a_swap_waits_for_the_lock_another_session_holds_on_the_task(local, planted):
+    """The compare-and-swap runs under one mutex per task, which every client's session shares
+    (`tf.CriticalSection` with a shared name): a swap asked for while another session holds it
+    waits, then sees what that session wrote. Here the other session holds it until this test
+    says, then writes the record of a training client that answers: the waiting reservation is
+    refused naming it (without the shared lock it would have swapped at once)."""
+    planted(state=_client_record.FINISHED)
+    task = "/job:ps/replica:0/task:0"
+    holder = json.dumps(
+        {
+            "client": "/job:localhost/replica:0/task:0",
+            "address": local.address("worker", 0),  # a server that answers
+            "pid": 4242,
+            "host": socket.gethostname(),
+            "since": time.time(),
+            "state": _client_record.TRAINING,
+        }
+    )
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(f"{task}/device:CPU:0"):
+        entered = tf.queue.FIFOQueue(1, tf.int32, shared_name="dpkeras_test_entered")
+        go = tf.queue.FIFOQueue(1, tf.int32, shared_name="dpkeras_test_go")
+
+        def hold():
+            with tf.control_dependencies([entered.enqueue(1)]):
+                wait = go.dequeue()
+            with tf.control_dependencies([wait]):
+                write = tf.raw_ops.AssignVariableOp(
+                    resource=_client_record._handle(), value=tf.constant(holder)
+                )
+            with tf.control_dependencies([write]):
+                return tf.constant(0)
+
+        held = tf.CriticalSection(shared_name=_client_record._LOCK_NAME).execute(hold)
+        wait_entered = entered.dequeue()
+        release = go.enqueue(1)
+    config = tf.compat.v1.ConfigProto(device_filters=[task], operation_timeout_in_ms=120000)
+    session = tf.compat.v1.Session(f"grpc://{local.address('ps', 0)}", graph=graph, config=config)
+    holding = threading.Thread(target=session.run, args=(held,), daemon=True)
+    holding.start()
+    refused = []
+    try:
+        session.run(wait_entered)  # the other session holds the lock
+        cluster = _spec.Cluster(_without_chief(local.spec))
+        reserving = threading.Thread(
+            target=lambda: refused.append(pytest.raises(RuntimeError, _check_in_use, cluster)),
+            daemon=True,
+        )
+        reserving.start()
+        reserving.join(3.0)
+        assert reserving.is_alive(), "the swap did not wait for the lock"
+    finally:
+        session.run(release)
+        holding.join(60)
+        session.close()
+    reserving.join(60)
+    assert refused and "which trains on /job:ps/replica:0/task:0" in str(refused[0].value)
+
+
+def test_a_client_whose_connecting_failed_after_reserving_leaves_the_cluster_free(local):
+    """Connecting refused after the tasks were reserved (here: variables made before it) puts
+    their records back: the same process, its variables deleted, then connects (without the
+    release its own reservation would refuse it, as long as it lives)."""
+    program = textwrap.dedent(
+        f"""
+        import gc
+        import tensorflow as tf
+        import dpkeras
+        spec = {_without_chief(local.spec)!r}
+        v = tf.Variable(1.0)
+        try:
+            dpkeras.cluster.connect(spec)
+        except RuntimeError as e:
+            print("REFUSED", "holds 1 TensorFlow variable" in str(e), flush=True)
+        del v
+        gc.collect()
+        dpkeras.cluster.connect(spec)
+        print("CONNECTED", flush=True)
+        """
+    )
+    run = _run([sys.executable, "-c", program])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["REFUSED", "True", "CONNECTED"], run.stdout

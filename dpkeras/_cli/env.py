@@ -70,8 +70,10 @@ def _task_state(cluster, task, address):
         client = "no client has connected"
     elif record["state"] == _client_record.FINISHED:
         client = f"its last {_client_record.describe(record)} finished training"
-    elif _client_record.client_answers(record) is False:
+    elif _client_record.holding(record) is None:
         client = f"its {_client_record.describe(record)} no longer answers (it did not finish)"
+    elif record["state"] == _client_record.CONNECTING:
+        client = f"connecting: {_client_record.describe(record)}"
     else:
         client = f"training: {_client_record.describe(record)}"
     return f"answers; {kinds}; {client}", names

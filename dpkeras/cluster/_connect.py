@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from dpkeras import _config, _quiet, _tf_internals
 from dpkeras.cluster import _health, _loop
-from dpkeras.cluster._client_record import claim, finish, own_record, refuse_if_in_use
+from dpkeras.cluster._client_record import claim, finish, own_record, reserve
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._local import free_port, port_in_use
 from dpkeras.cluster._spec import task_name
@@ -163,32 +163,42 @@ def connect_to(cluster, timeout=None):
                 f"new process for another cluster."
             )
         _wait_for(cluster.remote, timeout)
-        refuse_if_in_use(cluster, timeout)
-        _refuse_own_address_in_use(cluster)
-        _refuse_variables_made_before(cluster)
-        if cluster.own is not None:  # this process's devices are renamed /job:localhost -> own task
-            _remember_datasets_made_before()
-        # Without this, a function first run on a task after it died blocks forever on TF 2.21
-        # (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s). TF's
-        # ParameterServerStrategy sets it the same way. Read when TF makes its remote clients,
-        # so setting it here works even after TF initialised.
-        os.environ.setdefault(STREAMING_ENQUEUE_ENV, "False")
-        # A task that dies mid-step makes TensorFlow log its error again, with gRPC details, as
-        # warnings before TaskFailedError names the task: hidden unless $DPKERAS_VERBOSE.
-        _quiet.filter_client_stderr()
         own = cluster.own
-        if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
-            _split_local_cpu()
         if own is None:  # the client's own server (TensorFlow would pick a port the same way)
             address = f"localhost:{free_port()}"
-            spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
-            tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
         else:
             address = cluster.tasks[task_name(*own)]
-            tf.config.experimental_connect_to_cluster(cluster, job_name=own[0], task_index=own[1])
+        record = own_record(cluster, address)
+        # Before anything reaches the tasks: of two clients starting at once, one holds them.
+        reservation = reserve(cluster, record, timeout)
+        try:
+            _refuse_own_address_in_use(cluster)
+            _refuse_variables_made_before(cluster)
+            if own is not None:  # this process's devices are renamed /job:localhost -> own task
+                _remember_datasets_made_before()
+            # Without this, a function first run on a task after it died blocks forever on TF
+            # 2.21 (measured: > 120 s); with it, it raises UnavailableError at once (0.01 s).
+            # TF's ParameterServerStrategy sets it the same way. Read when TF makes its remote
+            # clients, so setting it here works even after TF initialised.
+            os.environ.setdefault(STREAMING_ENQUEUE_ENV, "False")
+            # A task that dies mid-step makes TensorFlow log its error again, with gRPC details,
+            # as warnings before TaskFailedError names the task: hidden unless $DPKERAS_VERBOSE.
+            _quiet.filter_client_stderr()
+            if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
+                _split_local_cpu()
+            if own is None:
+                spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
+                tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
+            else:
+                tf.config.experimental_connect_to_cluster(
+                    cluster, job_name=own[0], task_index=own[1]
+                )
+        except BaseException:
+            reservation.release()
+            raise
         _connected = cluster
         atexit.register(_quiet_teardown)  # registered first, so it runs last
-        record = _record = own_record(cluster, address)
+        _record = record
         claim(cluster, record)
         atexit.register(_at_exit, cluster, record)
 
