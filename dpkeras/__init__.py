@@ -55,7 +55,8 @@ Each line is a floor, its rooms separated by semicolons; tests/test_package_map.
   Keras's serialization, registered by `import dpkeras` alone, before Keras is imported;
   `_device_names`: one canonical spelling of a device; `_sizes`: sizes in bytes;
   `_compat_scopes`: TensorFlow's `tf.compat.v1.variable_scope` around dpkeras's variables,
-  refused by name; `_version`: the version.
+  refused by name; `_carried`: the thread-local state a replica thread takes from the thread
+  that runs the step; `_version`: the version.
 """
 
 import typing

@@ -14,8 +14,8 @@ import threading
 import keras
 import tensorflow as tf
 
+from dpkeras import _carried, _keras_internals, _tf_internals
 from dpkeras import _device_names as device_names
-from dpkeras import _keras_internals, _tf_internals
 from dpkeras._device_names import canonical_device, short_device
 from dpkeras._extended import devices, keras_steps, optimizer_apply, packing
 from dpkeras._extended.creator import VariableCreator
@@ -293,6 +293,7 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         )
         if step == "predict_step" and n > 1:
             fn = keras_steps.safe_with_an_empty_share(fn)
+        fn = _carried.into_replicas(fn)  # the caller's TF1 variable scopes, in each replica
         serial = self._eager_steps if tf.executing_eagerly() else contextlib.nullcontext()
         with serial, replica_step.running(self, state):
             result = _tf_internals.call_for_each_replica(

@@ -1,0 +1,69 @@
+"""The TF1 programs of docs/from-a-tf1-program.md, ported as the page shows, give one device's
+numbers: the towers recipe on 2 towers equals 1 tower on the same global batches, and the trap
+the page warns about (each tower's mean loss without dividing by the towers) is real.
+
+Each run is the page's block as written, in a fresh process, with the flags a user would pass
+(`--num_gpus`, `--batch_size`); only the trap's run changes one line of it.
+"""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dpkeras.testing import server_env
+from tests.guides import DOCS, blocks
+
+PAGE = DOCS / "from-a-tf1-program.md"
+TIMEOUT = 300
+DIVIDED = "loss = tower_loss(images, labels) / strategy.num_replicas_in_sync"
+
+
+def _towers_block():
+    (block,) = [b for b in blocks(PAGE) if not b.tags and "def tower_loss" in b.code]
+    assert DIVIDED in block.code, "the towers block no longer divides as this test expects"
+    return block.code
+
+
+def _losses(code, tmp_path, *flags):
+    path = tmp_path / "cifar10_multi_gpu_train.py"
+    path.write_text(code)
+    run = subprocess.run(
+        [sys.executable, str(path), *flags],
+        cwd=tmp_path,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    losses = [float(x) for x in re.findall(r"^step \d+: loss (\S+)$", run.stdout, re.M)]
+    assert len(losses) == 8, run.stdout
+    assert re.search(r"^global step 8$", run.stdout, re.M), run.stdout
+    return losses
+
+
+@pytest.fixture(scope="module")
+def one_tower(tmp_path_factory):
+    return _losses(
+        _towers_block(), tmp_path_factory.mktemp("one"), "--num_gpus=1", "--batch_size=32"
+    )
+
+
+def test_two_towers_give_one_tower_s_losses_on_the_same_global_batches(one_tower, tmp_path):
+    two = _losses(_towers_block(), tmp_path)  # the defaults: 2 towers of 16
+    assert two == pytest.approx(one_tower, rel=1e-5, abs=1e-6)
+    assert one_tower[0] != pytest.approx(one_tower[-1], rel=1e-3)  # it trained
+
+
+def test_the_trap_each_tower_s_mean_loss_undivided_trains_with_twice_the_gradient(
+    one_tower, tmp_path
+):
+    """Without the division (TF1's `average_gradients` dropped, each tower's mean kept), the
+    replicas' summed gradients are twice one tower's: the losses part from step 1 on."""
+    code = _towers_block().replace(DIVIDED, "loss = tower_loss(images, labels)")
+    undivided = _losses(code, tmp_path)
+    halved = [loss / 2 for loss in undivided]  # each replica reported its undivided loss
+    assert halved[0] == pytest.approx(one_tower[0], rel=1e-5)  # the same start
+    assert halved[1:] != pytest.approx(one_tower[1:], rel=1e-3)
