@@ -3812,6 +3812,56 @@ MUTANTS = (
             "tests/test_cluster_peers.py::test_input_with_peers_is_refused_even_as_its_default_and_before_a_merge",
         ),
     ),
+    Mutant(
+        "tf1-flags-not-taken",
+        "join() checks TF1's flags but does not make them this process's task: every task "
+        "trains alone",
+        "dpkeras/cluster/_task.py",
+        "        take_task(*given)\n",
+        "        pass\n",
+        (
+            "tests/test_tf1_flags.py::"
+            "test_a_flags_script_under_absl_trains_on_worker_0_and_every_task_ends_with_status_0",
+        ),
+    ),
+    Mutant(
+        "tf1-flags-override-tf-config",
+        "flags silently win over a TF_CONFIG naming another cluster or task",
+        "dpkeras/cluster/_spec.py",
+        "        if their_cluster != cluster or their_task != task:",
+        "        if False:",
+        ("tests/test_tf1_flags.py::test_flags_and_a_tf_config_that_differ_are_one_error",),
+    ),
+    Mutant(
+        "tf1-flags-index-range",
+        "a task_index one past the job's last task is taken",
+        "dpkeras/cluster/_spec.py",
+        "    if index >= len(tasks):",
+        "    if index > len(tasks):",
+        ("tests/test_tf1_flags.py::test_bad_flags_are_one_line_errors",),
+    ),
+    Mutant(
+        "tf1-flags-launch-without-flags",
+        "dpkeras launch --flags starts each task without TF1's flags (and without TF_CONFIG)",
+        "dpkeras/_cli/launch.py",
+        "        command = [*command, *task_flags(spec, job, index)]\n",
+        "",
+        (
+            "tests/test_tf1_flags.py::"
+            "test_launch_flags_start_each_task_with_its_flags_and_no_tf_config",
+        ),
+    ),
+    Mutant(
+        "tf1-flags-launch-keeps-tf-config",
+        "dpkeras launch --flags passes TF_CONFIG on to the tasks beside the flags",
+        "dpkeras/_cli/launch.py",
+        "        del env[tf_config]\n",
+        "",
+        (
+            "tests/test_tf1_flags.py::"
+            "test_launch_flags_start_each_task_with_its_flags_and_no_tf_config",
+        ),
+    ),
 )
 
 
