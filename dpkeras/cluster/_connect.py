@@ -179,13 +179,17 @@ def connect_to(cluster, timeout=None):
         own = cluster.own
         if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
             _split_local_cpu()
-        if own is None:  # the client's own server (TensorFlow would pick a port the same way)
-            address = f"localhost:{free_port()}"
-            spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
-            tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
-        else:
-            address = cluster.tasks[task_name(*own)]
-            tf.config.experimental_connect_to_cluster(cluster, job_name=own[0], task_index=own[1])
+        # TensorFlow logs its default session config at INFO: ~20 lines under absl's app.run.
+        with _quiet.tensorflow_info_dropped():
+            if own is None:  # the client's own server (TensorFlow picks a port the same way)
+                address = f"localhost:{free_port()}"
+                spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
+                tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
+            else:
+                address = cluster.tasks[task_name(*own)]
+                tf.config.experimental_connect_to_cluster(
+                    cluster, job_name=own[0], task_index=own[1]
+                )
         _connected = cluster
         atexit.register(_quiet_teardown)  # registered first, so it runs last
         record = _record = own_record(cluster, address)
