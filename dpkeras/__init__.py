@@ -61,7 +61,7 @@ Each line is a floor, its rooms separated by semicolons; tests/test_package_map.
 
 import typing
 
-from dpkeras import _serializable
+from dpkeras import _quiet, _serializable
 from dpkeras._lazy import exports
 from dpkeras._version import __version__
 
@@ -112,6 +112,7 @@ _EXPORTS = {
     ),
 }
 __getattr__, __dir__ = exports(__name__, _EXPORTS)
+_quiet.quiet_own_logger()  # dpkeras's INFO records stay hidden under absl's app.run
 
 if typing.TYPE_CHECKING:  # what the names are, for readers and tools
     from dpkeras import layers, placement

@@ -31,12 +31,22 @@ level cannot be changed once TensorFlow is up (the client imported it before con
 `filter_client_stderr` drops those records (`is_client_noise`) from the client's descriptor 2
 through a child process, which outlives a client that crashes and passes on its last lines.
 
+A program run through absl's `app.run` (TF1 programs are) is as quiet as without it. `app.run`
+raises Python's root logger to INFO by default (`--verbosity` not given), so INFO records of
+loggers without a level of their own appear with it: dpkeras's own, and TensorFlow's ~25-line
+"default session config" dump (through absl's own logger) when dpkeras connects to a
+cluster. `AbslDefaultFilter` drops those (`shown_by_absl_default`): on the `dpkeras` logger
+always (`import dpkeras` adds it); TensorFlow's only while dpkeras connects
+(`tensorflow_info_dropped`). A `--verbosity` given, or a level set on the logger, shows them.
+
 The patterns are those of TensorFlow 2.21's C++ logging (`I1125 20:14:59.123456  1234
 file.cc:12] text`; before the logging is initialised the date is 0000 and the time 00:00
 followed by seconds since the epoch); tests/test_quiet.py runs TensorFlow and checks that they
 still match what it prints.
 """
 
+import contextlib
+import logging
 import os
 import re
 import subprocess
@@ -54,6 +64,11 @@ _NOISE_LINES = (
 _NOISE_ERRORS = re.compile(r"cuda_platform\.cc:\d+\] failed call to cuInit")
 # A record followed by a multi-line dump that ends at a blank line (eager_service_impl.cc).
 _DUMP = re.compile(r"SessionOptions: \S*\s*$")
+# A record whose message opens a protocol buffer in text format ("default session config:
+# device_count {", a record of Python's logging in absl's format): its message goes on in that
+# format (fields, nested messages, closing braces) up to the blank line that ends it.
+_PROTO_OPEN = re.compile(r" \{\s*$")
+_PROTO_LINE = re.compile(r"\s*([A-Za-z_][\w.]*(: .*| \{)|\})\s*$")
 # The lines of a TensorFlow error status after its first (root errors, gRPC details, nodes): a
 # record whose message is a status goes on over lines like these, which go with it. A node line
 # may end the status and carry its payloads after it (`absl::Status::ToString`: "\t [[{{node
@@ -72,6 +87,75 @@ _CLIENT_NOISE = {
     "W": re.compile(r"remote_tensor_handle_data\.cc:\d+\] Unable to destroy remote tensor handles"),
     "E": re.compile(r"context\.cc:\d+\] Unable to close remote context with ID \d+ for worker: "),
 }
+
+
+def shown_by_absl_default(logger):
+    """Whether `logger`'s records below WARNING show only because absl's `app.run` raised
+    Python's root logger to INFO (see the module): absl's handler is on the root logger, its
+    `--verbosity` was not given and is INFO (absl's default under `app.run`), and neither
+    `logger` nor a parent of it below the root has a level of its own."""
+    absl_logging, absl_flags = sys.modules.get("absl.logging"), sys.modules.get("absl.flags")
+    if absl_logging is None or absl_flags is None:
+        return False  # absl not imported: nothing of absl's raised the root
+    if absl_logging.get_absl_handler() not in logging.root.handlers:
+        return False
+    try:
+        verbosity = absl_flags.FLAGS["verbosity"]
+    except KeyError:
+        return False
+    if verbosity.present or verbosity.value != 0 or logging.root.level != logging.INFO:
+        return False
+    while logger is not None and logger is not logging.root:
+        if logger.level != logging.NOTSET:
+            return False
+        logger = logger.parent
+    return True
+
+
+class AbslDefaultFilter(logging.Filter):
+    """On a logger: drops its records below WARNING that show only because absl's `app.run`
+    raised the root logger to INFO (`shown_by_absl_default`); keeps every other record.
+
+    Args:
+        files: str or None; with it, only records logged from a file whose path holds it are
+            judged (the others are kept).
+    """
+
+    def __init__(self, files=None):
+        super().__init__()
+        self._files = files
+
+    def filter(self, record):
+        if record.levelno >= logging.WARNING:
+            return True
+        if self._files is not None and self._files not in record.pathname:
+            return True
+        return not shown_by_absl_default(logging.getLogger(record.name))
+
+
+ABSL_DEFAULT = AbslDefaultFilter()
+_TENSORFLOW_S = AbslDefaultFilter(files=f"{os.sep}tensorflow{os.sep}")
+
+
+def quiet_own_logger():
+    """Adds `ABSL_DEFAULT` to the `dpkeras` logger, once (`import dpkeras` calls it)."""
+    logging.getLogger("dpkeras").addFilter(ABSL_DEFAULT)  # a filter is added once
+
+
+@contextlib.contextmanager
+def tensorflow_info_dropped():
+    """Within the block (a call of dpkeras's into TensorFlow), TensorFlow's records that
+    `AbslDefaultFilter` drops are dropped: those logged from TensorFlow's files through the
+    `tensorflow` logger or absl's (`absl.logging`, which TensorFlow uses too)."""
+    loggers = [logging.getLogger(name) for name in ("tensorflow", "absl")]
+    for logger in loggers:
+        logger.addFilter(_TENSORFLOW_S)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_TENSORFLOW_S)
+
 
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "2"  # TensorFlow drops INFO and WARNING, keeps ERROR and FATAL
@@ -129,9 +213,12 @@ def is_client_noise(line):
 class LineFilter:
     """Drops TensorFlow's noise from a stream of lines, a line at a time (`keep`).
 
-    Also drops the lines that go on a dropped record: a dump that follows it (the
-    `SessionOptions` one), up to and including the blank lines that end it, and the rest of an
-    error status it holds (`_STATUS_LINE`). Counts what it drops (`dropped`).
+    Also drops the lines that go on a dropped record, so that a multi-line record goes whole: a
+    dump that follows it (the `SessionOptions` one), up to and including the blank lines that
+    end it; the rest of a protocol buffer in text format that it opens (`_PROTO_OPEN`, such
+    as TensorFlow's "default session config" under absl), line by line while they are in
+    that format, up to the blank line that ends it; and the rest of an error status it holds
+    (`_STATUS_LINE`). Counts what it drops (`dropped`).
 
     Args:
         noise: callable, whether a line starts noise (`is_noise`, the default, or
@@ -144,18 +231,24 @@ class LineFilter:
         self._in_dump = False
         self._after_dump = False
         self._in_status = False
+        self._in_proto = False
 
     @property
     def in_record(self):
         """Whether the lines of a dropped record go on (its dump or its status): the next line
         is judged with them."""
-        return self._in_dump or self._after_dump or self._in_status
+        return self._in_dump or self._after_dump or self._in_status or self._in_proto
 
     def keep(self, line):
         """Whether to keep `line` (with or without its end)."""
         text = line.rstrip("\r\n")
         if _RECORD.match(text):  # a dump or a status holds no record: one ends it, judged alone
-            self._in_dump = self._after_dump = self._in_status = False
+            self._in_dump = self._after_dump = self._in_status = self._in_proto = False
+        if self._in_proto:
+            self._in_proto = bool(text) and bool(_PROTO_LINE.match(text))
+            if self._in_proto or not text:  # its lines, and the blank line that ends it
+                self.dropped += 1
+                return False
         if self._in_status:
             if _STATUS_LINE.match(text):
                 self.dropped += 1
@@ -172,7 +265,8 @@ class LineFilter:
         self._after_dump = False
         if self._noise(text):
             self._in_dump = bool(_DUMP.search(text))
-            self._in_status = not self._in_dump
+            self._in_proto = not self._in_dump and bool(_PROTO_OPEN.search(text))
+            self._in_status = not (self._in_dump or self._in_proto)
             self.dropped += 1
             return False
         return True

@@ -1835,7 +1835,7 @@ MUTANTS = (
         "a dropped TensorFlow record's error-status lines (root errors, gRPC details) are kept: "
         "the lines after a hidden warning still show",
         "dpkeras/_quiet.py",
-        "            self._in_status = not self._in_dump\n",
+        "            self._in_status = not (self._in_dump or self._in_proto)\n",
         "            self._in_status = False\n",
         (
             "tests/test_quiet.py::"
@@ -3858,6 +3858,98 @@ MUTANTS = (
         '        raise ValueError(\n            f"--input={FLAGS.input} applies',
         (
             "tests/test_cluster_peers.py::test_input_with_peers_is_refused_even_as_its_default_and_before_a_merge",
+        ),
+    ),
+    Mutant(
+        "tf1-flags-not-taken",
+        "join() checks TF1's flags but does not make them this process's task: every task "
+        "trains alone",
+        "dpkeras/cluster/_task.py",
+        "        take_task(*given)\n",
+        "        pass\n",
+        (
+            "tests/test_tf1_flags.py::"
+            "test_a_flags_script_under_absl_trains_on_worker_0_and_every_task_ends_with_status_0",
+        ),
+    ),
+    Mutant(
+        "tf1-flags-override-tf-config",
+        "flags silently win over a TF_CONFIG naming another cluster or task",
+        "dpkeras/cluster/_spec.py",
+        "        if their_cluster != cluster or their_task != task:",
+        "        if False:",
+        ("tests/test_tf1_flags.py::test_flags_and_a_tf_config_that_differ_are_one_error",),
+    ),
+    Mutant(
+        "tf1-flags-index-range",
+        "a task_index one past the job's last task is taken",
+        "dpkeras/cluster/_spec.py",
+        "    if index >= len(tasks):",
+        "    if index > len(tasks):",
+        ("tests/test_tf1_flags.py::test_bad_flags_are_one_line_errors",),
+    ),
+    Mutant(
+        "tf1-flags-launch-without-flags",
+        "dpkeras launch --flags starts each task without TF1's flags (and without TF_CONFIG)",
+        "dpkeras/_cli/launch.py",
+        "        command = [*command, *task_flags(spec, job, index)]\n",
+        "",
+        (
+            "tests/test_tf1_flags.py::"
+            "test_launch_flags_start_each_task_with_its_flags_and_no_tf_config",
+        ),
+    ),
+    Mutant(
+        "tf1-flags-launch-keeps-tf-config",
+        "dpkeras launch --flags passes TF_CONFIG on to the tasks beside the flags",
+        "dpkeras/_cli/launch.py",
+        "        del env[tf_config]\n",
+        "",
+        (
+            "tests/test_tf1_flags.py::"
+            "test_launch_flags_start_each_task_with_its_flags_and_no_tf_config",
+        ),
+    ),
+    Mutant(
+        "absl-quiet-own-logger",
+        "under absl's app.run, dpkeras's INFO records show (no filter on the dpkeras logger)",
+        "dpkeras/_quiet.py",
+        '    logging.getLogger("dpkeras").addFilter(ABSL_DEFAULT)  # a filter is added once\n',
+        "    pass\n",
+        (
+            "tests/test_quiet.py::test_dpkeras_s_info_records_show_under_absl_only_when_asked_for",
+            "tests/test_quiet.py::test_a_client_under_absl_prints_what_it_prints_without_absl",
+        ),
+    ),
+    Mutant(
+        "absl-quiet-tensorflow-logger-only",
+        "while connecting, only the tensorflow logger is filtered: TensorFlow's session config "
+        "dump, logged through absl's logger, shows under app.run",
+        "dpkeras/_quiet.py",
+        'for name in ("tensorflow", "absl")]',
+        'for name in ("tensorflow",)]',
+        ("tests/test_quiet.py::test_a_client_under_absl_prints_what_it_prints_without_absl",),
+    ),
+    Mutant(
+        "absl-quiet-verbosity-given",
+        "an explicit --verbosity=0 under app.run is taken for absl's default: INFO hidden",
+        "dpkeras/_quiet.py",
+        "if verbosity.present or verbosity.value != 0",
+        "if verbosity.value != 0",
+        (
+            "tests/test_quiet.py::"
+            "test_dpkeras_s_info_records_show_under_absl_only_when_asked_for[absl-verbosity-0]",
+        ),
+    ),
+    Mutant(
+        "quiet-multi-line-record",
+        "the line filter drops a record's first line only, not the protocol buffer it opens",
+        "dpkeras/_quiet.py",
+        "self._in_proto = not self._in_dump and bool(_PROTO_OPEN.search(text))",
+        "self._in_proto = False",
+        (
+            "tests/test_quiet.py::test_the_filter_drops_a_multi_line_record_whole",
+            "tests/test_quiet.py::test_launch_drops_a_multi_line_record_whole",
         ),
     ),
 )

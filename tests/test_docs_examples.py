@@ -19,7 +19,8 @@ The rule for doc writers (also in the README's "Development" section):
     `cluster.json` is run, twice, as the client of `dpkeras serve` tasks (2 ps, 2 workers)
     whose loopback addresses the test writes to `cluster.json` in the block's directory, as
     docs/cluster.md starts them; any other cluster block is one program for every task
-    (`TF_CONFIG`) and runs, twice, under `dpkeras launch --ps 1 --workers 2`.
+    (`TF_CONFIG`) and runs, twice, under `dpkeras launch --ps 1 --workers 2`, with `--flags`
+    when it passes `job_name=` to `join` (TF1's flags instead of `TF_CONFIG`).
 
 Skipped blocks are listed with their tags in pytest's summary (`-ra`). Every wait is bounded.
 """
@@ -46,7 +47,7 @@ ALL = [block for page in pages() for block in blocks(page)]
 # How many blocks each page has, by tags: a parser that finds nothing would pass the rest.
 EXPECTED = {
     "README": {(): 7, ("needs-gpu",): 1, ("cluster",): 1},
-    "cluster": {("cluster",): 4},
+    "cluster": {("cluster",): 5},
     "dynamic-embeddings": {(): 2},
     "keras-rs": {(): 2},
     "migrating-from-tf1": {(): 16, ("tf1",): 10},
@@ -213,4 +214,6 @@ def test_cluster_block_runs_against_served_tasks(block, run, served, tmp_path):
 @pytest.mark.parametrize("block, run", _params(LAUNCHED))
 def test_cluster_block_runs_under_launch(block, run, tmp_path):
     command = [sys.executable, "-m", "dpkeras", "launch", "--ps", "1", "--workers", "2", "--"]
+    if re.search(r"\bjob_name=", block.code):  # TF1's flags, appended to each task's command
+        command.insert(4, "--flags")
     _check(block, run, *_run([*command, sys.executable, _write(block, tmp_path).name], tmp_path))

@@ -5,6 +5,7 @@ started without `TF_CPP_MIN_LOG_LEVEL` (which the suite's conftest sets)."""
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from dpkeras import _quiet
 from dpkeras.cluster import _local
-from dpkeras.testing import run_python, serve_command, server_env
+from dpkeras.testing import LocalCluster, run_python, serve_command, server_env
 from dpkeras.testing._cluster import wait_for_line
 
 
@@ -457,3 +458,158 @@ def test_dpkeras_env_reports_the_environment_as_the_user_gave_it():
         assert f"Related environment:\n  TF_CPP_MIN_LOG_LEVEL={level}\n" in given.stdout, (
             given.stdout
         )
+
+
+# What a client run through absl's app.run printed when it connected (TensorFlow 2.21's Python
+# logger at INFO, in absl's format): one record of 21 lines, ending with a blank line.
+_SESSION_CONFIG = [
+    "I1206 05:32:33.117920 139773943569280 remote.py:225] default session config: device_count {",
+    '  key: "GPU"',
+    "  value: 0",
+    "}",
+    "device_count {",
+    '  key: "CPU"',
+    "  value: 1",
+    "}",
+    "gpu_options {",
+    "  experimental {",
+    "  }",
+    "}",
+    "allow_soft_placement: true",
+    "experimental {",
+    '  collective_group_leader: "/job:ps/replica:0/task:0"',
+    "}",
+    "pluggable_device_options {",
+    "  experimental {",
+    "  }",
+    "}",
+    "",
+]
+
+
+def test_the_filter_drops_a_multi_line_record_whole():
+    """The record's first line is TensorFlow's (absl's format); the lines that go on it (a
+    protocol buffer in text format, up to its blank line) go with it. What follows is kept,
+    a program's "key: value" line included, and so is a record's dump cut short by a line
+    that is not in that format."""
+    after = ["loss: 0.25", "epoch 1", "Traceback (most recent call last):"]
+    lines = LineFilterOf("\n".join(_SESSION_CONFIG + after))
+    assert lines.kept == after
+    assert lines.dropped == len(_SESSION_CONFIG)
+    cut = _SESSION_CONFIG[:3] + ["epoch 1", '  key: "GPU"']
+    assert LineFilterOf("\n".join(cut)).kept == ["epoch 1", '  key: "GPU"']
+
+
+def test_launch_drops_a_multi_line_record_whole(tmp_path):
+    """`dpkeras launch`'s filter runs a line at a time: a program that writes the record then
+    its own lines shows on standard error the same lines as one that writes only its own."""
+    record = "\n".join(_SESSION_CONFIG) + "\n"
+    outputs = []
+    for written in (record, ""):
+        path = tmp_path / "program.py"
+        path.write_text(
+            f"import sys\nsys.stderr.write({written!r})\nsys.stderr.write('loss: 0.25\\n')\n"
+            "print('done')\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "dpkeras", "launch", "--ps", "0", "--workers", "1", "--"]
+            + [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outputs.append(proc)
+    with_record, without = (set(proc.stderr.splitlines()) for proc in outputs)
+    assert with_record == without == {"[chief:0] loss: 0.25", "[worker:0] loss: 0.25"}
+    assert re.search(  # all 21 lines, in each of the 2 tasks
+        r"^dpkeras launch: 42 lines of TensorFlow's logs hidden", outputs[0].stdout, re.M
+    )
+
+
+# A program run plainly, or through absl's app.run (as TF1 programs are), logging to the
+# dpkeras logger as dpkeras does; argv[1]: "plain" or "absl", the rest is absl's argv.
+_LOGS = """
+import logging, sys
+import dpkeras
+
+def main(argv):
+    if "--own-level" in sys.argv:
+        logging.getLogger("dpkeras").setLevel(logging.INFO)
+    logging.getLogger("dpkeras").info("dpkeras: an INFO record")
+    logging.getLogger("dpkeras").warning("dpkeras: a WARNING record")
+
+if sys.argv[1] == "absl":
+    from absl import app
+    app.run(main, argv=[sys.argv[0]] + [a for a in sys.argv[2:] if a != "--own-level"])
+else:
+    main(sys.argv)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, info_shown",
+    [
+        (["plain"], False),
+        (["absl"], False),  # absl's default: INFO on the root logger, not asked for
+        (["absl", "--verbosity=0"], True),  # asked for
+        (["absl", "--own-level"], True),  # a level set on dpkeras's logger
+    ],
+    ids=["plain", "absl", "absl-verbosity-0", "absl-own-level"],
+)
+def test_dpkeras_s_info_records_show_under_absl_only_when_asked_for(argv, info_shown):
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOGS, *argv],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ("dpkeras: an INFO record" in proc.stderr) == info_shown, proc.stderr
+    assert "dpkeras: a WARNING record" in proc.stderr
+
+
+# The same program plainly and under absl's app.run: a client of a cluster that trains.
+_CLIENT = """
+import sys
+import numpy as np
+
+def main(argv):
+    import dpkeras, keras
+    with dpkeras.scope(cluster={spec!r}):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+    model.fit(np.ones((32, 4), "float32"), np.ones((32, 2), "float32"), batch_size=16, verbose=0)
+    print("TRAINED", flush=True)
+
+if sys.argv[1:] == ["absl"]:
+    from absl import app
+    app.run(main, argv=sys.argv[:1])
+else:
+    main(sys.argv)
+"""
+
+
+def test_a_client_under_absl_prints_what_it_prints_without_absl():
+    """TensorFlow's "default session config" (~25 lines, when dpkeras connects) and dpkeras's
+    INFO records showed under absl's app.run alone. Lines compared as sets, numbers (times,
+    process ids, ports) blanked; each run is a fresh client of the same two tasks."""
+    with LocalCluster(ps=1, workers=1, cpus=1) as local:
+        runs = {}
+        for how in ("plain", "absl"):
+            proc = subprocess.run(
+                [sys.executable, "-c", _CLIENT.format(spec=local.spec), how],
+                capture_output=True,
+                text=True,
+                env=server_env(),
+                timeout=300,
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert proc.stdout.split() == ["TRAINED"]
+            runs[how] = {re.sub(r"\d+", "N", line) for line in proc.stderr.splitlines()}
+    assert runs["absl"] == runs["plain"], (
+        runs["absl"] - runs["plain"],
+        runs["plain"] - runs["absl"],
+    )

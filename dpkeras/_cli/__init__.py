@@ -34,8 +34,9 @@ commands:
           string) --job --task [--cpus N], or TF_CONFIG. No authentication or encryption:
           private networks only
   launch  run one program in every task of a cluster on this machine, each with its
-          TF_CONFIG (as Kubeflow's TFJob): --ps N --workers M [--cpus K]
-          [--client chief|master|worker] -- python train.py; exits with the client's status
+          TF_CONFIG (as Kubeflow's TFJob) or TF1's flags (--flags): --ps N --workers M
+          [--cpus K] [--client chief|master|worker] -- python train.py; exits with the
+          client's status
 
 TensorFlow's log noise (start-up lines, cuInit, INFO and WARNING) is hidden; --verbose after
 the command, or DPKERAS_VERBOSE=1, shows it.

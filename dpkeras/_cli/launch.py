@@ -2,13 +2,17 @@
 
 ```
 dpkeras launch --ps 1 --workers 2 [--cpus 2] [--client chief|master|worker] -- python train.py
+dpkeras launch --flags --ps 1 --workers 2 -- python train.py   # TF1's flags, no TF_CONFIG
 ```
 
 Starts every task of a cluster on free ports of 127.0.0.1, each running the same command with
 its own `TF_CONFIG` (as Kubeflow's TFJob sets it) and `DPKERAS_CPUS`: the client (the `chief`,
 or `master`, or with `--client worker` worker 0) trains; the ps and other worker tasks serve
 from `dpkeras.cluster.join()` (or the first `dpkeras.scope()`) in their script, and end when
-the client finishes. Streams every task's output, each line prefixed by its task (`[ps:0]
+the client finishes. With `--flags`, each task's command gets TF1's flags instead of
+`TF_CONFIG` (`--job_name=ps --task_index=0 --ps_hosts=... --worker_hosts=...`, `task_flags`),
+for a script that passes them to `dpkeras.cluster.join`; worker 0 is then the client. Streams
+every task's output, each line prefixed by its task (`[ps:0]
 ...`), and exits with the client's status. Every task it started is stopped when it exits, on
 Ctrl-C and on SIGTERM.
 """
@@ -40,6 +44,15 @@ def _cluster(args):
     return spec
 
 
+def task_flags(spec, job, index):
+    """TF1's flags for task `job`:`index` of `spec` (TensorFlow's `mnist_replica.py`), as a
+    list of arguments: `--job_name`, `--task_index`, `--ps_hosts` (only with ps tasks) and
+    `--worker_hosts`."""
+    flags = [f"--job_name={job}", f"--task_index={index}"]
+    flags += [f"--ps_hosts={','.join(spec['ps'])}"] if spec.get("ps") else []
+    return flags + [f"--worker_hosts={','.join(spec['worker'])}"]
+
+
 def _pump(stream, prefix, out, lines):
     """Copies `stream` to `out`, each line prefixed, but those `lines` (a
     `dpkeras._quiet.LineFilter`, or None to keep all) drops."""
@@ -51,19 +64,21 @@ def _pump(stream, prefix, out, lines):
     stream.close()
 
 
-def _start(command, spec, job, index, cpus, filters):
-    """Starts one task; its output's filters (`dpkeras._quiet.LineFilter`) are added to
-    `filters`, unless verbose."""
+def _start(command, spec, job, index, cpus, filters, flags=False):
+    """Starts one task, with its `TF_CONFIG` or, with `flags`, TF1's flags (`task_flags`); its
+    output's filters (`dpkeras._quiet.LineFilter`) are added to `filters`, unless verbose."""
+    tf_config = _config.VARIABLES["tf_config"]
     env = dict(
         os.environ,
         **{
-            _config.VARIABLES["tf_config"]: json.dumps(
-                {"cluster": spec, "task": {"type": job, "index": index}}
-            ),
+            tf_config: json.dumps({"cluster": spec, "task": {"type": job, "index": index}}),
             _config.VARIABLES["cpus"]: str(cpus),
         },
         PYTHONUNBUFFERED="1",
     )
+    if flags:
+        del env[tf_config]
+        command = [*command, *task_flags(spec, job, index)]
     verbose = _quiet.verbose()
     if not verbose:
         _quiet.quiet_level(env)
@@ -122,9 +137,15 @@ def launch(argv=None):
     parser.add_argument(
         "--client",
         choices=("chief", "master", "worker"),
-        default="chief",
+        default=None,
         help="the client's task: a chief (default), a master (its older name), or worker 0 "
         "(no chief: worker 0 leads and computes)",
+    )
+    parser.add_argument(
+        "--flags",
+        action="store_true",
+        help="give each task TF1's flags (--job_name, --task_index, --ps_hosts, "
+        "--worker_hosts) after the command instead of TF_CONFIG; worker 0 is the client",
     )
     _cli.add_verbose_argument(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the program to run")
@@ -141,6 +162,12 @@ def launch(argv=None):
     ]
     if not command:
         problems.append("no program: give it after --, such as `-- python train.py`")
+    if args.flags and args.client not in (None, "worker"):
+        problems.append(
+            f"--flags makes worker 0 the client (TF1's flags name ps and worker tasks only). "
+            f"Received: --client {args.client}"
+        )
+    args.client = args.client or ("worker" if args.flags else "chief")
     if problems:
         print(f"{_PREFIX}: error: {'; '.join(problems)}", file=sys.stderr, flush=True)
         return 2
@@ -165,7 +192,9 @@ def launch(argv=None):
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for job, index in tasks:
-            procs[(job, index)], task_pumps = _start(command, spec, job, index, args.cpus, filters)
+            procs[(job, index)], task_pumps = _start(
+                command, spec, job, index, args.cpus, filters, args.flags
+            )
             pumps += task_pumps
         status = procs[client].wait()
         _stop(procs, 0.0 if interrupted else _GRACE, stopped)

@@ -186,13 +186,15 @@ def connect_to(cluster, timeout=None):
             _quiet.filter_client_stderr()
             if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
                 _split_local_cpu()
-            if own is None:
-                spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
-                tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
-            else:
-                tf.config.experimental_connect_to_cluster(
-                    cluster, job_name=own[0], task_index=own[1]
-                )
+            # TensorFlow logs its default session config at INFO: ~20 lines under absl's app.run.
+            with _quiet.tensorflow_info_dropped():
+                if own is None:
+                    spec = tf.train.ClusterSpec({**cluster.as_dict(), "localhost": [address]})
+                    tf.config.experimental_connect_to_cluster(spec, job_name="localhost")
+                else:
+                    tf.config.experimental_connect_to_cluster(
+                        cluster, job_name=own[0], task_index=own[1]
+                    )
         except BaseException:
             reservation.release()
             raise

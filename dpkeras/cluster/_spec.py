@@ -133,8 +133,163 @@ def parse_tf_config(raw):
 
 
 def _tf_config():
-    """`TF_CONFIG` parsed, with its source for messages; `(None, None)` when unset."""
+    """This process's cluster and task, as `TF_CONFIG` gives them, with their source for
+    messages: those given to `join` (`take_task`), else `TF_CONFIG` parsed; `(None, None)`
+    when neither."""
+    if _given is not None:
+        return _given
     return parse_tf_config(_config.setting("tf_config").value)
+
+
+# TF1's between-graph recipe (TensorFlow's mnist_replica.py) names a task with these flags.
+FLAG_JOBS = ("ps", "worker")
+_given = None  # `(TF_CONFIG's dict, source)` of the task given to `join` (`take_task`), or None
+
+
+def task_origin():
+    """Where this process's task comes from, for messages: "in TF_CONFIG", or "given to
+    dpkeras.cluster.join()" (its `job_name` and `task_index`)."""
+    return f"in {TF_CONFIG_ENV}" if _given is None else "given to dpkeras.cluster.join()"
+
+
+def _hosts(name, hosts):
+    """`ps_hosts` or `worker_hosts` as a list of addresses: a comma-separated string (TF1's
+    flags) or a list of strings (absl's `DEFINE_list`)."""
+    if isinstance(hosts, str):
+        addresses = [address.strip() for address in hosts.split(",")]
+    elif isinstance(hosts, (list, tuple)) and all(isinstance(a, str) for a in hosts):
+        addresses = [address.strip() for address in hosts]
+    else:
+        raise ValueError(
+            f"{name} must be 'host:port' addresses, comma-separated in a string or in a list. "
+            f"Received: {name}={hosts!r} (of type {type(hosts).__name__})."
+        )
+    if not all(addresses):
+        what = "is empty" if not any(addresses) else "has an empty address"
+        raise ValueError(
+            f"{name} {what}: give every task's 'host:port', comma-separated, such as "
+            f"'10.0.0.1:2222,10.0.0.2:2222'. Received: {name}={hosts!r}."
+        )
+    return addresses
+
+
+def _task_index(task_index):
+    if isinstance(task_index, str) and task_index.strip().isdigit():
+        return int(task_index)
+    if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
+        raise ValueError(
+            f"task_index must be an integer >= 0. Received: task_index={task_index!r} "
+            f"(of type {type(task_index).__name__})."
+        )
+    return task_index
+
+
+def task_given(cluster=None, job_name=None, task_index=None, ps_hosts=None, worker_hosts=None):
+    """This process's task as `join` takes it (TF1's flags), as `TF_CONFIG` would give it.
+
+    Args:
+        cluster: the cluster (what `cluster_spec_of` takes), or None with `ps_hosts` and
+            `worker_hosts`.
+        job_name: str, this process's job: "ps" or "worker" (with `cluster`, any of its jobs).
+        task_index: int (or a string of digits), this process's index in its job.
+        ps_hosts, worker_hosts: the jobs' addresses, comma-separated in a string or in a list;
+            `ps_hosts` None: a cluster without ps.
+
+    Returns:
+        `(TF_CONFIG's dict, source)`, or None when neither `job_name`, `task_index`,
+        `ps_hosts` nor `worker_hosts` is given.
+
+    Raises:
+        ValueError: naming what was received and what is valid, for a missing `job_name`,
+            `task_index` or `worker_hosts`, an unknown job, an index out of range, empty hosts,
+            or a `cluster` given with `ps_hosts` or `worker_hosts`.
+    """
+    flags = {
+        "job_name": job_name,
+        "task_index": task_index,
+        "ps_hosts": ps_hosts,
+        "worker_hosts": worker_hosts,
+    }
+    if all(value is None for value in flags.values()):
+        return None
+    shown = ", ".join(f"{name}={value!r}" for name, value in flags.items() if value is not None)
+    if cluster is not None:
+        if ps_hosts is not None or worker_hosts is not None:
+            raise ValueError(
+                f"join() takes the cluster or ps_hosts and worker_hosts, not both. Received: "
+                f"cluster={cluster!r}, {shown}."
+            )
+        spec = cluster_spec_of(cluster)
+        source = f"join(cluster, {shown})"
+    else:
+        if worker_hosts is None:
+            raise ValueError(
+                f"worker_hosts is missing: with job_name and task_index, join() needs the "
+                f"workers' addresses (and ps_hosts, the ps tasks'), or a cluster. Received: "
+                f"{shown}."
+            )
+        jobs = {"worker": _hosts("worker_hosts", worker_hosts)}
+        if ps_hosts is not None:
+            jobs = {"ps": _hosts("ps_hosts", ps_hosts), **jobs}
+        source = f"join({shown})"
+        spec = _validate(jobs, source)
+    missing = [name for name in ("job_name", "task_index") if flags[name] is None]
+    if missing:
+        raise ValueError(
+            f"{' and '.join(missing)} missing: join() needs job_name and task_index, this "
+            f"process's task, with the cluster's addresses. Received: {shown}."
+        )
+    valid = [job for job in (FLAG_JOBS if cluster is None else CLUSTER_JOBS) if job in spec.jobs]
+    if job_name not in valid:
+        raise ValueError(
+            f"job_name must be {' or '.join(repr(j) for j in valid)}, a job of the cluster "
+            f"given. Received: job_name={job_name!r}."
+        )
+    index = _task_index(task_index)
+    tasks = spec.job_tasks(job_name)
+    if index >= len(tasks):
+        raise ValueError(
+            f"task_index {index} is out of range: job {job_name!r} has {len(tasks)} task(s), "
+            f"indices 0..{len(tasks) - 1}. Received: {shown}."
+        )
+    config = {"cluster": spec.as_dict(), "task": {"type": job_name, "index": index}}
+    return config, source
+
+
+def take_task(config, source):
+    """Makes `config` (from `task_given`) this process's cluster and task, as `TF_CONFIG`
+    would: `join()`, `dpkeras.scope()` and every door read it from then on.
+
+    Raises:
+        ValueError: when `TF_CONFIG` names another cluster or task, or an earlier `join` gave
+            another one: a process is one task for its lifetime.
+    """
+    global _given
+    cluster = tf.train.ClusterSpec(config["cluster"]).as_dict()
+    task = (config["task"]["type"], config["task"]["index"])
+    if _given is not None:
+        if _given[0] != config:
+            raise ValueError(
+                f"This process already joined as {task_name(*_given[0]['task'].values())} of "
+                f"{_given[0]['cluster']} ({_given[1]}); a process is one task for its "
+                f"lifetime. Received: {source}."
+            )
+        return
+    environment, env_source = parse_tf_config(_config.setting("tf_config").value)
+    theirs = None if environment is None else environment.get("cluster")
+    if isinstance(theirs, dict) and {"ps", "worker"} & set(theirs):
+        their_task = environment.get("task") if isinstance(environment.get("task"), dict) else {}
+        their_task = (their_task.get("type"), their_task.get("index", 0))
+        their_cluster = _validate(theirs, env_source).as_dict()
+        if their_cluster != cluster or their_task != task:
+            their_name = "no task" if their_task[0] is None else task_name(*their_task)
+            raise ValueError(
+                f"This process is given its task twice, and the two differ: {source} makes it "
+                f"{task_name(*task)} of {cluster}; {TF_CONFIG_ENV} makes it {their_name} of "
+                f"{their_cluster}. Give one: unset {TF_CONFIG_ENV}, or call join() without "
+                f"job_name and task_index. Received: {env_source}."
+            )
+    _given = (config, source)
 
 
 def _from_tf_config():

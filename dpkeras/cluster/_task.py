@@ -25,7 +25,7 @@ from dpkeras.cluster._client_record import FINISHED, RecordReader
 from dpkeras.cluster._connect import connect_to
 from dpkeras.cluster._health import probe
 from dpkeras.cluster._local import port_in_use
-from dpkeras.cluster._spec import Cluster, cluster_of, task_name
+from dpkeras.cluster._spec import Cluster, cluster_of, take_task, task_given, task_name, task_origin
 
 CLIENT_GONE = 75  # EX_TEMPFAIL: the client went away before training finished
 _PROBE_INTERVAL = 2.0
@@ -40,18 +40,29 @@ def client_address(cluster_spec):
     return Cluster(cluster_spec).client
 
 
-def join(cluster=None, timeout=None):
+def join(
+    cluster=None, timeout=None, *, job_name=None, task_index=None, ps_hosts=None, worker_hosts=None
+):
     """Joins this process to a cluster: the named step, as `keras.distribution.initialize()`.
 
-    One program runs in every task (TensorFlow's parameter-server guide, Kubeflow's TFJob), and
-    this call is where the tasks part ways:
+    One program runs in every task (TensorFlow's parameter-server guide, Kubeflow's TFJob, TF1's
+    between-graph scripts), and this call is where the tasks part ways:
 
     - the client (`chief` or `master`; with neither, worker 0; or any process given `cluster`
-      explicitly) connects to every task, once for its lifetime, and gets the cluster back;
-    - a `ps` or other `worker` task under `TF_CONFIG` prints that it stops being a client here,
-      serves (a `tf.distribute.Server`) and never returns: the process ends with status 0 when
-      the client finishes, 75 when the client stops answering or never comes;
+      explicitly without `job_name`) connects to every task, once for its lifetime, and gets
+      the cluster back;
+    - a `ps` or other `worker` task (under `TF_CONFIG`, or named by `job_name` and
+      `task_index`) prints that it stops being a client here, serves (a
+      `tf.distribute.Server`) and never returns: the process ends with status 0 when the
+      client finishes, 75 when the client stops answering or never comes;
     - an `evaluator` ends at once with status 0 (dpkeras trains synchronously).
+
+    This process's task comes from the arguments `job_name` and `task_index` (with
+    `ps_hosts` and `worker_hosts`, TF1's flags, or with `cluster`, as
+    `tf.distribute.Server(cluster, job_name, task_index)` takes them), else from `TF_CONFIG`.
+    Given as arguments, they stand for `TF_CONFIG` in this process from then on:
+    `dpkeras.scope()` and a later `join()` find them; a `TF_CONFIG` that names another
+    cluster or task is an error, not overridden.
 
     Call it first, before anything that touches TensorFlow's devices (a `tf.data` dataset made
     before connecting cannot be used after it); calling it again is a no-op. It is the one
@@ -67,11 +78,28 @@ def join(cluster=None, timeout=None):
         ...
     ```
 
+    TF1's flags (`--job_name=ps --task_index=0 --ps_hosts=h1:2222 --worker_hosts=h2:2222,h3:2222`,
+    TensorFlow's `mnist_replica.py`), the same script in every task; worker 0 trains:
+
+    ```python
+    dpkeras.cluster.join(job_name=FLAGS.job_name, task_index=FLAGS.task_index,
+                         ps_hosts=FLAGS.ps_hosts, worker_hosts=FLAGS.worker_hosts)
+    with dpkeras.scope():           # worker 0 only: the others serve in join() and end
+        ...
+    ```
+
     Args:
         cluster: a dict of jobs, a JSON string or file, a `tf.train.ClusterSpec` or a cluster
-            resolver; None reads `TF_CONFIG`.
+            resolver; None reads `TF_CONFIG` (or `ps_hosts` and `worker_hosts`).
         timeout: float, seconds to wait for every task to answer; None: 60, or
             `$DPKERAS_CONNECT_TIMEOUT`.
+        job_name: str, this process's job: "ps" or "worker" (with `cluster`, any job of it).
+            None: `TF_CONFIG` says, or this process is the client.
+        task_index: int (or a string of digits), this process's index in its job.
+        ps_hosts: the ps tasks' "host:port" addresses, comma-separated in a string or in a
+            list; None: no ps (variables on worker 0). Not with `cluster`.
+        worker_hosts: the workers' addresses, likewise; needed with `job_name` unless
+            `cluster` is given.
 
     Returns:
         The `tf.train.ClusterSpec` this process is the client of (a `Cluster`, which carries
@@ -79,8 +107,15 @@ def join(cluster=None, timeout=None):
         `TF_CONFIG` naming a `ps` or `worker` job).
 
     Raises:
-        ValueError: for an invalid cluster; TimeoutError: a task that does not answer (named).
+        ValueError: for an invalid cluster; a `job_name` that is not a job of the cluster, a
+            `task_index` out of range, empty hosts, `job_name`, `task_index` or `worker_hosts`
+            missing; a `TF_CONFIG` or an earlier `join` naming another task. TimeoutError: a
+            task that does not answer (named).
     """
+    given = task_given(cluster, job_name, task_index, ps_hosts, worker_hosts)
+    if given is not None:
+        take_task(*given)
+        cluster = None  # read as TF_CONFIG is, from here on
     joined = cluster_of(cluster)
     if joined is None:
         return None
@@ -142,7 +177,7 @@ def client_of(cluster, timeout=None, what="build a strategy"):
         return None
     if joined.serves_as is not None:
         raise ValueError(
-            f"This process is {task_name(*joined.serves_as)} of the cluster in TF_CONFIG, not "
+            f"This process is {task_name(*joined.serves_as)} of the cluster {task_origin()}, not "
             f"its client ({joined.client[0]}): it cannot {what}. Call "
             f"dpkeras.cluster.join() (or enter dpkeras.scope()) first in the script: a task "
             f"that is not the client serves from there and never returns."
@@ -163,7 +198,7 @@ def _serve_from_here(cluster):
         _end(0)
     client = cluster.client
     print(
-        f"dpkeras: this process is {name} of the cluster in TF_CONFIG, not its client "
+        f"dpkeras: this process is {name} of the cluster {task_origin()}, not its client "
         f"({client[0]}): it stops being a client here, serves, and ends with the client.",
         flush=True,
     )
