@@ -790,6 +790,25 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-root-reuse-ignored",
+        "get_variable at top level creates after get_variable_scope().reuse_variables()",
+        "dpkeras/tf1/_get_variable.py",
+        "    mode = scope.reuse\n",
+        "    mode = scope.reuse if scope.name else False\n",
+        ("tests/test_tf1_scopes.py::test_error_reusing_at_top_level_a_name_that_does_not_exist",),
+    ),
+    Mutant(
+        "tf1-root-reuse-not-inherited",
+        "a scope entered at top level ignores the root scope's reuse (the tower loop's idiom)",
+        "dpkeras/tf1/_scopes.py",
+        "            mode = (parent or root_scope(store)).reuse\n",
+        "            mode = parent.reuse if parent else False\n",
+        (
+            "tests/test_tf1_scopes.py::"
+            "test_the_tower_loop_as_written_in_tf1_shares_one_set_of_variables",
+        ),
+    ),
+    Mutant(
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",

@@ -23,8 +23,9 @@ from dpkeras.tf1._errors import (
     standardize_shape,
     validate_name,
 )
+from dpkeras.tf1._scopes import root_scope
 from dpkeras.tf1._sharing import process_pending
-from dpkeras.tf1._state import THREAD, current_scope, implicit_store
+from dpkeras.tf1._state import THREAD, current_scope
 from dpkeras.tf1._store import LOCAL, REGULAR, Entry
 
 
@@ -120,10 +121,10 @@ def get_or_create(
     validate_name(name, "get_variable", "name")
     refuse_tf_variable_scope(f"dpkeras.get_variable('{name}') is called")
     partitioner = partitioning.as_partitioner(partitioner, "get_variable(partitioner=...)")
-    scope = current_scope()
-    store = scope.store if scope is not None else implicit_store()
-    mode = scope.reuse if scope is not None else False
-    path = join_path(scope.name if scope is not None else "", name)
+    scope = current_scope() or root_scope()  # at top level, the root scope (name "")
+    store = scope.store
+    mode = scope.reuse
+    path = join_path(scope.name, name)
     what = f"get_variable('{path}')"
     dtype = standardize_dtype(what, dtype)
     with store.lock:
