@@ -102,6 +102,13 @@ from tensorflow.python.ops.resource_variable_ops import (
     variable_accessed,
 )
 
+# TF1's `tf.compat.v1.train.replica_device_setter` returns the bound method `device_function`
+# of a `_ReplicaDeviceChooser` (a device function of an op), which a placement policy cannot
+# tell from a policy of a `VariableSpec` by its signature; no public type names it. dpkeras
+# recognises it by its class, to ask it about a stand-in op of each variable
+# (`dpkeras.placement.device_function`).
+from tensorflow.python.training.device_setter import _ReplicaDeviceChooser
+
 # `tf.experimental.dispatch_for_api` (public) only dispatches on types registered as
 # dispatchable (ExtensionTypes register themselves); Keras variables must be registered for
 # the `tf.gather` dispatcher of `dpkeras._variables.lookups` to see them.
@@ -559,3 +566,8 @@ def per_replica_values(distributed_iterator, optionals):
 def reads_replicas_in_order(distributed_iterator):
     """Whether the iterator yields its hosts' replicas in order (no `_replica_order`)."""
     return getattr(distributed_iterator, "_replica_order", None) is None
+
+
+def is_replica_device_setter(function):
+    """Whether `function` is what TF1's `replica_device_setter` returned."""
+    return isinstance(getattr(function, "__self__", None), _ReplicaDeviceChooser)

@@ -809,6 +809,28 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-replica-device-setter-as-spec-policy",
+        "replica_device_setter's function is called with a VariableSpec (fails on spec.device)",
+        "dpkeras/placement.py",
+        "    if _tf_internals.is_replica_device_setter(parameter_device):\n",
+        "    if False:\n",
+        (
+            "tests/test_placement.py::"
+            "test_replica_device_setter_is_a_placement_policy_asked_as_tf1_asked_it",
+        ),
+    ),
+    Mutant(
+        "tf1-device-function-op-unnamed",
+        "a TF1 device function is asked about an op that does not name the variable",
+        "dpkeras/placement.py",
+        "        self.name = spec.path\n",
+        "        self.name = 'Variable'\n",
+        (
+            "tests/test_placement.py::"
+            "test_replica_device_setter_is_a_placement_policy_asked_as_tf1_asked_it",
+        ),
+    ),
+    Mutant(
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",
