@@ -571,3 +571,18 @@ def reads_replicas_in_order(distributed_iterator):
 def is_replica_device_setter(function):
     """Whether `function` is what TF1's `replica_device_setter` returned."""
     return isinstance(getattr(function, "__self__", None), _ReplicaDeviceChooser)
+
+
+def device_scope():
+    """The device the innermost `tf.device` in effect names, or "" when none does.
+
+    Eagerly it is the context's device name; in a graph being traced (a `tf.function`), the
+    newest entry of the graph's device stack (a device function there answers ""). No public
+    API reads the device scope without creating an op.
+    """
+    if tf.executing_eagerly():
+        return _context.context().device_name or ""
+    for spec in _ops.get_default_graph()._device_function_stack.peek_objs():
+        name = spec.device_name_or_function
+        return name if isinstance(name, str) else ""
+    return ""

@@ -831,6 +831,28 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-named-device-ignored",
+        "a device named for get_variable (device= or tf.device) is overridden by the policy",
+        "dpkeras/_extended/creator.py",
+        "        elif _NAMED.device is not None:\n",
+        "        elif False:\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_a_device_named_for_a_variable_is_where_it_lives",
+        ),
+    ),
+    Mutant(
+        "tf1-named-device-unchecked",
+        "a device named for get_variable that is not the strategy's is taken without a word",
+        "dpkeras/tf1/_get_variable.py",
+        "    if canonical not in valid:\n",
+        "    if canonical is None:\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_error_a_device_named_that_is_not_the_strategy_s",
+        ),
+    ),
+    Mutant(
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",

@@ -7,6 +7,7 @@ with the creators below it, and wraps it as a `ParameterVariable` (one copy), a
 rows in shards). Nothing else places variables.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -36,6 +37,30 @@ def _check_aggregation_dtype(name, aggregation, dtype):
             f"integers across replicas is not an integer. Use aggregation SUM, "
             f"ONLY_FIRST_REPLICA or NONE, or a floating dtype."
         )
+
+
+class _Named(threading.local):
+    def __init__(self):
+        self.device = None  # the device named for the variables created now, or None
+
+
+_NAMED = _Named()
+
+
+@contextlib.contextmanager
+def named_device(device):
+    """Variables created in the block go to `device`, not where the placement policy says.
+
+    For a device the user named for a variable (`dpkeras.get_variable(device=...)`, or a
+    `tf.device` around it): TF1 placed the variable there. `device` is canonical and one of
+    the strategy's devices (the caller checks, before anything is created); a variable the
+    partitioner cuts, or an optimizer slot, is placed as always.
+    """
+    previous, _NAMED.device = _NAMED.device, device
+    try:
+        yield
+    finally:
+        _NAMED.device = previous
 
 
 class VariableCreator:
@@ -175,6 +200,8 @@ class VariableCreator:
         # Optimizer slots are created under colocate_vars_with(variable): they follow it.
         if colocate_with is not None:
             device = colocate_with.slot_device
+        elif _NAMED.device is not None:
+            device = _NAMED.device  # a device the user named (see named_device)
         else:
             device = self.place(spec)
             if device is placement.REPLICATED and kwargs.get("initial_value") is None:
