@@ -15,6 +15,8 @@ if the installed TensorFlow no longer has it.
 """
 
 # ruff: noqa: F401
+import sys
+
 import tensorflow as tf
 
 # On a cluster each input host (a worker task's CPU) runs its own copy of the input pipeline:
@@ -586,3 +588,19 @@ def device_scope():
         name = spec.device_name_or_function
         return name if isinstance(name, str) else ""
     return ""
+
+
+def called_from_tf1_get_variable():
+    """Whether `tf.compat.v1.get_variable` is on this thread's call stack.
+
+    A variable creator sees TF1's `get_variable` only as a V1 variable (its keyword arguments
+    hold `collections`), like `tf.compat.v1.Variable`; which function called is known only from
+    the stack (`sys._getframe`), by the code object of the public function itself.
+    """
+    code = tf.compat.v1.get_variable.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False

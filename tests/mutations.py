@@ -853,6 +853,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-tf-get-variable-silent",
+        "tf.compat.v1.get_variable under dpkeras makes a new variable per build and trace",
+        "dpkeras/_extended/creator.py",
+        '        if colocate_with is None and "collections" in kwargs:\n',
+        "        if False:\n",
+        (
+            "tests/test_tf1_errors.py::"
+            "test_tensorflow_s_get_variable_under_dpkeras_is_refused_naming_the_replacement",
+        ),
+    ),
+    Mutant(
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",

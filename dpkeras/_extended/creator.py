@@ -39,6 +39,31 @@ def _check_aggregation_dtype(name, aggregation, dtype):
         )
 
 
+def _refuse_tf1_get_variable(name):
+    """Raises RuntimeError when TF1's `tf.compat.v1.get_variable` creates this variable.
+
+    In TensorFlow 2 it shares nothing, even under `reuse=AUTO_REUSE` (what `tf_upgrade_v2`
+    writes): an eager build and a `tf.function` step each make their own `conv1/weights`,
+    without a word. Variables it makes beside another (slots of TF1 optimizers and of
+    `ExponentialMovingAverage`, created under `colocate_vars_with`) are not refused.
+    """
+    if not _tf_internals.called_from_tf1_get_variable():
+        return
+    path = name.split(":")[0]
+    scope, _, leaf = path.rpartition("/")
+    dpkeras_call = (
+        f"dpkeras.get_variable('{leaf}') inside dpkeras.variable_scope('{scope}', reuse=...)"
+        if scope
+        else f"dpkeras.get_variable('{leaf}')"
+    )
+    raise RuntimeError(
+        f"tf.compat.v1.get_variable('{path}') was called under dpkeras's strategy; in "
+        f"TensorFlow 2 it shares nothing, even with reuse=AUTO_REUSE: an eager build and a "
+        f"tf.function step would each make their own '{path}'. Use {dpkeras_call}: the same "
+        f"name and reuse (True, False or dpkeras.AUTO_REUSE), shared by name."
+    )
+
+
 class _Named(threading.local):
     def __init__(self):
         self.device = None  # the device named for the variables created now, or None
@@ -191,6 +216,8 @@ class VariableCreator:
             )
         if dtype is not None:
             _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
+        if colocate_with is None and "collections" in kwargs:
+            _refuse_tf1_get_variable(name)
         spec = placement.describe_variable(kwargs)
         if spec.kind is VariableKind.WEIGHT:
             refuse_tf_variable_scope(f"A Keras layer creating weight '{spec.path}' under dpkeras")
