@@ -864,6 +864,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-ema-slots-refused",
+        "the averages ExponentialMovingAverage makes beside a variable are refused as get_variable",
+        "dpkeras/_extended/creator.py",
+        '        if colocate_with is None and "collections" in kwargs:\n',
+        '        if "collections" in kwargs:\n',
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_ema_of_a_get_variable_through_its_value_in_a_tf_function_step",
+        ),
+    ),
+    Mutant(
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",

@@ -49,7 +49,7 @@ EXPECTED = {
     "cluster": {("cluster",): 4},
     "dynamic-embeddings": {(): 2},
     "keras-rs": {(): 2},
-    "migrating-from-tf1": {(): 19, ("tf1",): 12, ("cluster",): 1},
+    "migrating-from-tf1": {(): 20, ("tf1",): 12, ("cluster",): 1},
     "reliability": {},
     "sharding": {(): 3},
     "tf1-idioms": {},

@@ -193,3 +193,26 @@ def test_error_a_device_named_for_a_partitioned_variable(_fresh_store):
         with pytest.raises(ValueError, match=r"^get_variable\('t'\): a partitioned variable's"):
             get_variable("t", (4, 2), device="/cpu:0", partitioner=partitioner)
     assert _fresh_store.paths() == []
+
+
+def test_ema_of_a_get_variable_through_its_value_in_a_tf_function_step():
+    """TF1's `ExponentialMovingAverage` needs `tf.Variable`s: pass `v.value` (a keras.Variable's
+    dtype is a string, which it cannot read). Its average lives beside the variable."""
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+        v = get_variable("w", (2,), initializer=1.0)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(decay=0.5)
+        ema.apply([v.value])  # the averages are made eagerly, before the step is traced
+
+        @tf.function
+        def step():
+            v.assign_add(tf.ones(2))
+            ema.apply([v.value])
+
+        step()
+        step()
+    average = ema.average(v.value)
+    np.testing.assert_allclose(v.numpy(), [3.0, 3.0])
+    np.testing.assert_allclose(average.numpy(), [2.25, 2.25])  # 0.5 * 1.5 + 0.5 * 3
+    assert average.device.endswith("CPU:0")
+    with pytest.raises(AttributeError, match=r"'str' object has no attribute 'base_dtype'"):
+        tf.compat.v1.train.ExponentialMovingAverage(0.5).apply([v])  # the raw keras.Variable
