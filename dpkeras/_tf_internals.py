@@ -15,6 +15,8 @@ if the installed TensorFlow no longer has it.
 """
 
 # ruff: noqa: F401
+import sys
+
 import tensorflow as tf
 
 # On a cluster each input host (a worker task's CPU) runs its own copy of the input pipeline:
@@ -101,6 +103,13 @@ from tensorflow.python.ops.resource_variable_ops import (
     is_resource_variable,
     variable_accessed,
 )
+
+# TF1's `tf.compat.v1.train.replica_device_setter` returns the bound method `device_function`
+# of a `_ReplicaDeviceChooser` (a device function of an op), which a placement policy cannot
+# tell from a policy of a `VariableSpec` by its signature; no public type names it. dpkeras
+# recognises it by its class, to ask it about a stand-in op of each variable
+# (`dpkeras.placement.device_function`).
+from tensorflow.python.training.device_setter import _ReplicaDeviceChooser
 
 # `tf.experimental.dispatch_for_api` (public) only dispatches on types registered as
 # dispatchable (ExtensionTypes register themselves); Keras variables must be registered for
@@ -559,3 +568,39 @@ def per_replica_values(distributed_iterator, optionals):
 def reads_replicas_in_order(distributed_iterator):
     """Whether the iterator yields its hosts' replicas in order (no `_replica_order`)."""
     return getattr(distributed_iterator, "_replica_order", None) is None
+
+
+def is_replica_device_setter(function):
+    """Whether `function` is what TF1's `replica_device_setter` returned."""
+    return isinstance(getattr(function, "__self__", None), _ReplicaDeviceChooser)
+
+
+def device_scope():
+    """The device the innermost `tf.device` in effect names, or "" when none does.
+
+    Eagerly it is the context's device name; in a graph being traced (a `tf.function`), the
+    newest entry of the graph's device stack (a device function there answers ""). No public
+    API reads the device scope without creating an op.
+    """
+    if tf.executing_eagerly():
+        return _context.context().device_name or ""
+    for spec in _ops.get_default_graph()._device_function_stack.peek_objs():
+        name = spec.device_name_or_function
+        return name if isinstance(name, str) else ""
+    return ""
+
+
+def called_from_tf1_get_variable():
+    """Whether `tf.compat.v1.get_variable` is on this thread's call stack.
+
+    A variable creator sees TF1's `get_variable` only as a V1 variable (its keyword arguments
+    hold `collections`), like `tf.compat.v1.Variable`; which function called is known only from
+    the stack (`sys._getframe`), by the code object of the public function itself.
+    """
+    code = tf.compat.v1.get_variable.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False

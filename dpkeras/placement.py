@@ -16,6 +16,7 @@ dpkeras.scope(parameter_device=placement.by_path({r"embedding": "/cpu:0"}, defau
 dpkeras.scope(parameter_device=lambda spec: "/cpu:0" if spec.kind == "optimizer" else "/gpu:0")
 dpkeras.scope(parameter_device=placement.hybrid())  # tables on /cpu:0 (or the ps), the rest
                                                     # replicated on the compute devices
+dpkeras.scope(parameter_device=tf.compat.v1.train.replica_device_setter(ps_tasks=2))  # a cluster
 ```
 
 A policy is any callable `(VariableSpec) -> device string`: the successor of the TF1 device
@@ -39,7 +40,7 @@ from typing import Protocol
 import keras
 import tensorflow as tf
 
-from dpkeras import _keras_internals
+from dpkeras import _keras_internals, _tf_internals
 from dpkeras import _sizes as sizes
 from dpkeras._device_names import canonical_device, short_device
 
@@ -56,6 +57,7 @@ __all__ = [
     "by_path",
     "hybrid",
     "as_policy",
+    "device_function",
     "describe_variable",
     "KINDS",
 ]
@@ -452,6 +454,81 @@ def hybrid(device_list=None, tables=None):
     return _Hybrid(device_list, tables)
 
 
+class _VariableOp:
+    """What a TF1 device function is asked about for a variable: a stand-in of its op.
+
+    A `VarHandleOp` (TF2's variable op, in TF1's `STANDARD_PS_OPS`) named by the variable's
+    path, with no device of its own: `.type`, `.name`, `.device` and `.node_def` (a
+    `tf.compat.v1.NodeDef` with the variable's `dtype` and `shape` attributes, for a
+    `ps_strategy` that balances by bytes), as an `Operation` has them.
+    """
+
+    type = "VarHandleOp"
+    device = ""
+
+    def __init__(self, spec):
+        self.name = spec.path
+        self.node_def = tf.compat.v1.NodeDef(op=self.type, name=spec.path)
+        self.node_def.attr["dtype"].type = tf.as_dtype(spec.dtype).as_datatype_enum
+        if spec.shape is not None:
+            self.node_def.attr["shape"].shape.CopyFrom(tf.TensorShape(spec.shape).as_proto())
+
+    def __repr__(self):
+        return f"<VarHandleOp {self.name!r}>"
+
+
+class _DeviceFunction:
+    """A TF1 device function (of an op) asked about each variable's stand-in op."""
+
+    devices = ()  # it names no device before it is asked: the strategy's default holds sums
+
+    def __init__(self, function):
+        self.function = function
+        self._lock = threading.Lock()
+
+    def __call__(self, spec):
+        with self._lock:  # TF1's round robin counts in the function: one variable at a time
+            return self.function(_VariableOp(spec))
+
+    def __repr__(self):
+        if _tf_internals.is_replica_device_setter(self.function):
+            return "placement.device_function(replica_device_setter(...))"
+        return f"placement.device_function({self.function!r})"
+
+
+def device_function(function):
+    """A TF1 device function as a placement policy: it is asked about each variable's op.
+
+    TF1 placed variables with a function of the op (`tf.device(fn)`), such as what
+    `tf.compat.v1.train.replica_device_setter(ps_tasks=2)` returns or one that answers the
+    parameter device for `op.type in ("VariableV2", "VarHandleOp")`. This policy calls it once
+    per variable, in creation order (as TF1 did per variable op), with a stand-in of the
+    variable's op: a `VarHandleOp` named by the variable's path, with no device, whose
+    `.node_def` carries its dtype and shape. So `replica_device_setter` places variables round
+    robin over the ps tasks (`/job:ps/task:0`, `/job:ps/task:1`, ...), or by its `ps_strategy=`.
+    `parameter_device=` takes `replica_device_setter`'s function as it is; wrap any other.
+
+    Example:
+
+    ```python
+    from dpkeras import placement
+
+    def variables_on_cpu(op):
+        return "/cpu:0" if op.type in ("VariableV2", "VarHandleOp") else "/cpu:1"
+
+    policy = placement.device_function(variables_on_cpu)  # dpkeras.scope(parameter_device=policy)
+    ```
+    """
+    if isinstance(function, _DeviceFunction):
+        return function
+    if not callable(function):
+        raise ValueError(
+            f"device_function() takes a TF1 device function, a callable of an op returning a "
+            f"device. Received: {function!r} (of type {type(function).__name__})"
+        )
+    return _DeviceFunction(function)
+
+
 def is_hybrid(policy):
     """Whether `policy` is a `hybrid()` policy."""
     return isinstance(policy, _Hybrid)
@@ -480,7 +557,8 @@ def bind_to(policy, device_list):
 def as_policy(parameter_device):
     """Turns what `parameter_device` accepts into a callable policy.
 
-    A string is `single`, a list or tuple is `greedy_by_size`, a callable is used as it is.
+    A string is `single`, a list or tuple is `greedy_by_size`, what TF1's
+    `replica_device_setter` returned is `device_function` of it, a callable is used as it is.
     (`parameter_device="hybrid"`, and the `hybrid` function not called, are `hybrid()`:
     `dpkeras._config` resolves them.)
     """
@@ -504,6 +582,8 @@ def as_policy(parameter_device):
         return single(parameter_device)
     if isinstance(parameter_device, (list, tuple)):
         return greedy_by_size(list(parameter_device))
+    if _tf_internals.is_replica_device_setter(parameter_device):
+        return device_function(parameter_device)  # TF1's device function of an op
     if callable(parameter_device):
         return parameter_device
     raise ValueError(

@@ -790,6 +790,91 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-root-reuse-ignored",
+        "get_variable at top level creates after get_variable_scope().reuse_variables()",
+        "dpkeras/tf1/_get_variable.py",
+        "    mode = scope.reuse\n",
+        "    mode = scope.reuse if scope.name else False\n",
+        ("tests/test_tf1_scopes.py::test_error_reusing_at_top_level_a_name_that_does_not_exist",),
+    ),
+    Mutant(
+        "tf1-root-reuse-not-inherited",
+        "a scope entered at top level ignores the root scope's reuse (the tower loop's idiom)",
+        "dpkeras/tf1/_scopes.py",
+        "            mode = (parent or root_scope(store)).reuse\n",
+        "            mode = parent.reuse if parent else False\n",
+        (
+            "tests/test_tf1_scopes.py::"
+            "test_the_tower_loop_as_written_in_tf1_shares_one_set_of_variables",
+        ),
+    ),
+    Mutant(
+        "tf1-replica-device-setter-as-spec-policy",
+        "replica_device_setter's function is called with a VariableSpec (fails on spec.device)",
+        "dpkeras/placement.py",
+        "    if _tf_internals.is_replica_device_setter(parameter_device):\n",
+        "    if False:\n",
+        (
+            "tests/test_placement.py::"
+            "test_replica_device_setter_is_a_placement_policy_asked_as_tf1_asked_it",
+        ),
+    ),
+    Mutant(
+        "tf1-device-function-op-unnamed",
+        "a TF1 device function is asked about an op that does not name the variable",
+        "dpkeras/placement.py",
+        "        self.name = spec.path\n",
+        "        self.name = 'Variable'\n",
+        (
+            "tests/test_placement.py::"
+            "test_replica_device_setter_is_a_placement_policy_asked_as_tf1_asked_it",
+        ),
+    ),
+    Mutant(
+        "tf1-named-device-ignored",
+        "a device named for get_variable (device= or tf.device) is overridden by the policy",
+        "dpkeras/_extended/creator.py",
+        "        elif _NAMED.device is not None:\n",
+        "        elif False:\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_a_device_named_for_a_variable_is_where_it_lives",
+        ),
+    ),
+    Mutant(
+        "tf1-named-device-unchecked",
+        "a device named for get_variable that is not the strategy's is taken without a word",
+        "dpkeras/tf1/_get_variable.py",
+        "    if canonical not in valid:\n",
+        "    if canonical is None:\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_error_a_device_named_that_is_not_the_strategy_s",
+        ),
+    ),
+    Mutant(
+        "tf1-tf-get-variable-silent",
+        "tf.compat.v1.get_variable under dpkeras makes a new variable per build and trace",
+        "dpkeras/_extended/creator.py",
+        '        if colocate_with is None and "collections" in kwargs:\n',
+        "        if False:\n",
+        (
+            "tests/test_tf1_errors.py::"
+            "test_tensorflow_s_get_variable_under_dpkeras_is_refused_naming_the_replacement",
+        ),
+    ),
+    Mutant(
+        "tf1-ema-slots-refused",
+        "the averages ExponentialMovingAverage makes beside a variable are refused as get_variable",
+        "dpkeras/_extended/creator.py",
+        '        if colocate_with is None and "collections" in kwargs:\n',
+        '        if "collections" in kwargs:\n',
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_ema_of_a_get_variable_through_its_value_in_a_tf_function_step",
+        ),
+    ),
+    Mutant(
         "second-client",
         "a client connects to a cluster on which another client trains (no check of the record)",
         "dpkeras/cluster/_connect.py",

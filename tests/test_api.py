@@ -36,6 +36,7 @@ def test_public_names():
             "VariableScope",
             "VariableStore",
             "get_variable",
+            "get_variable_scope",
             "get_variable_store",
             "variable_scope",
             "LocalVariable",

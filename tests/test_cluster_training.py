@@ -330,6 +330,34 @@ _RESUMABLE_RUN = """
 # Before the test that restarts worker 1: TensorFlow's collectives on worker 0 keep the
 # incarnation of every worker they met, so a hybrid client after a worker's restart fails
 # ("exists in cache with a different incarnation") until the other workers restart too.
+def test_replica_device_setter_places_round_robin_over_the_ps_tasks(local):
+    """TF1's `replica_device_setter(cluster=...)` as `parameter_device`: variables round robin
+    over the ps tasks in creation order, as TF1 placed them, and the model trains."""
+    out = _client(
+        """
+        setter = tf.compat.v1.train.replica_device_setter(cluster=SPEC)
+        with dpkeras.scope(cluster=SPEC, parameter_device=setter):
+            model = keras.Sequential([keras.Input((4,)),
+                keras.layers.Dense(3, name="a"), keras.layers.Dense(2, name="b")])
+            model.compile(optimizer="adam", loss="mse")
+        history = model.fit(np.ones((16, 4)), np.ones((16, 2)), batch_size=8, verbose=0)
+        print(json.dumps({
+            "devices": [[v.path, v.value.device] for v in model.weights],
+            "loss": history.history["loss"],
+        }))
+        """,
+        local.spec,
+    )
+    ps = "/job:ps/replica:0/task:{}/device:CPU:0"
+    assert out["devices"] == [
+        ["sequential/a/kernel", ps.format(0)],
+        ["sequential/a/bias", ps.format(1)],
+        ["sequential/b/kernel", ps.format(0)],
+        ["sequential/b/bias", ps.format(1)],
+    ]
+    assert np.isfinite(out["loss"]).all()
+
+
 def test_ps_tasks_named_as_tf1_names_them_and_hybrid_by_name(local):
     """`/job:ps/task:1` (TF1's spelling: `tf.device`, `replica_device_setter`) is that task's
     CPU:0 as an argument, a policy's answer and in `DPKERAS_PARAMETER_DEVICE`; a `by_path`

@@ -50,7 +50,7 @@ EXPECTED = {
     "cluster": {("cluster",): 5},
     "dynamic-embeddings": {(): 2},
     "keras-rs": {(): 2},
-    "migrating-from-tf1": {(): 16, ("tf1",): 10},
+    "migrating-from-tf1": {(): 20, ("tf1",): 12, ("cluster",): 1},
     "reliability": {},
     "sharding": {(): 3},
     "tf1-idioms": {},

@@ -367,3 +367,89 @@ def test_placement_report_rejects_other_objects():
         r"dpkeras.ParameterDeviceStrategy.*of type int",
     ):
         dpkeras.placement_report(3)
+
+
+# ---------------------------------------------------------------------------------------------
+# TF1's device functions: `replica_device_setter` as it is, any other through
+# `placement.device_function`. Round robin over ps tasks needs a cluster:
+# tests/test_cluster_training.py::test_replica_device_setter_places_round_robin_over_the_ps_tasks.
+
+CPU3 = "/job:localhost/replica:0/task:0/device:CPU:3"
+
+
+def _dense_model():
+    return keras.Sequential([keras.Input((3,)), L.Dense(4, name="fc"), L.Dense(2, name="out")])
+
+
+def test_replica_device_setter_is_a_placement_policy_asked_as_tf1_asked_it():
+    """Its `ps_strategy` sees one VarHandleOp per variable, named by its path, with its dtype
+    and shape, in creation order; the variables go where the device function says."""
+    asked = []
+
+    def ps_strategy(op):
+        shape = tf.TensorShape(op.node_def.attr["shape"].shape).as_list()
+        asked.append((op.name, op.node_def.op, tf.as_dtype(op.node_def.attr["dtype"].type), shape))
+        return 0
+
+    setter = tf.compat.v1.train.replica_device_setter(
+        ps_tasks=1, ps_device="/job:localhost", worker_device="/cpu:1", ps_strategy=ps_strategy
+    )
+    with dpkeras.scope(REPLICAS, setter) as strategy:
+        model = _dense_model()
+    assert asked == [
+        ("sequential/fc/kernel", "VarHandleOp", tf.float32, [3, 4]),
+        ("sequential/fc/bias", "VarHandleOp", tf.float32, [4]),
+        ("sequential/out/kernel", "VarHandleOp", tf.float32, [4, 2]),
+        ("sequential/out/bias", "VarHandleOp", tf.float32, [2]),
+    ]
+    assert {v.value.device for v in model.weights} == {CPU3.replace("CPU:3", "CPU:0")}
+    assert repr(strategy.extended.placement_policy) == (
+        "placement.device_function(replica_device_setter(...))"
+    )
+
+
+def test_a_tf1_device_function_of_op_type_places_variables_by_it():
+    """The TF1 idiom's own function (TF1_IDIOMS.md, idiom 1), wrapped."""
+
+    def my_device_placement(device, vars_device):
+        def device_function(op):
+            return vars_device if op.type in ["Variable", "VariableV2", "VarHandleOp"] else device
+
+        return device_function
+
+    policy = placement.device_function(my_device_placement("/cpu:1", "/cpu:3"))
+    with dpkeras.scope(REPLICAS, policy):
+        model = _dense_model()
+        model.compile(optimizer="sgd", loss="mse")
+    assert {v.value.device for v in model.weights} == {CPU3}
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=4, verbose=0)
+    assert placement.device_function(policy) is policy
+
+
+def test_the_tf_internals_recognise_replica_device_setter():
+    """Fails loudly if a TensorFlow upgrade renames `_ReplicaDeviceChooser`: without it, TF1's
+    device function would be called with a VariableSpec and fail on `spec.device`."""
+    from dpkeras import _tf_internals
+
+    setter = tf.compat.v1.train.replica_device_setter(ps_tasks=2)
+    assert _tf_internals.is_replica_device_setter(setter)
+    assert not _tf_internals.is_replica_device_setter(lambda op: "/cpu:0")
+    assert not _tf_internals.is_replica_device_setter(placement.single("/cpu:0"))
+    assert setter(
+        placement._VariableOp(placement.VariableSpec("w", (2,), "float32", True, "other"))
+    )
+
+
+def test_error_a_device_function_answering_no_device_of_this_process():
+    """`ps_device` without a job: TF1 answers a device pattern (`/device:CPU:*`)."""
+    setter = tf.compat.v1.train.replica_device_setter(ps_tasks=2, ps_device="/cpu")
+    with dpkeras.VariableStore():
+        with pytest.raises(
+            ValueError,
+            match=r"^The placement policy placement.device_function\(replica_device_setter"
+            r"\(\.\.\.\)\) returned an invalid device for variable 'sequential/fc/kernel': .* "
+            r"Received: '/device:CPU:\*'$",
+        ):
+            _build_under(setter, _dense_model)
+    with pytest.raises(ValueError, match=r"device_function\(\) takes a TF1 device function.*"):
+        placement.device_function("/cpu:0")

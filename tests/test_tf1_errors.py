@@ -225,3 +225,57 @@ def test_tensorflow_s_variable_scope_is_left_to_keras_without_dpkeras():
         layer = L.Dense(3, name="Layer")
         layer.build((None, 4))
     assert layer.kernel.path == "Layer/kernel"
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorFlow's own get_variable (what tf_upgrade_v2 writes): under dpkeras's strategy it would
+# make one variable per eager build and per tf.function trace, all of one name; refused by name.
+
+
+def _upgraded_conv1():
+    with tf.compat.v1.variable_scope("conv1", reuse=tf.compat.v1.AUTO_REUSE):
+        return tf.compat.v1.get_variable("weights", [3, 3])
+
+
+@pytest.mark.parametrize("where", ["eager", "tf.function"])
+def test_tensorflow_s_get_variable_under_dpkeras_is_refused_naming_the_replacement(where):
+    strategy = dpkeras.get_strategy(["/cpu:1", "/cpu:2"])
+    before = len(dpkeras.placement_report(strategy).rows)
+    build = _upgraded_conv1 if where == "eager" else tf.function(_upgraded_conv1)
+    with strategy.scope():
+        with pytest.raises(
+            RuntimeError,
+            # (a tf.function adds its traceback before TensorFlow's "RuntimeError: ")
+            match=r"(?:^|\n    RuntimeError: )tf.compat.v1.get_variable\('conv1/weights'\) "
+            r"was called under dpkeras's "
+            r"strategy; in TensorFlow 2 it shares nothing, even with reuse=AUTO_REUSE: .* "
+            r"Use dpkeras.get_variable\('weights'\) inside "
+            r"dpkeras.variable_scope\('conv1', reuse=...\): .*shared by name\.$",
+        ):
+            build()
+        with pytest.raises(RuntimeError, match=r"Use dpkeras.get_variable\('step'\): "):
+            tf.compat.v1.get_variable("step", [], initializer=tf.zeros_initializer())
+    assert len(dpkeras.placement_report(strategy).rows) == before  # nothing was made
+    assert get_variables() == []
+
+
+def test_tensorflow_s_get_variable_without_dpkeras_is_tensorflow_s():
+    assert _upgraded_conv1().shape == (3, 3)  # no dpkeras strategy: TensorFlow's behaviour
+
+
+def test_the_tf_internals_see_tensorflow_s_get_variable_on_the_stack():
+    """Fails loudly if a TensorFlow upgrade wraps `tf.compat.v1.get_variable` (its code object
+    would no longer be on the stack, and the refusal above would go silent)."""
+    from dpkeras import _tf_internals
+
+    seen = []
+
+    def creator(next_creator, **kwargs):
+        seen.append(_tf_internals.called_from_tf1_get_variable())
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        tf.compat.v1.get_variable("w", [2])
+        tf.Variable(1.0)
+        tf.compat.v1.Variable(1.0)
+    assert seen == [True, False, False]

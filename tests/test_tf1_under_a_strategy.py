@@ -128,3 +128,91 @@ def test_reuse_outside_the_strategy_reads_the_same_variable():
         assert get_variable("w", (2,)) is w
     assert isinstance(w.value, dpkeras.ParameterVariable)
     assert not tf.distribute.has_strategy()
+
+
+# ---------------------------------------------------------------------------------------------
+# A device the user names for a variable: honoured, as TF1 did, when it is one of the strategy's
+# devices; any other is an error. Never placed elsewhere without a word.
+
+
+def _named(form, make, device):
+    """`make(device=...)` (form "argument") or `make()` inside `tf.device` (form "tf.device")."""
+    if form == "argument":
+        return make(device=device)
+    with tf.device(device):
+        return make()
+
+
+MAKERS = {
+    "get_variable": lambda **kw: get_variable("w", (2,), **kw),
+    "variable": lambda **kw: dpkeras.variable("w", shape=(2,), **kw),
+}
+
+
+@pytest.mark.parametrize("maker", sorted(MAKERS))
+@pytest.mark.parametrize("form", ["argument", "tf.device"])
+def test_a_device_named_for_a_variable_is_where_it_lives(form, maker):
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+        with variable_scope("compute"):
+            on_compute = _named(form, MAKERS[maker], "/cpu:2")
+        with variable_scope("parameter"):
+            on_parameter = _named(form, MAKERS[maker], "/device:CPU:0")
+        with variable_scope("unnamed"):
+            unnamed = MAKERS[maker]()
+    assert on_compute.value.device.endswith("CPU:2")
+    assert on_parameter.value.device.endswith("CPU:0")
+    assert unnamed.value.device.endswith("CPU:0")
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"), variable_scope("compute", reuse=True):
+        assert MAKERS[maker]() is on_compute
+
+
+@pytest.mark.parametrize("maker", sorted(MAKERS))
+@pytest.mark.parametrize(
+    "form,received",
+    [
+        ("argument", r"device='/cpu:3'"),
+        ("tf.device", r"tf.device\('/job:localhost/replica:0/task:0/device:CPU:3'\)"),
+    ],
+)
+def test_error_a_device_named_that_is_not_the_strategy_s(form, received, maker, _fresh_store):
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+        with pytest.raises(
+            ValueError,
+            match=r"^get_variable\('w'\): the device named for it is not one of the strategy's "
+            rf"devices, .* Received: {received}( around it)?\. Valid: /cpu:0, /cpu:1, /cpu:2 "
+            r"\(parameter and compute devices\); or name none, and the placement policy "
+            r"decides\.$",
+        ):
+            _named(form, MAKERS[maker], "/cpu:3")
+    assert _fresh_store.paths() == []  # nothing was made
+
+
+def test_error_a_device_named_for_a_partitioned_variable(_fresh_store):
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], ["/cpu:0", "/cpu:3"]):
+        with pytest.raises(ValueError, match=r"^get_variable\('t'\): a partitioned variable's"):
+            get_variable("t", (4, 2), device="/cpu:0", partitioner=partitioner)
+    assert _fresh_store.paths() == []
+
+
+def test_ema_of_a_get_variable_through_its_value_in_a_tf_function_step():
+    """TF1's `ExponentialMovingAverage` needs `tf.Variable`s: pass `v.value` (a keras.Variable's
+    dtype is a string, which it cannot read). Its average lives beside the variable."""
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+        v = get_variable("w", (2,), initializer=1.0)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(decay=0.5)
+        ema.apply([v.value])  # the averages are made eagerly, before the step is traced
+
+        @tf.function
+        def step():
+            v.assign_add(tf.ones(2))
+            ema.apply([v.value])
+
+        step()
+        step()
+    average = ema.average(v.value)
+    np.testing.assert_allclose(v.numpy(), [3.0, 3.0])
+    np.testing.assert_allclose(average.numpy(), [2.25, 2.25])  # 0.5 * 1.5 + 0.5 * 3
+    assert average.device.endswith("CPU:0")
+    with pytest.raises(AttributeError, match=r"'str' object has no attribute 'base_dtype'"):
+        tf.compat.v1.train.ExponentialMovingAverage(0.5).apply([v])  # the raw keras.Variable

@@ -7,6 +7,7 @@ with the creators below it, and wraps it as a `ParameterVariable` (one copy), a
 rows in shards). Nothing else places variables.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -36,6 +37,55 @@ def _check_aggregation_dtype(name, aggregation, dtype):
             f"integers across replicas is not an integer. Use aggregation SUM, "
             f"ONLY_FIRST_REPLICA or NONE, or a floating dtype."
         )
+
+
+def _refuse_tf1_get_variable(name):
+    """Raises RuntimeError when TF1's `tf.compat.v1.get_variable` creates this variable.
+
+    In TensorFlow 2 it shares nothing, even under `reuse=AUTO_REUSE` (what `tf_upgrade_v2`
+    writes): an eager build and a `tf.function` step each make their own `conv1/weights`,
+    without a word. Variables it makes beside another (slots of TF1 optimizers and of
+    `ExponentialMovingAverage`, created under `colocate_vars_with`) are not refused.
+    """
+    if not _tf_internals.called_from_tf1_get_variable():
+        return
+    path = name.split(":")[0]
+    scope, _, leaf = path.rpartition("/")
+    dpkeras_call = (
+        f"dpkeras.get_variable('{leaf}') inside dpkeras.variable_scope('{scope}', reuse=...)"
+        if scope
+        else f"dpkeras.get_variable('{leaf}')"
+    )
+    raise RuntimeError(
+        f"tf.compat.v1.get_variable('{path}') was called under dpkeras's strategy; in "
+        f"TensorFlow 2 it shares nothing, even with reuse=AUTO_REUSE: an eager build and a "
+        f"tf.function step would each make their own '{path}'. Use {dpkeras_call}: the same "
+        f"name and reuse (True, False or dpkeras.AUTO_REUSE), shared by name."
+    )
+
+
+class _Named(threading.local):
+    def __init__(self):
+        self.device = None  # the device named for the variables created now, or None
+
+
+_NAMED = _Named()
+
+
+@contextlib.contextmanager
+def named_device(device):
+    """Variables created in the block go to `device`, not where the placement policy says.
+
+    For a device the user named for a variable (`dpkeras.get_variable(device=...)`, or a
+    `tf.device` around it): TF1 placed the variable there. `device` is canonical and one of
+    the strategy's devices (the caller checks, before anything is created); a variable the
+    partitioner cuts, or an optimizer slot, is placed as always.
+    """
+    previous, _NAMED.device = _NAMED.device, device
+    try:
+        yield
+    finally:
+        _NAMED.device = previous
 
 
 class VariableCreator:
@@ -166,6 +216,8 @@ class VariableCreator:
             )
         if dtype is not None:
             _check_aggregation_dtype(name, aggregation, tf.as_dtype(dtype))
+        if colocate_with is None and "collections" in kwargs:
+            _refuse_tf1_get_variable(name)
         spec = placement.describe_variable(kwargs)
         if spec.kind is VariableKind.WEIGHT:
             refuse_tf_variable_scope(f"A Keras layer creating weight '{spec.path}' under dpkeras")
@@ -175,6 +227,8 @@ class VariableCreator:
         # Optimizer slots are created under colocate_vars_with(variable): they follow it.
         if colocate_with is not None:
             device = colocate_with.slot_device
+        elif _NAMED.device is not None:
+            device = _NAMED.device  # a device the user named (see named_device)
         else:
             device = self.place(spec)
             if device is placement.REPLICATED and kwargs.get("initial_value") is None:

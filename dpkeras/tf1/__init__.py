@@ -6,7 +6,7 @@ One module per concept, each using the others through their public names only:
 - `_errors`: argument validation and the error messages, defined once.
 - `_state`: this thread's scopes and the store that applies where code runs.
 - `_sharing`: the creator that names, creates and shares Keras layers' weights in a scope.
-- `_scopes`: `variable_scope` and `VariableScope`.
+- `_scopes`: `variable_scope`, `VariableScope` and `get_variable_scope` (the root scope).
 - `_get_variable`: `get_variable`, and creating each kind of variable by name.
 - `_collections`: slim's `variable`, `model_variable`, `local_variable` and the lists of them.
 
@@ -25,7 +25,7 @@ from dpkeras.tf1._collections import (
     variable,
 )
 from dpkeras.tf1._get_variable import get_variable
-from dpkeras.tf1._scopes import VariableScope, variable_scope
+from dpkeras.tf1._scopes import VariableScope, get_variable_scope, variable_scope
 from dpkeras.tf1._state import get_variable_store
 from dpkeras.tf1._store import AUTO_REUSE, VariableStore
 
@@ -38,6 +38,7 @@ __all__ = [
     "get_local_variables",
     "get_model_variables",
     "get_variable",
+    "get_variable_scope",
     "get_variable_store",
     "get_variables",
     "local_variable",

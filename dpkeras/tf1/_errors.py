@@ -25,7 +25,7 @@ def validate_reuse(reuse):
     raise ValueError(f"variable_scope(reuse=...) must be {REUSE_VALUES}. Received: reuse={reuse!r}")
 
 
-def validate_name(name, function, argument):
+def validate_name(name, function, argument, hint=""):
     valid = isinstance(name, str) and all(
         _NAME_COMPONENT.fullmatch(part) for part in name.split("/")
     )
@@ -33,7 +33,7 @@ def validate_name(name, function, argument):
         raise ValueError(
             f"{function}(): {argument} must be a non-empty name made of letters, digits and "
             "'_', '.', '-', with '/' between nested names (such as 'model/conv1'). "
-            f"Received: {argument}={name!r}"
+            f"Received: {argument}={name!r}.{hint if name == '' else ''}"
         )
 
 
@@ -71,8 +71,10 @@ def join_path(prefix, name):
 
 
 def _scope_description(scope):
-    if scope is None:
+    if scope is None or (not scope.name and scope.reuse is False):
         return "outside every dpkeras.variable_scope, where variables are only created"
+    if not scope.name:
+        return f"the root scope (dpkeras.get_variable_scope()) has reuse={scope.reuse!r}"
     return f"scope '{scope.name}' has reuse={scope.reuse!r}"
 
 

@@ -11,7 +11,10 @@ import numpy as np
 import tensorflow as tf
 
 from dpkeras import _keras_internals as internals
+from dpkeras import _tf_internals
 from dpkeras._compat_scopes import refuse_tf_variable_scope
+from dpkeras._device_names import canonical_device, short_device
+from dpkeras._extended.creator import named_device
 from dpkeras._variables import partitioning
 from dpkeras.tf1._errors import (
     check_can_partition,
@@ -23,8 +26,9 @@ from dpkeras.tf1._errors import (
     standardize_shape,
     validate_name,
 )
+from dpkeras.tf1._scopes import root_scope
 from dpkeras.tf1._sharing import process_pending
-from dpkeras.tf1._state import THREAD, current_scope, implicit_store
+from dpkeras.tf1._state import THREAD, current_scope
 from dpkeras.tf1._store import LOCAL, REGULAR, Entry
 
 
@@ -60,8 +64,10 @@ def get_variable(
             (such as `keras.regularizers.L2(0.05)`). Used only when the variable is created.
             Defaults to `None`.
         trainable: bool. Defaults to `True`.
-        device: str, a device for the new variable, such as `"/CPU:0"`. Defaults to `None`
-            (wherever variables go: the parameter device under `dpkeras.scope()`).
+        device: str, a device for the new variable, such as `"/CPU:0"`. Under
+            `dpkeras.scope()` it (or a `tf.device` around the call) must be one of the
+            strategy's parameter or compute devices, and the variable lives there, as in TF1.
+            Defaults to `None` (the placement policy decides).
         partitioner: cut the new variable along axis 0 into shards on the parameter devices
             (TF1's `partitioner=`): one of `tf.distribute.experimental.partitioners` or a
             callable like one. Needs `dpkeras.scope()`. The result is still one
@@ -74,8 +80,9 @@ def get_variable(
     Raises:
         ValueError: when reusing a name that does not exist (listing close names), creating
             one that exists without reuse, reusing with another shape or dtype, creating a
-            variable whose shape is unknown, or partitioning a scalar, by an invalid split or
-            outside `dpkeras.scope()` (before anything is created).
+            variable whose shape is unknown, naming a device the strategy does not have, or
+            partitioning a scalar, by an invalid split or outside `dpkeras.scope()` (before
+            anything is created).
 
     Example:
 
@@ -120,10 +127,10 @@ def get_or_create(
     validate_name(name, "get_variable", "name")
     refuse_tf_variable_scope(f"dpkeras.get_variable('{name}') is called")
     partitioner = partitioning.as_partitioner(partitioner, "get_variable(partitioner=...)")
-    scope = current_scope()
-    store = scope.store if scope is not None else implicit_store()
-    mode = scope.reuse if scope is not None else False
-    path = join_path(scope.name if scope is not None else "", name)
+    scope = current_scope() or root_scope()  # at top level, the root scope (name "")
+    store = scope.store
+    mode = scope.reuse
+    path = join_path(scope.name, name)
     what = f"get_variable('{path}')"
     dtype = standardize_dtype(what, dtype)
     with store.lock:
@@ -132,7 +139,16 @@ def get_or_create(
             if mode is True:
                 raise missing_error(what, path, scope, store)
             value, shape = _resolve_initializer(what, initializer, shape, dtype)
-            with _partitioned(what, path, partitioner, shape, dtype):
+            named = _named_device(what, device)
+            cut = _partitioned(what, path, partitioner, shape, dtype)
+            if named is not None and not isinstance(cut, contextlib.nullcontext):
+                raise ValueError(
+                    f"{what}: a partitioned variable's shards go where the placement policy "
+                    f"puts them, not on one named device. Received: device "
+                    f"{short_device(named)} and a partitioner. Leave the device out, or the "
+                    f"partitioner."
+                )
+            with cut, named_device(named) if named else contextlib.nullcontext():
                 keras_variable = _new_keras_variable(
                     path, value, shape, dtype, trainable and kind != LOCAL, device
                 )
@@ -167,6 +183,42 @@ def get_or_create(
             # wrapper now; the layer's own is swapped for it when it is tracked (see tf1.sharing).
             entry.keras_variable = keras.Variable(entry.variable)
         return entry.public
+
+
+def _named_device(what, device):
+    """The device named for a new variable under a dpkeras strategy, canonical, or None.
+
+    That is `device=`, else the device of a `tf.device` around the call (in cross-replica
+    context: a replica's own device scope is the strategy's, not the user's). TF1 placed the
+    variable there, and so does dpkeras when it is one of the strategy's devices (a parameter
+    or compute device); any other is an error, before anything is created. Under no strategy
+    or another one, `device=` and `tf.device` act as TensorFlow makes them (None here).
+    """
+    strategy = tf.distribute.get_strategy()
+    if getattr(strategy.extended, "partitioner", False) is False:  # not a dpkeras strategy
+        return None
+    received = f"device={device!r}"
+    if device is None:
+        if not tf.distribute.in_cross_replica_context():
+            return None
+        device = _tf_internals.device_scope() or None
+        received = f"tf.device({device!r}) around it"
+    if device is None:
+        return None
+    devices = list(strategy.extended.parameter_devices) + list(strategy.compute_devices)
+    valid = list(dict.fromkeys(devices))
+    try:
+        canonical = canonical_device(device)
+    except ValueError:
+        canonical = None
+    if canonical not in valid:
+        raise ValueError(
+            f"{what}: the device named for it is not one of the strategy's devices, where "
+            f"dpkeras places a variable a user names a device for (as TF1 did). Received: "
+            f"{received}. Valid: {', '.join(short_device(d) for d in valid)} (parameter and "
+            f"compute devices); or name none, and the placement policy decides."
+        )
+    return canonical
 
 
 def _partitioned(what, path, partitioner, shape, dtype):

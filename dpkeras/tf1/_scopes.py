@@ -72,11 +72,61 @@ class VariableScope:
         return self._partitioner
 
     def reuse_variables(self):
-        """Makes this scope reuse variables from now on, as `reuse=True` would have."""
+        """Makes this scope reuse variables from now on, as `reuse=True` would have.
+
+        On the root scope (`get_variable_scope()` outside every scope) it lasts, in this
+        thread, until the store is cleared: as in TF1, where the graph's root scope then
+        reused for good. Re-enter the root (`variable_scope(get_variable_scope())`) to keep it
+        to a block.
+        """
         self._reuse = True
 
     def __repr__(self):
         return f"VariableScope(name={self._name!r}, reuse={self._reuse!r})"
+
+
+def root_scope(store=None):
+    """This thread's root scope (name `""`) of `store` (default: the store top-level code uses).
+
+    Each store has one per thread, as each TF1 graph had one: `with VariableStore():` starts
+    with a root that creates, and `store.clear()` forgets whether the root reused.
+    """
+    store = implicit_store() if store is None else store
+    found = THREAD.roots.get(store)
+    if found is None or found[0] != store.generation:
+        found = THREAD.roots[store] = (store.generation, VariableScope("", False, store))
+    return found[1]
+
+
+def get_variable_scope():
+    """Returns the current variable scope: the innermost one entered, else the root scope.
+
+    TF1's `tf.get_variable_scope()`. Outside every `variable_scope` it is the root scope, named
+    `""`, of the store top-level code uses here (see `get_variable_store`); its
+    `reuse_variables()` makes the `get_variable` calls after it at top level, and the scopes
+    entered after it, reuse. Like every scope, it is this thread's.
+
+    Example, TF1's tower loop (each tower after the first reuses the first's variables):
+
+    ```python
+    import keras
+    import dpkeras
+
+    def tower(x):
+        with dpkeras.variable_scope("fc"):
+            w = dpkeras.get_variable("weights", (3, 2))
+        return keras.ops.matmul(x, w)
+
+    with dpkeras.variable_scope(dpkeras.get_variable_scope()):  # keeps the reuse to this block
+        for i in range(2):
+            with keras.name_scope(f"tower_{i}"):
+                y = tower(keras.ops.ones((1, 3)))
+            dpkeras.get_variable_scope().reuse_variables()
+    assert dpkeras.get_variable_store().paths() == ["fc/weights"]
+    ```
+    """
+    scope = current_scope()
+    return scope if scope is not None else root_scope()
 
 
 @contextlib.contextmanager
@@ -145,13 +195,18 @@ def variable_scope(name_or_scope, reuse=None, partitioner=None):
         store = name_or_scope.store
         mode = name_or_scope.reuse if reuse is None else reuse
     elif isinstance(name_or_scope, str):
-        validate_name(name_or_scope, "variable_scope", "name_or_scope")
+        validate_name(
+            name_or_scope,
+            "variable_scope",
+            "name_or_scope",
+            hint=" To re-enter the root scope, pass dpkeras.get_variable_scope() at top level.",
+        )
         path = join_path(parent.name if parent else "", name_or_scope)
         store = parent.store if parent else implicit_store()
         if reuse is not None:
             mode = reuse
         else:
-            mode = parent.reuse if parent else False
+            mode = (parent or root_scope(store)).reuse
     else:
         raise TypeError(
             "variable_scope() takes a scope name (str) or a VariableScope object to "
@@ -174,7 +229,9 @@ def variable_scope(name_or_scope, reuse=None, partitioner=None):
         # scope was entered on (another default tf.Graph).
         context.enter_context(tf.variable_creator_scope(create_variable))
         # Also a Keras name scope, so that `keras.Variable.path` shows the variable's name.
-        context.enter_context(keras.name_scope(leaf, caller=scope, override_parent=parent_path))
+        # The root scope (path "") adds no name: its variables are named as at top level.
+        if path:
+            context.enter_context(keras.name_scope(leaf, caller=scope, override_parent=parent_path))
         if partitioner is not None:
             context.enter_context(partitioning.partitioner_scope(partitioner))
         THREAD.scopes.append(scope)

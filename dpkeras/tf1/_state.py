@@ -7,6 +7,7 @@ process-wide default store.
 """
 
 import threading
+import weakref
 
 import keras
 
@@ -20,6 +21,8 @@ class _ThreadState(threading.local):
         self.bypass = 0  # >0 while get_variable creates its own keras.Variable
         self.creating = 0  # >0 while our creator handles a variable (lower copies pass)
         self.late = []  # layer weights Keras created after a symbolic build (tf1.sharing)
+        # store -> (its generation, this thread's root VariableScope of it): see root_scope
+        self.roots = weakref.WeakKeyDictionary()
 
 
 THREAD = _ThreadState()

@@ -104,6 +104,7 @@ class VariableStore:
     def __init__(self):
         self.lock = threading.RLock()  # held while an entry is looked up and added
         self._entries = {}
+        self.generation = 0  # one more at each clear(): the root scopes of before are stale
 
     def __enter__(self):
         _BLOCKS.stores.append(self)
@@ -122,9 +123,10 @@ class VariableStore:
             return list(self._entries)
 
     def clear(self):
-        """Forgets every name in the store."""
+        """Forgets every name in the store, and whether its root scope reuses."""
         with self.lock:
             self._entries.clear()
+            self.generation += 1
 
     def __len__(self):
         with self.lock:
