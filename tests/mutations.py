@@ -934,6 +934,31 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-scopes-not-carried-into-replicas",
+        "the variable scopes around strategy.run are not in effect in its replica threads (TF1's "
+        "tower loop under strategy.run makes a second set of variables, or fails)",
+        "dpkeras/tf1/_state.py",
+        "_carried.register(_capture, _restored)\n",
+        "",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_scopes_entered_around_strategy_run_are_in_effect_in_every_replica",
+            "tests/test_tf1_programs.py::"
+            "test_two_towers_give_one_tower_s_losses_on_the_same_global_batches",
+        ),
+    ),
+    Mutant(
+        "tf1-store-blocks-not-carried-into-replicas",
+        "a `with VariableStore():` block around strategy.run is not in effect in its replicas",
+        "dpkeras/tf1/_state.py",
+        "        with blocks_opened(blocks):\n            yield\n",
+        "        yield\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_scopes_entered_around_strategy_run_are_in_effect_in_every_replica",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",

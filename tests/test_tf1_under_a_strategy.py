@@ -216,3 +216,36 @@ def test_ema_of_a_get_variable_through_its_value_in_a_tf_function_step():
     assert average.device.endswith("CPU:0")
     with pytest.raises(AttributeError, match=r"'str' object has no attribute 'base_dtype'"):
         tf.compat.v1.train.ExponentialMovingAverage(0.5).apply([v])  # the raw keras.Variable
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf-function"])
+def test_scopes_entered_around_strategy_run_are_in_effect_in_every_replica(traced):
+    """`strategy.run` runs each replica in a thread of its own; the variable scopes of the
+    thread that runs it (a scope entered around it, the root scope told to reuse) are in
+    effect there, as TF1's towers, built in the caller's graph, saw the caller's scopes."""
+    strategy = cpu_strategy(2)
+    with strategy.scope():
+        with variable_scope("model"):
+            kernel = get_variable("kernel", (3, 2))
+        dpkeras.get_variable_scope().reuse_variables()
+
+    def tower(x):
+        with variable_scope("model"):  # reuses: the root scope's reuse, from the caller
+            assert get_variable("kernel", (3, 2)) is kernel
+        with variable_scope("model", reuse=True) as scope:
+            assert scope.name == "model"
+        return tf.reduce_sum(x @ kernel.value)
+
+    def step():
+        return strategy.run(tower, args=(tf.ones((1, 3)),))
+
+    losses = strategy.experimental_local_results(tf.function(step)() if traced else step())
+    assert len(losses) == 2
+
+    with variable_scope("outer", reuse=True):  # a scope entered around the step
+
+        def inner(x):
+            assert dpkeras.get_variable_scope().name == "outer"
+            return x
+
+        strategy.run(inner, args=(tf.ones(()),))

@@ -1,18 +1,29 @@
 """Where code runs: this thread's variable scopes, and the store that applies there.
 
 Scope state is thread-local, like TF1's graph-level scopes: a scope entered in one thread is
-not in effect in another. Outside every scope, code uses the store of the Keras model being
+not in effect in another, except in the replica threads of a step it runs (`strategy.run`),
+which take it as TF1's towers, built in the caller's graph, did (`dpkeras._carried`). Outside
+every scope, code uses the store of the Keras model being
 built (if one is), else that of the innermost `with VariableStore():` block, else the
 process-wide default store.
 """
 
+import contextlib
 import threading
 import weakref
 
 import keras
 
+from dpkeras import _carried
 from dpkeras import _keras_internals as internals
-from dpkeras.tf1._store import DEFAULT_STORE, innermost_store, store_for_model, store_of_model
+from dpkeras.tf1._store import (
+    DEFAULT_STORE,
+    blocks_opened,
+    innermost_store,
+    open_blocks,
+    store_for_model,
+    store_of_model,
+)
 
 
 class _ThreadState(threading.local):
@@ -27,6 +38,32 @@ class _ThreadState(threading.local):
 
 THREAD = _ThreadState()
 """This thread's scopes and the flags of the creator (`dpkeras.tf1._sharing`)."""
+
+
+def _capture():
+    """This thread's scopes, `with VariableStore():` blocks, and root scopes when one reuses,
+    for the replica threads of a step it runs; None when a fresh thread would have the same."""
+    roots, blocks = dict(THREAD.roots.items()), open_blocks()
+    if not THREAD.scopes and not blocks and not any(s.reuse for _, s in roots.values()):
+        return None
+    return list(THREAD.scopes), roots, blocks
+
+
+@contextlib.contextmanager
+def _restored(state):
+    """A replica thread's scopes, blocks and root scopes: those `_capture` took from its
+    caller."""
+    scopes, roots, blocks = state
+    saved = THREAD.scopes, THREAD.roots
+    THREAD.scopes, THREAD.roots = list(scopes), weakref.WeakKeyDictionary(roots)
+    try:
+        with blocks_opened(blocks):
+            yield
+    finally:
+        THREAD.scopes, THREAD.roots = saved
+
+
+_carried.register(_capture, _restored)
 
 
 def current_scope():

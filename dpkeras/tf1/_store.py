@@ -6,6 +6,7 @@ decided in `dpkeras.tf1._state`; this module holds the stores themselves, the st
 being built, and the `with VariableStore():` blocks of each thread.
 """
 
+import contextlib
 import dataclasses
 import threading
 import weakref
@@ -195,6 +196,22 @@ _MODEL_STORES_LOCK = threading.Lock()
 def innermost_store():
     """The store of the innermost `with VariableStore():` block of this thread, or None."""
     return _BLOCKS.stores[-1] if _BLOCKS.stores else None
+
+
+def open_blocks():
+    """The stores of this thread's open `with VariableStore():` blocks, innermost last."""
+    return list(_BLOCKS.stores)
+
+
+@contextlib.contextmanager
+def blocks_opened(stores):
+    """This thread's blocks are `stores` (from `open_blocks`) for the duration: a replica
+    thread's, taken from the thread that runs the step (`dpkeras.tf1._state`)."""
+    saved, _BLOCKS.stores = _BLOCKS.stores, list(stores)
+    try:
+        yield
+    finally:
+        _BLOCKS.stores = saved
 
 
 def store_of_model(model):
