@@ -471,3 +471,25 @@ def autoconvert_optionals(model, step):
 def unrolled_steps(model):
     """How many steps Keras's loop unrolls per iteration (`unrolled_steps_per_execution`)."""
     return getattr(model, "unrolled_steps_per_execution", 1)
+
+
+def making_a_keras_variable():
+    """Whether a `keras.Variable` is making its `tf.Variable` on this thread's call stack.
+
+    Keras's TensorFlow backend makes every variable's `tf.Variable` in `Variable._initialize`
+    (`keras/src/backend/tensorflow/core.py`; a deferred variable's initializer calls it too). A
+    creator that sees a variable made while a Keras layer builds, with no `keras.Variable` on
+    the stack, sees a plain `tf.Variable` made by the layer's own code, which Keras never
+    tracks. No public API tells a creator who called it; the stack does (`sys._getframe`).
+    """
+    import sys
+
+    from keras.src.backend.tensorflow import core
+
+    code = core.Variable._initialize.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False

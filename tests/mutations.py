@@ -959,6 +959,28 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-untracked-tf-variable-silent",
+        "a plain tf.Variable made by a Keras layer under dpkeras (never trained) passes silently",
+        "dpkeras/_extended/creator.py",
+        "            if not _keras_internals.making_a_keras_variable():\n",
+        "            if False:\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_a_plain_tf_variable_made_in_a_layer_s_build_is_named_in_one_warning",
+        ),
+    ),
+    Mutant(
+        "tf1-untracked-warns-for-keras-variables",
+        "every layer weight is taken for a plain tf.Variable (a warning for each Keras weight)",
+        "dpkeras/_extended/creator.py",
+        "            if not _keras_internals.making_a_keras_variable():\n",
+        "            if True:\n",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_keras_s_own_variables_and_get_variable_in_build_warn_nothing",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",

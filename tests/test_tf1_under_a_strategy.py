@@ -5,6 +5,8 @@ training with 2 replicas equals one device with one layer called twice. The 4 lo
 devices come from conftest.py (`/cpu:0` holds the variables).
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -249,3 +251,83 @@ def test_scopes_entered_around_strategy_run_are_in_effect_in_every_replica(trace
             return x
 
         strategy.run(inner, args=(tf.ones(()),))
+
+
+class _TF1Body(keras.layers.Layer):
+    """A TF1 body kept as is: a plain `tf.Variable` made in `build()`."""
+
+    def build(self, input_shape):
+        self.w = tf.Variable(tf.ones([input_shape[-1], 2]), name="w")
+
+    def call(self, x):
+        return x @ self.w
+
+
+class _PortedBody(keras.layers.Layer):
+    """The same, ported: `dpkeras.get_variable` in `build()`."""
+
+    def build(self, input_shape):
+        self.w = get_variable("w", (input_shape[-1], 2), initializer="ones")
+
+    def call(self, x):
+        return x @ self.w
+
+
+def _untracked_warnings(layer):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with cpu_strategy(2).scope():
+            model = keras.Sequential(
+                [
+                    keras.Input((3,)),
+                    layer,
+                    keras.layers.BatchNormalization(),
+                    keras.layers.Dropout(0.1),
+                    keras.layers.Dense(1),
+                ]
+            )
+            model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+        model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=8, epochs=2, verbose=0)
+    return [str(w.message) for w in caught if "Keras does not track" in str(w.message)]
+
+
+def test_a_plain_tf_variable_made_in_a_layer_s_build_is_named_in_one_warning():
+    """Keras never trains nor saves a `tf.Variable` a layer makes itself, and says only "The
+    model does not have any trainable weights" (if that): under dpkeras one warning names it,
+    once (two fits, two traces), and says what to use instead."""
+    found = _untracked_warnings(_TF1Body(name="tf1_body"))
+    assert len(found) == 1, found
+    assert re.fullmatch(
+        r"tf\.Variable 'sequential(_\d+)?/tf1_body/w' was made by a Keras layer \(_TF1Body\) "
+        r"\(TF1 code in build\(\) or call\(\)\): Keras does not track a tf\.Variable, so it is "
+        r"never trained nor saved\. Make it with dpkeras\.get_variable\(\.\.\.\) or "
+        r"self\.add_weight\(\.\.\.\) instead\.",
+        found[0],
+    ), found
+
+
+def test_keras_s_own_variables_and_get_variable_in_build_warn_nothing():
+    """Layer weights, `dpkeras.get_variable`, BatchNormalization's statistics, Dropout's seed,
+    the optimizer's slots and the metrics are `keras.Variable`s: no warning."""
+    assert _untracked_warnings(_PortedBody(name="ported_body")) == []
+
+
+def test_the_keras_internals_see_a_keras_variable_making_its_tf_variable():
+    """`_keras_internals.making_a_keras_variable`, asked from a creator: True under
+    `keras.Variable(...)` (eager and deferred values), False under a plain `tf.Variable`. Fails
+    loudly if Keras moves where it makes the `tf.Variable`."""
+    from dpkeras import _keras_internals
+
+    seen = []
+
+    def creator(next_creator, **kwargs):
+        seen.append(_keras_internals.making_a_keras_variable())
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        keras.Variable(np.ones((2,)), name="eager")
+        keras.Variable(keras.initializers.Zeros(), shape=(2,), name="deferred")
+        tf.Variable(1.0)
+    assert seen == [True, True, False]

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import itertools
 import threading
+import warnings
 import weakref
 
 import tensorflow as tf
@@ -61,6 +62,27 @@ def _refuse_tf1_get_variable(name):
         f"TensorFlow 2 it shares nothing, even with reuse=AUTO_REUSE: an eager build and a "
         f"tf.function step would each make their own '{path}'. Use {dpkeras_call}: the same "
         f"name and reuse (True, False or dpkeras.AUTO_REUSE), shared by name."
+    )
+
+
+_warned = set()  # the paths `_warn_untracked` named, each once
+
+
+def _warn_untracked(spec):
+    """Warns, once per path, that a Keras layer made a plain `tf.Variable` (TF1 code kept as
+    is in `build()` or `call()`): placed like any other, but Keras never tracks it, so it is
+    never trained nor saved, and Keras says only "The model does not have any trainable
+    weights"."""
+    if spec.path in _warned:
+        return
+    _warned.add(spec.path)
+    layer = f" by a Keras layer ({spec.layer})" if spec.layer is not None else ""
+    warnings.warn(
+        f"tf.Variable {spec.path!r} was made{layer} (TF1 code in build() or call()): Keras does "
+        f"not track a tf.Variable, so it is never trained nor saved. Make it with "
+        f"dpkeras.get_variable(...) or self.add_weight(...) instead.",
+        UserWarning,
+        stacklevel=2,
     )
 
 
@@ -221,6 +243,8 @@ class VariableCreator:
         spec = placement.describe_variable(kwargs)
         if spec.kind is VariableKind.WEIGHT:
             refuse_tf_variable_scope(f"A Keras layer creating weight '{spec.path}' under dpkeras")
+            if not _keras_internals.making_a_keras_variable():
+                _warn_untracked(spec)
         rows = self._rows_per_shard(spec, kwargs, colocate_with)
         if rows is not None:
             return self._create_sharded(next_creator, kwargs, spec, rows, colocate_with)
