@@ -981,6 +981,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "device-function-home-on-the-client",
+        "on a cluster, a device-function policy (replica_device_setter) keeps reductions on "
+        "/cpu:0, which a client that is worker 0 does not have",
+        "dpkeras/_extended/devices.py",
+        "        home = default_parameters[0]  # for a policy",
+        "        home = None  # for a policy",
+        (
+            "tests/test_docs_examples.py::"
+            "test_cluster_block_runs_under_launch[from-a-tf1-program-3-run1]",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",

@@ -49,6 +49,7 @@ EXPECTED = {
     "README": {(): 7, ("needs-gpu",): 1, ("cluster",): 1},
     "cluster": {("cluster",): 5},
     "dynamic-embeddings": {(): 2},
+    "from-a-tf1-program": {(): 1, ("tf1",): 2, ("cluster",): 1},
     "keras-rs": {(): 2},
     "migrating-from-tf1": {(): 20, ("tf1",): 12, ("cluster",): 1},
     "reliability": {},

@@ -126,9 +126,10 @@ def strategy_devices(config, cluster=None):
     source = "argument"
     if config.source("compute_devices") == "environment":
         source = f"${VARIABLES['compute_devices']}"
-    reason = None
+    reason, home = None, None
     if cluster is not None:
         default_compute, default_parameters, reason = _devices.default_cluster_devices(cluster)
+        home = default_parameters[0]  # for a policy that names no devices (a device function)
         if parameter_device is None:
             parameter_device = (
                 default_parameters[0] if len(default_parameters) == 1 else default_parameters
@@ -140,7 +141,7 @@ def strategy_devices(config, cluster=None):
         else:
             reason = None
     try:
-        resolved = _checked_devices(compute_devices, parameter_device, source)
+        resolved = _checked_devices(compute_devices, parameter_device, source, home)
         return resolved if reason is None else StrategyDevices(*resolved[:3], reason)
     except ValueError as e:
         used = [s for s in ("compute_devices", "parameter_device") if config.received(s)]
@@ -152,7 +153,7 @@ def strategy_devices(config, cluster=None):
         ) from None
 
 
-def _checked_devices(compute_devices=None, parameter_device=None, source="argument"):
+def _checked_devices(compute_devices=None, parameter_device=None, source="argument", home=None):
     """Validates and fills in a strategy's devices.
 
     Precedence for each, decided by `dpkeras._config`: the argument, then
@@ -164,6 +165,9 @@ def _checked_devices(compute_devices=None, parameter_device=None, source="argume
         parameter_device: a device string, a list or tuple of them, a `dpkeras.placement`
             policy or any callable `(VariableSpec) -> device`, or None.
         source: str, where `compute_devices` came from, for the reason.
+        home: the device that holds reductions when the policy names no devices (a TF1
+            device function); None: `default_parameter_device()`. On a cluster, its first
+            parameter device (a client that is worker 0 has no `/cpu:0`).
 
     Returns:
         The `StrategyDevices`: the compute devices, the placement policy, the device that
@@ -177,7 +181,7 @@ def _checked_devices(compute_devices=None, parameter_device=None, source="argume
         parameter_device = default_parameter_device()
     policy = placement.bind_to(placement.as_policy(parameter_device), [default_parameter_device()])
     policy_devices = tuple(getattr(policy, "devices", ()))
-    home = policy_devices[0] if policy_devices else default_parameter_device()
+    home = policy_devices[0] if policy_devices else home or default_parameter_device()
 
     if isinstance(compute_devices, str):
         raise ValueError(
