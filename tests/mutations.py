@@ -938,8 +938,8 @@ MUTANTS = (
         "the variable scopes around strategy.run are not in effect in its replica threads (TF1's "
         "tower loop under strategy.run makes a second set of variables, or fails)",
         "dpkeras/tf1/_state.py",
-        "_carried.register(_capture, _restored)\n",
-        "",
+        "register(_capture, _restored)  # carried",
+        "(_capture, _restored)  # carried",
         (
             "tests/test_tf1_under_a_strategy.py::"
             "test_scopes_entered_around_strategy_run_are_in_effect_in_every_replica",
@@ -1773,8 +1773,8 @@ MUTANTS = (
         "a training client whose address cannot be probed from here is taken for dead: a second "
         "client trains beside it",
         "dpkeras/cluster/_client_record.py",
-        "        if alive is False:\n",
-        "        if not alive:\n",
+        "    alive = client_answers(record)\n    if alive is False:\n",
+        "    alive = client_answers(record)\n    if not alive:\n",
         (
             "tests/test_cluster_clients.py::"
             "test_a_training_client_that_cannot_be_probed_from_here_refuses_a_second_one",
@@ -1784,8 +1784,8 @@ MUTANTS = (
         "record-dead-client-blocks",
         "the record of a client that died refuses every later client",
         "dpkeras/cluster/_client_record.py",
-        "        if alive is False:\n",
-        "        if False:\n",
+        "    alive = client_answers(record)\n    if alive is False:\n",
+        "    alive = client_answers(record)\n    if False:\n",
         ("tests/test_cluster_clients.py::test_a_dead_client_s_record_does_not_block_a_new_one",),
     ),
     Mutant(

@@ -14,8 +14,8 @@ import weakref
 
 import keras
 
-from dpkeras import _carried
 from dpkeras import _keras_internals as internals
+from dpkeras._carried import register
 from dpkeras.tf1._store import (
     DEFAULT_STORE,
     blocks_opened,
@@ -63,7 +63,7 @@ def _restored(state):
         THREAD.scopes, THREAD.roots = saved
 
 
-_carried.register(_capture, _restored)
+register(_capture, _restored)  # carried into replica threads (`dpkeras._carried`)
 
 
 def current_scope():
