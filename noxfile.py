@@ -108,7 +108,7 @@ def matrix(session, tensorflow, keras):
     session.run("dpkeras", "env", env=env)
     workers = os.environ.get("DPKERAS_MATRIX_WORKERS", "2")
     session.run(
-        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "-n", workers,
         "--dist", "loadfile", *_subset(), *session.posargs,
         env=env,
     )  # fmt: skip

@@ -49,7 +49,11 @@ def test_replicas_equal_one_device(kind, optimizer, replicas):
         devices = [f"/cpu:{i}" for i in range(1, replicas + 1)]
         keras.utils.set_random_seed(1234)
         _, history, evaluation = train(
-            kind, tf.distribute.MirroredStrategy(devices), optimizer=optimizer
+            kind,
+            # Not collectives: their groups, kept per process, would clash with the other
+            # replica count's.
+            tf.distribute.MirroredStrategy(devices, tf.distribute.ReductionToOneDevice()),
+            optimizer=optimizer,
         )
         logs = history, evaluation
         keras.utils.set_random_seed(1234)
