@@ -94,7 +94,8 @@ def matrix(session, tensorflow, keras):
     # The tests, and the files they read, where the checkout's dpkeras/ is not importable.
     tests = work / "run"
     shutil.copytree(ROOT / "tests", tests / "tests", ignore=_IGNORED)
-    for name in ("README.md", "CHANGELOG.md", "pyproject.toml", "noxfile.py"):
+    (tests / ".ci").mkdir()
+    for name in ("README.md", "CHANGELOG.md", "pyproject.toml", "noxfile.py", ".ci/run"):
         shutil.copy(ROOT / name, tests / name)
     session.chdir(tests)
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ""}

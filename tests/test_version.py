@@ -1,6 +1,8 @@
 """One version everywhere: `dpkeras.__version__` (from dpkeras/_version.py), the installed
 package's metadata, CHANGELOG.md's newest released heading, and `dpkeras env`, which prints
-it (the benchmark's header, in benchmarks/, is checked in tests/test_benchmark.py)."""
+it (the benchmark's header, in benchmarks/, is checked in tests/test_benchmark.py). One
+supported span of TensorFlow and Keras everywhere: dpkeras/_version.py, pyproject.toml's
+ranges, the matrix (noxfile.py, tests/matrix.txt, CI's oldest pair), the one-line refusal."""
 
 import ast
 import importlib.metadata
@@ -167,3 +169,14 @@ def test_every_test_the_matrix_runs_exists():
                     n.name for n in ast.walk(ast.parse(f.read())) if isinstance(n, ast.FunctionDef)
                 }
             assert name in defined, test_id
+
+
+def test_ci_runs_the_matrix_session_of_the_oldest_pair():
+    oldest = _version.TENSORFLOW[0]
+    keras = _version.keras_span(f"{oldest[0]}.{oldest[1]}")[0]
+    session = f"matrix(tf{oldest[0]}.{oldest[1]}-keras{keras[0]}.{keras[1]})"
+    pairs = {(_version.minor(t), _version.minor(k)) for t, k in _matrix_pairs()}
+    assert (oldest, keras) in pairs
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        lines = [line for line in f if line.startswith("make matrix")]
+    assert lines and f"-s '{session}'" in lines[0], lines
