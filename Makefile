@@ -4,11 +4,13 @@
 #   make test    the test suite
 #   make gpu-check   where there are GPUs: the tests that need them and the benchmark on them
 #   make wheel-test  build the sdist and wheel, install the wheel in a fresh venv, smoke-test it
+#   make matrix  the wheel beside each supported TensorFlow and Keras pair, a subset of the tests
+#                (noxfile.py; ARGS="-s 'matrix(tf2.16-keras3.8)'" for one pair)
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test wheel-test bench lint format clean mutants keras-suite gpu-check
+.PHONY: install test wheel-test matrix bench lint format clean mutants keras-suite gpu-check
 
 $(STAMP): pyproject.toml dpkeras/_version.py
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +25,11 @@ test: $(STAMP)
 
 wheel-test: $(STAMP)
 	PYTHON=$(PYTHON) .ci/wheel-test
+
+# One nox session per supported TensorFlow and Keras pair, each in its own venv under .nox/
+# (noxfile.py): the pair, then the built wheel installed with pip, then tests/matrix.txt's tests.
+matrix: $(STAMP)
+	$(VENV)/bin/nox -f noxfile.py $(ARGS)
 
 # Breaks dpkeras on purpose in named ways (tests/mutations.py) and expects the guarding tests
 # to fail; slow (a cluster per cluster mutant), not part of `make test`.
@@ -48,11 +55,11 @@ gpu-check: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.gpu_check $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check dpkeras tests benchmarks
-	$(VENV)/bin/ruff format --check dpkeras tests benchmarks
+	$(VENV)/bin/ruff check dpkeras tests benchmarks noxfile.py
+	$(VENV)/bin/ruff format --check dpkeras tests benchmarks noxfile.py
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format dpkeras tests benchmarks
+	$(VENV)/bin/ruff format dpkeras tests benchmarks noxfile.py
 
 clean:
 	rm -rf $(VENV) results build dist *.egg-info

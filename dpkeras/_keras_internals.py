@@ -2,8 +2,10 @@
 
 Each function answers, from Keras-private state, a question no public API answers (mostly: what
 a `tf.variable_creator_scope` creator cannot know, such as the Keras path of the variable and
-who creates it) and says why. They are tested against the Keras version pinned in
-pyproject.toml: if Keras changes them, tests fail rather than dpkeras silently going wrong.
+who creates it) and says why. They are tested against every Keras release of dpkeras's span
+(`dpkeras._version.KERAS`, the matrix of noxfile.py); where a release differs, the function
+answers for each (`keras_minor`). If Keras changes them, tests fail rather than dpkeras
+silently going wrong.
 """
 
 import dataclasses
@@ -292,9 +294,46 @@ def backup_files(callback):
 def backup_position(callback):
     """`(epoch, last batch seen)` a `BackupAndRestore` would record in a backup now.
 
-    Keras 3.15 tracks them in private attributes, updated by its batch and epoch hooks.
+    Keras 3.15 tracks them in private attributes, updated by its batch and epoch hooks. Keras
+    3.11+ call `on_train_batch_end` with the last batch of a call of the step function
+    (`steps_per_execution` batches); Keras 3.8-3.10 with its first, so the last batch trained
+    is counted from it here (at most the epoch's last).
     """
-    return callback._current_epoch, callback._last_batch_seen
+    epoch, batch = callback._current_epoch, callback._last_batch_seen
+    if keras_minor() < (3, 11) and callback.model is not None:
+        batch += (callback.model.steps_per_execution or 1) - 1
+        steps = (callback.params or {}).get("steps")
+        if steps:
+            batch = min(batch, steps - 1)
+    return epoch, batch
+
+
+def keras_minor():
+    """`(major, minor)` of the Keras imported: where its internals differ within dpkeras's
+    span (`dpkeras._version.KERAS`), the functions here answer for each release."""
+    major, minor = keras.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def step_spans(epoch_iterator, enumeration):
+    """Keras's enumeration of an epoch (`EpochIterator._enumerate_iterator`) as `(begin step,
+    end step, iterator)` per call of the step function, as Keras 3.11+ yields it. Keras
+    3.8-3.10 yield `(step, iterator)`, a call covering `steps_per_execution` steps from `step`.
+    """
+    if keras_minor() >= (3, 11):
+        yield from enumeration
+        return
+    for step, iterator in enumeration:
+        yield step, step + epoch_iterator.steps_per_execution - 1, iterator
+
+
+def as_keras_enumeration(spans):
+    """The reverse of `step_spans`: what the Keras imported expects its enumeration to yield."""
+    if keras_minor() >= (3, 11):
+        yield from spans
+        return
+    for begin, _, iterator in spans:
+        yield begin, iterator
 
 
 def epoch_iterator_class():
@@ -464,7 +503,10 @@ def reduce_per_replica(outputs, strategy, reduction):
 
 def autoconvert_optionals(model, step):
     """`step` wrapped as Keras wraps its one-step function: optional inputs given as
-    `tf.experimental.Optional` become None (`TensorFlowTrainer._autoconvert_optionals`)."""
+    `tf.experimental.Optional` become None (`TensorFlowTrainer._autoconvert_optionals`, Keras
+    3.12+). Keras 3.8-3.11 wrap nothing (their trainer has no such method): `step` itself."""
+    if keras_minor() < (3, 12):
+        return step
     return model._autoconvert_optionals(step)
 
 

@@ -2,8 +2,9 @@
 
 The public `tf.distribute` API lets users *use* a strategy, not *write* one: a strategy's
 extended class, its replica threads, its distributed datasets and its value containers are all
-private. Keeping those uses here means a TensorFlow upgrade breaks one file, and
-`pyproject.toml` pins the TensorFlow minor version this file was checked against. Each import
+private. Keeping those uses here means a TensorFlow upgrade breaks one file; it is checked
+against every TensorFlow of dpkeras's span (`dpkeras._version`, the matrix of noxfile.py, which
+runs tests/test_architecture.py's checks of these members on each). Each import
 below says why no public API does it; `tests/test_architecture.py` checks that no other module
 imports TensorFlow's private modules or reads private attributes of its objects.
 

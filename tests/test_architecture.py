@@ -348,11 +348,17 @@ PRIVATE_MEMBERS_READ = {
 
 
 def _dpkeras_classes_over_tf_and_keras():
+    """dpkeras's classes deriving from TensorFlow's or Keras's, from the dpkeras imported (the
+    installed wheel's under the version matrix, tests/matrix.txt)."""
     import importlib
     import inspect
+    import pkgutil
+
+    import dpkeras
 
     classes = {}
-    for name in _modules():
+    names = ["dpkeras"] + [m.name for m in pkgutil.walk_packages(dpkeras.__path__, "dpkeras.")]
+    for name in names:
         if name.endswith("__main__"):
             continue
         module = importlib.import_module(name)

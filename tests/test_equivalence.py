@@ -12,9 +12,10 @@ import functools
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from dpkeras.testing import assert_weights_close, cpu_strategy
-from tests.models import make_data, train
+from tests.models import LOGS_AS_ONE_DEVICE, make_data, train
 
 KINDS = ["dense", "conv2d", "embedding", "lstm", "gru"]
 
@@ -25,10 +26,13 @@ def _one_device(kind, optimizer, n=288):
     return model.get_weights(), history, evaluation
 
 
-def _assert_same_run(expected, actual):
+def _assert_same_run(expected, actual, logs=None):
+    """The weights of `expected` (one device's run), and its logs, or those of `logs`."""
     weights, history, evaluation = expected
     model, history2, evaluation2 = actual
     assert_weights_close(weights, model.get_weights())
+    if logs is not None:
+        history, evaluation = logs
     assert history.keys() == history2.keys()
     for key in history:
         np.testing.assert_allclose(history2[key], history[key], rtol=1e-5, err_msg=key)
@@ -40,7 +44,20 @@ def _assert_same_run(expected, actual):
 @pytest.mark.parametrize("kind", KINDS)
 def test_replicas_equal_one_device(kind, optimizer, replicas):
     expected = _one_device(kind, optimizer)
-    _assert_same_run(expected, train(kind, cpu_strategy(replicas), optimizer=optimizer))
+    logs = None
+    if not LOGS_AS_ONE_DEVICE:  # Keras 3.8-3.9: the logs of Keras under any strategy
+        devices = [f"/cpu:{i}" for i in range(1, replicas + 1)]
+        keras.utils.set_random_seed(1234)
+        _, history, evaluation = train(
+            kind,
+            # Not collectives: their groups, kept per process, would clash with the other
+            # replica count's.
+            tf.distribute.MirroredStrategy(devices, tf.distribute.ReductionToOneDevice()),
+            optimizer=optimizer,
+        )
+        logs = history, evaluation
+        keras.utils.set_random_seed(1234)
+    _assert_same_run(expected, train(kind, cpu_strategy(replicas), optimizer=optimizer), logs)
 
 
 @pytest.mark.parametrize("n", [250, 290], ids=["last-batch-58-over-3", "last-batch-2-over-3"])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dpkeras.testing import LocalCluster, run_python
+from tests.models import LOGS_AS_ONE_DEVICE
 
 CLIENT_TIMEOUT = 300
 
@@ -96,9 +97,10 @@ def test_hybrid_on_a_cluster_trains_to_one_process_weights_history_and_evaluate(
     assert out["copies_equal"], out
     assert out["max_diff"] < 1e-5, out
     got, expected = out["history"]
-    for key in expected:
-        assert got[key] == pytest.approx(expected[key], rel=1e-5), (key, out)
-    assert out["evaluate"][0] == pytest.approx(out["evaluate"][1], rel=1e-5)
+    if LOGS_AS_ONE_DEVICE:  # Keras 3.8-3.9 log otherwise under any strategy (tests/models.py)
+        for key in expected:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5), (key, out)
+        assert out["evaluate"][0] == pytest.approx(out["evaluate"][1], rel=1e-5)
     # The .keras file loads anywhere: here, with no cluster.
     import keras
 

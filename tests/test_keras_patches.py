@@ -307,11 +307,13 @@ def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monke
         for i, e in enumerate(keras_patches.ENTRIES)
         if e.qualname == "saving_lib.save_weights_only"
     )
-    wrong = dataclasses.replace(keras_patches.ENTRIES[index], signature="(model, filepath)")
+    wrong = dataclasses.replace(
+        keras_patches.ENTRIES[index], signature="(model, filepath)", older_signatures=()
+    )
     message = (
-        r"dpkeras cannot patch Keras 3\.\S+: saving_lib\.save_weights_only has signature "
-        r"\(model, filepath, max_shard_size=None, objects_to_skip=None\), expected "
-        r"\(model, filepath\) \(as in Keras 3\.15\)"
+        r"^dpkeras cannot patch Keras 3\.\S+: saving_lib\.save_weights_only has signature "
+        r"\(model, filepath, (max_shard_size=None, )?objects_to_skip=None\), expected "
+        r"\(model, filepath\) \(dpkeras supports Keras 3\.8-3\.15\)\.$"
     )
     with pytest.raises(RuntimeError, match=message):
         wrong.check()
@@ -321,6 +323,84 @@ def test_a_changed_signature_is_refused_by_name_before_anything_is_patched(monke
     with pytest.raises(RuntimeError, match=message):
         with new_strategy().scope():
             pass
+    assert_keras_as_shipped(shipped)
+
+
+def _saving_module_with(signature):
+    """A stand-in for Keras's saving_lib whose save_weights_only has `signature`."""
+    namespace = {}
+    exec(f"def save_weights_only{signature}:\n    return locals()", namespace)
+    return type(
+        "saving_lib", (), {"save_weights_only": staticmethod(namespace["save_weights_only"])}
+    )
+
+
+@pytest.mark.parametrize(
+    "signature, accepted",
+    [
+        ("(model, filepath, max_shard_size=None, objects_to_skip=None)", True),  # Keras 3.10+
+        ("(model, filepath, objects_to_skip=None)", True),  # Keras 3.8-3.9
+        ("(model, filepath, objects_to_skip=None, max_shard_size=None)", False),
+        ("(model, filepath)", False),
+    ],
+)
+def test_each_signature_of_the_span_is_accepted_and_no_other(signature, accepted):
+    fake = dataclasses.replace(
+        keras_patches.entry("saving_lib.save_weights_only"),
+        owner=lambda: _saving_module_with(signature),
+    )
+    if accepted:
+        fake.check()
+        return
+    with pytest.raises(
+        RuntimeError,
+        match=r"saving_lib\.save_weights_only has signature " + re.escape(signature) + r", "
+        r"expected \(model, filepath, max_shard_size=None, objects_to_skip=None\) or "
+        r"\(model, filepath, objects_to_skip=None\) \(dpkeras supports Keras 3\.8-3\.15\)",
+    ):
+        fake.check()
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        "(model, filepath, max_shard_size=None, objects_to_skip=None)",
+        "(model, filepath, objects_to_skip=None)",
+    ],
+)
+def test_the_weights_wrapper_takes_either_signature_and_passes_a_shard_size_through(signature):
+    original = _saving_module_with(signature).save_weights_only
+    model = keras.Sequential([keras.layers.Dense(1)])  # not dpkeras's: Keras's own save
+    got = resume.save_weights_only(original, model, "w.weights.h5", objects_to_skip=None)
+    assert got["filepath"] == "w.weights.h5" and got["objects_to_skip"] is None
+    if "max_shard_size" in signature:
+        got = resume.save_weights_only(original, model, "w.weights.h5", 5)
+        assert got["max_shard_size"] == 5
+
+
+@pytest.mark.parametrize(
+    "module, version, advice",
+    [
+        (tf, "2.15.1", r"TensorFlow 2\.16-2\.21"),
+        (tf, "2.22.0", r"TensorFlow 2\.16-2\.21"),
+        (keras, "3.7.0", r"Keras 3\.\d+-3\.15 beside it"),
+        (keras, "3.16.0", r"Keras 3\.\d+-3\.15 beside it"),
+    ],
+)
+def test_a_pair_outside_the_span_is_refused_at_scope_in_one_line(
+    monkeypatch, module, version, advice
+):
+    shipped = originals()
+    monkeypatch.setattr(module, "__version__", version)
+    message = (
+        rf"^dpkeras \S+ supports TensorFlow 2\.16-2\.21 with Keras 3\.8-3\.15 \([^)]*\); found "
+        rf"TensorFlow {re.escape(tf.__version__)} and Keras {re.escape(keras.__version__)}\. "
+        rf"Install {advice} \(README, \"Versions\"\)\.$"
+    )
+    with pytest.raises(RuntimeError, match=message) as raised:
+        with new_strategy().scope():
+            pass
+    assert "\n" not in str(raised.value)
     assert_keras_as_shipped(shipped)
 
 
@@ -558,3 +638,39 @@ def test_the_strategy_a_model_was_made_under_is_still_where_dpkeras_reads_and_se
     setattr(outside, _keras_internals.strategy_attribute(), strategy)
     assert outside.distribute_strategy is strategy
     assert not _keras_internals.built_outside_any_strategy(outside)
+
+
+# -- Keras internals that differ within the span (dpkeras/_keras_internals.py) -----------------
+
+
+def test_keras_wraps_its_steps_to_convert_optionals_from_3_12_on_and_dpkeras_as_it_does():
+    trainer = _keras_internals.tensorflow_trainer()
+    assert hasattr(trainer, "_autoconvert_optionals") == (_keras_internals.keras_minor() >= (3, 12))
+
+    def step(data):
+        return data
+
+    model = small_model()
+    converted = _keras_internals.autoconvert_optionals(model, step)
+    if _keras_internals.keras_minor() < (3, 12):
+        assert converted is step
+    else:
+        optional = tf.experimental.Optional.empty(tf.TensorSpec([], tf.float32))
+        assert converted({"x": 1.0, "mask": optional}) == {"x": 1.0, "mask": None}
+
+
+def test_an_epoch_enumeration_reads_as_step_spans_and_back_in_this_keras():
+    """Keras 3.11+ enumerates an epoch as `(begin, end, iterator)`, 3.8-3.10 as `(step,
+    iterator)`; dpkeras's resume reads spans and gives Keras back its own form."""
+    import numpy as np
+
+    iterator = _keras_internals.epoch_iterator_class()(
+        x=np.zeros((10, 3), "float32"), batch_size=2, steps_per_execution=2, shuffle=False
+    )
+    kerass = [tuple(item[:-1]) for item in iterator._enumerate_iterator()]
+    width = 2 if _keras_internals.keras_minor() >= (3, 11) else 1
+    assert {len(item) for item in kerass} == {width}
+    items = [(i, "it") for i in (0, 2, 4)] if width == 1 else [(i, i + 1, "it") for i in (0, 2, 4)]
+    spans = list(_keras_internals.step_spans(iterator, iter(items)))
+    assert spans == [(0, 1, "it"), (2, 3, "it"), (4, 5, "it")]
+    assert list(_keras_internals.as_keras_enumeration(iter(spans))) == items

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import dpkeras
 from dpkeras.testing import assert_weights_close, cpu_strategy, run_python
+from tests.models import LOGS_AS_ONE_DEVICE
 
 L = keras.layers
 
@@ -259,8 +260,9 @@ def test_continued_training_after_load_matches_one_device(tmp_path):
     assert int(parallel.optimizer.iterations.numpy()) == DPKERAS_STEPS + 6
     # The weights moved: the comparison is not between two untouched copies.
     assert not np.allclose(next(iter(w2.values())), next(iter(before[0].values())))
-    np.testing.assert_allclose(h2["loss"], h1["loss"], rtol=1e-5)
-    np.testing.assert_allclose(h2["accuracy"], h1["accuracy"], rtol=1e-6)
+    if LOGS_AS_ONE_DEVICE:  # Keras 3.8-3.9 log otherwise under any strategy (tests/models.py)
+        np.testing.assert_allclose(h2["loss"], h1["loss"], rtol=1e-5)
+        np.testing.assert_allclose(h2["accuracy"], h1["accuracy"], rtol=1e-6)
     assert_all_on_parameter_device(parallel)
 
 

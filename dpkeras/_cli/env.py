@@ -107,6 +107,19 @@ def _say_cluster_defaults(say, cluster, cluster_devices, settings):
         say(f"  unless replaced by: {', '.join(settings.received(n) for n in given)}")
 
 
+def _span_line(tensorflow_version, keras_version):
+    """Whether this TensorFlow and Keras pair is in dpkeras's supported span, in one line."""
+    from dpkeras import _version
+
+    reason = _version.unsupported(tensorflow_version, keras_version)
+    if reason is not None:
+        return f"NOT supported: {reason}"
+    return (
+        f"Supported: TensorFlow {_version.span(_version.TENSORFLOW)} with Keras "
+        f"{_version.span(_version.KERAS)} (this pair is in the span)"
+    )
+
+
 def env(argv=None, out=None):
     """`dpkeras env`: prints what a bug report needs; returns the exit status."""
     out = out or sys.stdout
@@ -167,6 +180,7 @@ def env(argv=None, out=None):
         f"Keras {keras.__version__} (backend {keras.config.backend()}), "
         f"absl-py {_version('absl-py')}, numpy {_version('numpy')}"
     )
+    say(_span_line(tf.__version__, keras.__version__))
     say(f"Platform {platform.platform()}, {os.cpu_count()} CPU cores")
     say()
     say("Physical devices:")

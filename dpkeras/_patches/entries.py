@@ -28,7 +28,8 @@ from typing import ClassVar
 import keras
 import tensorflow as tf
 
-SUPPORTED_KERAS = "3.15"
+from dpkeras import _version
+
 _INHERITED = object()  # an owner that held no object of its own under the name
 
 
@@ -50,6 +51,9 @@ class Attribute:
         name: str, the attribute name on `owner`.
         qualname: str, how errors and the README name it.
         signature: str, `str(inspect.signature(...))` of the function in Keras 3.15.
+        older_signatures: `((signature, "Keras 3.8-3.9"), ...)`, the other signatures the
+            function has within the supported span, and where: each accepted too (the
+            wrapper must take each).
         wrapper: callable `(original, *args, **kwargs)` standing in for the function.
         retire: str, the public Keras hook that would make this entry unnecessary.
         source_sha256: str or None, the SHA-256 of `inspect.getsource` of the Keras 3.15
@@ -65,26 +69,32 @@ class Attribute:
     wrapper: Callable
     retire: str
     source_sha256: str | None = None
+    older_signatures: tuple[tuple[str, str], ...] = ()
+
+    def accepted_signatures(self):
+        """Every signature the function may have within the supported span."""
+        return (self.signature, *(found for found, _ in self.older_signatures))
 
     def available(self):
         """Whether the entry applies in this process (always, for a Keras attribute)."""
         return True
 
     def check(self):
-        """Raises RuntimeError if the function is missing or its signature changed."""
+        """Raises RuntimeError if the function is missing or its signature is none of those
+        accepted (`accepted_signatures`)."""
+        supported = f"dpkeras supports Keras {_version.span(_version.KERAS)}"
+        expected = " or ".join(self.accepted_signatures())
         original = getattr(self.owner(), self.name, None)
         if original is None:
             raise RuntimeError(
                 f"dpkeras cannot patch Keras {keras.__version__}: {self.qualname} does not "
-                f"exist (expected a function with signature {self.signature}, as in Keras "
-                f"{SUPPORTED_KERAS}). Use the Keras version pinned in dpkeras's pyproject.toml."
+                f"exist (expected a function with signature {expected}; {supported})."
             )
         found = str(inspect.signature(original))
-        if found != self.signature:
+        if found not in self.accepted_signatures():
             raise RuntimeError(
                 f"dpkeras cannot patch Keras {keras.__version__}: {self.qualname} has signature "
-                f"{found}, expected {self.signature} (as in Keras {SUPPORTED_KERAS}). Use the "
-                f"Keras version pinned in dpkeras's pyproject.toml."
+                f"{found}, expected {expected} ({supported})."
             )
 
     def install(self):

@@ -6,6 +6,7 @@ Keras 3.15 does and what dpkeras does instead.
 """
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -228,8 +229,13 @@ def save_model(original, model, filepath, *args, **kwargs):
 
 
 def save_weights_only(original, model, filepath, *args, **kwargs):
-    """Keras's `saving_lib.save_weights_only`, writing a dpkeras model's file atomically."""
-    sharded = (args and args[0] is not None) or kwargs.get("max_shard_size") is not None
+    """Keras's `saving_lib.save_weights_only`, writing a dpkeras model's file atomically
+    (not a sharded save: Keras 3.10+'s `max_shard_size`, which Keras 3.8-3.9 do not take)."""
+    try:
+        given = inspect.signature(original).bind(model, filepath, *args, **kwargs).arguments
+    except TypeError:  # arguments it does not take: Keras's own error says which
+        return original(model, filepath, *args, **kwargs)
+    sharded = given.get("max_shard_size") is not None
     suffix = _local_suffix(filepath)
     if suffix != ".weights.h5" or sharded or not built_under_dpkeras(model):
         return original(model, filepath, *args, **kwargs)
@@ -608,7 +614,8 @@ def resuming_the_epoch(original, epoch_iterator):
         if metrics is not None:
             restore_metric_states(model, metrics)
 
-    return resumption.resumed(original(epoch_iterator), where, on_resume)
+    spans = _keras_internals.step_spans(epoch_iterator, original(epoch_iterator))
+    return _keras_internals.as_keras_enumeration(resumption.resumed(spans, where, on_resume))
 
 
 # -- ModelCheckpoint ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from dpkeras import _keras_internals, _tf_internals
+from dpkeras import _keras_internals, _tf_internals, _version
 from dpkeras._extended import optimizer_apply, sparse_rows
 from dpkeras._patches import (
     cluster_loop,
@@ -154,6 +154,7 @@ ENTRIES = (
         "(model, filepath, max_shard_size=None, objects_to_skip=None)",
         resume.save_weights_only,
         retire=_SAVING,
+        older_signatures=(("(model, filepath, objects_to_skip=None)", "Keras 3.8-3.9"),),
     ),
     Attribute(
         _backup_and_restore,
@@ -373,9 +374,10 @@ def installed():
 def install():
     """Checks every entry, then installs each one not installed yet.
 
-    Checked: each Keras function's signature is compared with the one it has in Keras 3.15
-    (the version pinned in pyproject.toml), and a difference raises, naming the function and
-    both signatures, before anything is installed. Where dpkeras replaces what a Keras
+    Checked first: the TensorFlow and Keras imported are within the supported span
+    (`dpkeras._version`); then each Keras function's signature is compared with those it has
+    within the span, and a difference raises, naming the function and the signatures, before
+    anything is installed. Where dpkeras replaces what a Keras
     function does rather than wrapping it (`BackupAndRestore._save_model`), the table pins a
     hash of the original's source, and tests/test_keras_patches.py fails when Keras changes
     it. An optional entry (keras-rs) is installed once its module is imported: each scope
@@ -384,9 +386,11 @@ def install():
     Normally called by entering a dpkeras scope.
 
     Raises:
-        RuntimeError: if a Keras function is missing or its signature differs from Keras
-            3.15's; nothing is installed then.
+        RuntimeError: if TensorFlow or Keras is outside the span (one line naming both
+            versions found and the span), or a Keras function is missing or its signature
+            is none of those accepted; nothing is installed then.
     """
+    _version.check_supported()
     with _lock:
         pending = [e for e in ENTRIES if e.qualname not in _saved and e.available()]
         for e in pending:
