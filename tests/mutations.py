@@ -3912,8 +3912,8 @@ MUTANTS = (
         "tf-keras-in-dev",
         "the dev extra installs tf-keras (the peers extra)",
         "pyproject.toml",
-        'dev = ["dpkeras[test,bench,rs]"',
-        'dev = ["dpkeras[test,bench,rs,peers]"',
+        'dev = ["dpkeras[test,bench,rs,matrix]"',
+        'dev = ["dpkeras[test,bench,rs,matrix,peers]"',
         (
             "tests/test_wheel.py::test_tf_keras_is_only_the_benchmark_peers_extra_never_a_dependency",
         ),
