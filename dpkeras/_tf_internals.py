@@ -586,7 +586,7 @@ def device_scope():
     if tf.executing_eagerly():
         return _context.context().device_name or ""
     for spec in _ops.get_default_graph()._device_function_stack.peek_objs():
-        name = spec.device_name_or_function
+        name = spec.raw_string  # a `_UserDeviceSpec`: the string given, None for a function
         return name if isinstance(name, str) else ""
     return ""
 

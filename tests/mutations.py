@@ -993,6 +993,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf-device-in-a-traced-function-unread",
+        "a device named with tf.device around get_variable in a tf.function is not read (TF 2.21's "
+        "graph device stack holds _UserDeviceSpec, whose string is raw_string)",
+        "dpkeras/_tf_internals.py",
+        "        name = spec.raw_string  # a",
+        "        name = spec.function  # a",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_a_device_named_with_tf_device_in_a_tf_function_is_where_the_variable_lives",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",
@@ -4095,6 +4107,97 @@ MUTANTS = (
             "tests/test_quiet.py::test_the_filter_drops_a_multi_line_record_whole",
             "tests/test_quiet.py::test_launch_drops_a_multi_line_record_whole",
         ),
+    ),
+    Mutant(
+        "tf1-flags-hosts-unstripped",
+        "a space after a comma of --ps_hosts/--worker_hosts (a string) is kept in the address, "
+        "which is then refused (a list's addresses are stripped)",
+        "dpkeras/cluster/_spec.py",
+        '        addresses = [address.strip() for address in hosts.split(",")]',
+        '        addresses = hosts.split(",")',
+        ("tests/test_tf1_flags.py::test_spaces_around_the_addresses_of_a_flag_string_are_ignored",),
+    ),
+    Mutant(
+        "tf1-flags-second-join-other-cluster",
+        "a second join as the same task of another cluster is taken without a word (the first "
+        "cluster stays)",
+        "dpkeras/cluster/_spec.py",
+        "        if _given[0] != config:",
+        '        if _given[0]["task"] != config["task"]:',
+        (
+            "tests/test_tf1_flags.py::"
+            "test_a_second_join_as_the_same_task_of_another_cluster_is_refused",
+        ),
+    ),
+    Mutant(
+        "reserve-ended-connecting-client-holds",
+        "the CONNECTING record of a client of this machine whose process ended (killed while "
+        "connecting) still holds the cluster: every later client is refused",
+        "dpkeras/cluster/_client_record.py",
+        "    except ProcessLookupError:\n        return False",
+        "    except ProcessLookupError:\n        return True",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_connecting_client_s_record_holds_while_its_client_may_still_connect",
+        ),
+    ),
+    Mutant(
+        "reserve-connecting-grace-reversed",
+        "a CONNECTING record of another machine holds the cluster only once its grace is over",
+        "dpkeras/cluster/_client_record.py",
+        'alive = time.time() - record["since"] < _CONNECTING_GRACE',
+        'alive = time.time() - record["since"] > _CONNECTING_GRACE',
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_connecting_client_s_record_holds_while_its_client_may_still_connect",
+        ),
+    ),
+    Mutant(
+        "reserve-localhost-client-never-probed",
+        "a training client at localhost:port of this machine is never probed: once killed, it "
+        "blocks every later client ('may still run')",
+        "dpkeras/cluster/_client_record.py",
+        'if address.startswith("localhost:") and record["host"] != socket.gethostname():',
+        'if address.startswith("localhost:"):',
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_dead_client_of_this_machine_at_localhost_does_not_block_a_new_one",
+        ),
+    ),
+    Mutant(
+        "reserve-refused-keeps-earlier-tasks",
+        "a client refused on a later task keeps its CONNECTING record on the tasks it reserved "
+        "before (its own process then refuses itself)",
+        "dpkeras/cluster/_client_record.py",
+        "    except BaseException:\n        reservation.release()\n        raise\n"
+        "    return reservation",
+        "    except BaseException:\n        raise\n    return reservation",
+        (
+            "tests/test_cluster_clients.py::"
+            "test_a_client_refused_on_a_later_task_puts_back_the_records_it_swapped_before",
+        ),
+    ),
+    Mutant(
+        "tf1-store-block-alone-not-carried",
+        "a `with VariableStore():` block around strategy.run, without a scope or root reuse, is "
+        "not in effect in its replicas",
+        "dpkeras/tf1/_state.py",
+        "    if not THREAD.scopes and not blocks and not any(s.reuse for _, s in roots.values()):",
+        "    if not THREAD.scopes and not any(s.reuse for _, s in roots.values()):",
+        (
+            "tests/test_tf1_under_a_strategy.py::"
+            "test_a_variable_store_block_alone_around_strategy_run_is_in_effect_in_every_replica",
+        ),
+    ),
+    Mutant(
+        "absl-quiet-tensorflow-filter-kept",
+        "the filter on TensorFlow's loggers stays after connecting: its INFO records are dropped "
+        "for the rest of the program",
+        "dpkeras/_quiet.py",
+        "    finally:\n        for logger in loggers:\n"
+        "            logger.removeFilter(_TENSORFLOW_S)",
+        "    finally:\n        pass",
+        ("tests/test_quiet.py::test_tensorflow_s_records_are_judged_only_while_dpkeras_connects",),
     ),
 )
 

@@ -7,6 +7,7 @@ whose spec names a chief address; every client is a fresh process. Every wait is
 
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -249,6 +250,97 @@ def test_a_dead_client_s_record_does_not_block_a_new_one(local, planted):
     planted(address=local.spec["ps"][0])  # the control: a client that answers blocks
     with pytest.raises(RuntimeError, match=r"in use by .* and still answers\."):
         _check_in_use(_spec.Cluster(_without_chief(local.spec)))
+
+
+def test_a_dead_client_of_this_machine_at_localhost_does_not_block_a_new_one(local, planted):
+    """A client that connected as /job:localhost (its address `localhost:port`) on this
+    machine and was killed while training: its record says training, and it is probed (only a
+    `localhost` address of another machine cannot be), so the next client is not blocked."""
+    client = "/job:localhost/replica:0/task:0"
+    planted(client=client, address="localhost:" + _dead_address().rsplit(":", 1)[1])
+    _check_in_use(_spec.Cluster(_without_chief(local.spec)))  # no error
+    live = "localhost:" + local.address("worker", 0).rsplit(":", 1)[1]
+    planted(client=client, address=live)  # the control: a client that answers blocks
+    with pytest.raises(RuntimeError, match=r"in use by .* and still answers\."):
+        _check_in_use(_spec.Cluster(_without_chief(local.spec)))
+
+
+def test_a_client_refused_on_a_later_task_puts_back_the_records_it_swapped_before(local, planted):
+    """Reserving goes through the tasks in name order: a client that reserved the ps and is
+    then refused on the worker (another client trains there) leaves the ps as it found it, so
+    that once the worker is free, the next attempt (here: this very process, alive) is not
+    refused by its own earlier record on the ps."""
+    planted(state=_client_record.FINISHED)
+    holder = {
+        "client": "/job:localhost/replica:0/task:0",
+        "address": local.address("worker", 0),  # a server that answers
+        "pid": 4242,
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "state": _client_record.TRAINING,
+    }
+    task = "/job:worker/replica:0/task:0"
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(f"{task}/device:CPU:0"):
+        write = tf.raw_ops.AssignVariableOp(
+            resource=_client_record._handle(), value=tf.constant(json.dumps(holder))
+        )
+    config = tf.compat.v1.ConfigProto(device_filters=[task], operation_timeout_in_ms=60000)
+    with tf.compat.v1.Session(
+        f"grpc://{local.address('worker', 0)}", graph=graph, config=config
+    ) as session:
+        session.run(write)  # the worker alone is held
+    cluster = _spec.Cluster(_without_chief(local.spec))
+    with pytest.raises(RuntimeError, match=r"which trains on /job:worker/replica:0/task:0"):
+        _check_in_use(cluster)
+    reader = _client_record.RecordReader(
+        local.address("ps", 0), "/job:ps/replica:0/task:0", timeout=60
+    )
+    try:
+        assert reader.record()["state"] == _client_record.FINISHED  # as it was
+    finally:
+        reader.close()
+    planted(state=_client_record.FINISHED)  # the worker's client finished
+    _check_in_use(cluster)  # no error
+
+
+def _ended_pid():
+    """The process id of a process of this machine that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)
+    return proc.pid
+
+
+@pytest.mark.parametrize(
+    "case, holds",
+    [
+        ("this-host-alive", True),
+        ("this-host-ended", False),
+        ("other-host-recent", True),
+        ("other-host-past-grace", False),
+    ],
+)
+def test_a_connecting_client_s_record_holds_while_its_client_may_still_connect(
+    local, planted, case, holds
+):
+    """A `CONNECTING` record (a client between reserving and connecting) has no server to
+    probe: on this machine it holds the tasks while its process lives, so a client killed
+    while connecting does not block the next; on another machine, for the grace period after
+    it reserved."""
+    grace = _client_record._CONNECTING_GRACE
+    record = {
+        "this-host-alive": dict(pid=os.getpid()),
+        "this-host-ended": dict(pid=_ended_pid()),
+        "other-host-recent": dict(host="elsewhere", since=time.time() - grace / 2),
+        "other-host-past-grace": dict(host="elsewhere", since=time.time() - 2 * grace),
+    }[case]
+    planted(state=_client_record.CONNECTING, address="localhost:1", **record)
+    cluster = _spec.Cluster(_without_chief(local.spec))
+    if holds:
+        with pytest.raises(RuntimeError, match=r"connecting since .* and is connecting to it\."):
+            _check_in_use(cluster)
+    else:
+        _check_in_use(cluster)  # no error: the record is replaced
 
 
 def test_a_task_ends_for_its_own_client_s_finished_record_only(local, planted):

@@ -4,6 +4,7 @@ for (`--verbose`, `$DPKERAS_VERBOSE`), and `dpkeras --help` imports no TensorFlo
 started without `TF_CPP_MIN_LOG_LEVEL` (which the suite's conftest sets)."""
 
 import json
+import logging
 import os
 import re
 import select
@@ -613,3 +614,18 @@ def test_a_client_under_absl_prints_what_it_prints_without_absl():
         runs["absl"] - runs["plain"],
         runs["plain"] - runs["absl"],
     )
+
+
+def test_tensorflow_s_records_are_judged_only_while_dpkeras_connects():
+    """`tensorflow_info_dropped` filters the `tensorflow` and `absl` loggers within its block
+    only, also when the block raises: TensorFlow's INFO records logged later (a program's own,
+    asked for with absl's flags or not) are as TensorFlow makes them."""
+    loggers = [logging.getLogger(name) for name in ("tensorflow", "absl")]
+    before = [list(logger.filters) for logger in loggers]
+    with _quiet.tensorflow_info_dropped():
+        assert all(_quiet._TENSORFLOW_S in logger.filters for logger in loggers)
+    assert [list(logger.filters) for logger in loggers] == before
+    with pytest.raises(RuntimeError):
+        with _quiet.tensorflow_info_dropped():
+            raise RuntimeError("connecting failed")
+    assert [list(logger.filters) for logger in loggers] == before

@@ -372,3 +372,22 @@ def test_a_flags_script_under_absl_trains_on_worker_0_and_every_task_ends_with_s
     one, expected = _weights(tmp_path / "reference.npz")
     assert (replicas, one) == (2, 1)  # worker 0's and worker 1's devices; one CPU
     assert_weights_close(expected, trained, rtol=1e-5, atol=1e-6)
+
+
+def test_spaces_around_the_addresses_of_a_flag_string_are_ignored():
+    """`--worker_hosts="h:1, h:2"` (a space after each comma) names the same tasks as without
+    the spaces, as in a list."""
+    config, _ = _spec.task_given(
+        job_name="worker",
+        task_index=1,
+        ps_hosts=" 10.0.0.1:2222 ",
+        worker_hosts="10.0.0.2:2222, 10.0.0.3:2222",
+    )
+    assert config == {"cluster": SPEC, "task": {"type": "worker", "index": 1}}
+
+
+def test_a_second_join_as_the_same_task_of_another_cluster_is_refused():
+    _take(job_name="ps", task_index=0, **HOSTS)
+    with pytest.raises(ValueError, match=r"^This process already joined as /job:ps/replica:0/"):
+        _take(job_name="ps", task_index=0, ps_hosts="10.0.0.9:2222", worker_hosts="10.0.0.2:2222")
+    assert _spec.cluster_of().as_dict() == SPEC  # still the first

@@ -168,6 +168,23 @@ def test_a_device_named_for_a_variable_is_where_it_lives(form, maker):
         assert MAKERS[maker]() is on_compute
 
 
+def test_a_device_named_with_tf_device_in_a_tf_function_is_where_the_variable_lives():
+    """The same, made while a `tf.function` is traced (`_tf_internals.device_scope` reads the
+    graph's device stack there): TF 2.21's stack holds `_UserDeviceSpec`s."""
+    made = {}
+
+    @tf.function
+    def make():
+        if "on_compute" not in made:
+            with tf.device("/cpu:2"):
+                made["on_compute"] = get_variable("traced_w", (2,))
+        return made["on_compute"].value.read_value()
+
+    with dpkeras.scope(["/cpu:1", "/cpu:2"], "/cpu:0"):
+        make()
+    assert made["on_compute"].value.device.endswith("CPU:2")
+
+
 @pytest.mark.parametrize("maker", sorted(MAKERS))
 @pytest.mark.parametrize(
     "form,received",
@@ -331,3 +348,18 @@ def test_the_keras_internals_see_a_keras_variable_making_its_tf_variable():
         keras.Variable(keras.initializers.Zeros(), shape=(2,), name="deferred")
         tf.Variable(1.0)
     assert seen == [True, True, False]
+
+
+def test_a_variable_store_block_alone_around_strategy_run_is_in_effect_in_every_replica():
+    """A `with VariableStore():` block around `strategy.run`, without any variable scope or
+    root reuse, is the store of top-level code in every replica thread, as in the caller."""
+    strategy = cpu_strategy(2)
+    seen = []
+    with VariableStore() as store:
+
+        def inner(x):
+            seen.append(dpkeras.get_variable_store())
+            return x
+
+        strategy.run(inner, args=(tf.ones(()),))
+    assert len(seen) == 2 and all(s is store for s in seen), (seen, store)

@@ -174,7 +174,7 @@ def _hosts(name, hosts):
 
 
 def _task_index(task_index):
-    if isinstance(task_index, str) and task_index.strip().isdigit():
+    if isinstance(task_index, str) and task_index.strip().isdecimal():
         return int(task_index)
     if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
         raise ValueError(
