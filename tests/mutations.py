@@ -1005,6 +1005,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "reduce-to-localhost-on-a-task-client",
+        "strategy.reduce's default destination (/device:CPU:0) is /job:localhost's even where "
+        "the client is a task of the cluster (worker 0), which has no such device",
+        "dpkeras/_extended/extended.py",
+        "        if own is not None and not tf.DeviceSpec.from_string(device).job:\n",
+        "        if False:\n",
+        (
+            "tests/test_tf1_programs.py::"
+            "test_a_custom_loop_s_strategy_reduce_works_where_the_client_is_worker_0",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",

@@ -67,3 +67,64 @@ def test_the_trap_each_tower_s_mean_loss_undivided_trains_with_twice_the_gradien
     halved = [loss / 2 for loss in undivided]  # each replica reported its undivided loss
     assert halved[0] == pytest.approx(one_tower[0], rel=1e-5)  # the same start
     assert halved[1:] != pytest.approx(one_tower[1:], rel=1e-3)
+
+
+_CUSTOM_LOOP = """
+import tensorflow as tf
+from absl import app, flags
+
+import dpkeras
+
+flags.DEFINE_string("job_name", None, "ps or worker")
+flags.DEFINE_integer("task_index", None, "the task's index")
+flags.DEFINE_string("ps_hosts", None, "ps addresses")
+flags.DEFINE_string("worker_hosts", None, "worker addresses")
+FLAGS = flags.FLAGS
+
+
+def main(_):
+    dpkeras.cluster.join(
+        job_name=FLAGS.job_name,
+        task_index=FLAGS.task_index,
+        ps_hosts=FLAGS.ps_hosts,
+        worker_hosts=FLAGS.worker_hosts,
+    )
+    strategy = dpkeras.get_strategy()
+    with strategy.scope():
+        w = dpkeras.get_variable("w", (3,), initializer="ones")
+
+    def replica(x):
+        return tf.reduce_sum(w.value * x)
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(replica, args=(tf.ones(3),)), axis=None)
+
+    eager = strategy.reduce("SUM", strategy.run(replica, args=(tf.ones(3),)), axis=None)
+    print("REDUCED", float(step()), float(eager), strategy.num_replicas_in_sync, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
+"""
+
+
+def test_a_custom_loop_s_strategy_reduce_works_where_the_client_is_worker_0(tmp_path):
+    """`strategy.reduce(..., axis=None)` sends the sum to TensorFlow's default destination,
+    `/device:CPU:0`: on a cluster whose client is one of its tasks (worker 0, started from
+    TF1's flags) that is the task's CPU, not `/job:localhost`'s, which connecting renamed (it
+    failed: "/job:localhost/replica:0/task:0/device:CPU:0 unknown device"). Eager and traced."""
+    script = tmp_path / "custom_loop.py"
+    script.write_text(_CUSTOM_LOOP)
+    launch = [sys.executable, "-m", "dpkeras", "launch", "--flags", "--ps", "1", "--workers", "2"]
+    run = subprocess.run(
+        [*launch, "--", sys.executable, str(script)],
+        cwd=tmp_path,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (line,) = re.findall(r"REDUCED .*", run.stdout)
+    assert line.split() == ["REDUCED", "6.0", "6.0", "2"], line

@@ -4,7 +4,6 @@ import keras
 import tensorflow as tf
 
 from dpkeras import _tf_internals
-from dpkeras._device_names import canonical_device
 from dpkeras._extended.reductions import normalize_op
 from dpkeras._variables import pieces, placed
 
@@ -18,7 +17,7 @@ class CrossReplicaHooks:
     per-replica argument (the ledger moves a reduction to the variable's device if it was
     made elsewhere); shard by shard; or copy by copy, each with its own component. A mixin of
     `ParameterDeviceExtended`, which provides `_ledger`, `_parameter_device`,
-    `_num_replicas_in_sync` and `_local_results`.
+    `_num_replicas_in_sync`, `_local_results` and `_own_device`.
     """
 
     @property
@@ -32,7 +31,7 @@ class CrossReplicaHooks:
 
     def _reduction_device(self, destinations):
         if isinstance(destinations, str):
-            return canonical_device(destinations) if destinations else self._parameter_device
+            return self._own_device(destinations) if destinations else self._parameter_device
         if isinstance(destinations, tf.Variable):
             return destinations.device
         if isinstance(destinations, tf.distribute.DistributedValues):

@@ -255,6 +255,19 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
                 f"Received: {colocate_with_variable!r}"
             )
 
+    def _own_device(self, device):
+        """`device` canonical; one named without a job (TensorFlow's default destination of
+        `strategy.reduce`, `/device:CPU:0`) is this process's: on a cluster whose client is
+        one of its tasks (the chief, or worker 0), that task's, since connecting renamed
+        `/job:localhost` to it."""
+        own = None if self._cluster is None else self._cluster.own
+        if own is not None and not tf.DeviceSpec.from_string(device).job:
+            spec = tf.DeviceSpec.from_string(device).make_merged_spec(
+                tf.DeviceSpec(job=own[0], replica=0, task=own[1])
+            )
+            device = spec.to_string()
+        return canonical_device(device)
+
     # -- running replicas ---------------------------------------------------------------------
 
     def _call_for_each_replica(self, fn, args, kwargs):
