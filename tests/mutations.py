@@ -1017,6 +1017,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "worker-0-split-after-tensorflow-starts",
+        "worker 0, the client, splits its CPU after reserving the tasks has started TensorFlow: "
+        "it computes on one device whatever --cpus says",
+        "dpkeras/cluster/_connect.py",
+        "            _split_local_cpu()  # before TensorFlow starts",
+        "            pass  # before TensorFlow starts",
+        (
+            "tests/test_tf1_programs.py::"
+            "test_worker_0_as_the_client_computes_on_as_many_devices_as_every_worker",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",

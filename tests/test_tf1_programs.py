@@ -128,3 +128,27 @@ def test_a_custom_loop_s_strategy_reduce_works_where_the_client_is_worker_0(tmp_
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (line,) = re.findall(r"REDUCED .*", run.stdout)
     assert line.split() == ["REDUCED", "6.0", "6.0", "2"], line
+
+
+def test_worker_0_as_the_client_computes_on_as_many_devices_as_every_worker(tmp_path):
+    """`dpkeras launch --cpus 2` splits each task's CPU in two, worker 0's too when it is the
+    client (`--client worker`; TF1's flags layout): 2 workers, 4 replicas. Worker 0 splits its
+    CPU before TensorFlow starts, which reserving the tasks (a graph) would do (it had 1
+    device, so 3 replicas, and a global batch the user did not mean)."""
+    script = tmp_path / "replicas.py"
+    script.write_text(
+        "import dpkeras\n"
+        "dpkeras.cluster.join()\n"
+        "print('REPLICAS', dpkeras.get_strategy().num_replicas_in_sync, flush=True)\n"
+    )
+    launch = [sys.executable, "-m", "dpkeras", "launch", "--client", "worker", "--cpus", "2"]
+    run = subprocess.run(
+        [*launch, "--ps", "1", "--workers", "2", "--", sys.executable, str(script)],
+        cwd=tmp_path,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.findall(r"REPLICAS \d+", run.stdout) == ["REPLICAS 4"], run.stdout

@@ -169,6 +169,8 @@ def connect_to(cluster, timeout=None):
         else:
             address = cluster.tasks[task_name(*own)]
         record = own_record(cluster, address)
+        if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
+            _split_local_cpu()  # before TensorFlow starts (reserving builds a graph: it does)
         # Before anything reaches the tasks: of two clients starting at once, one holds them.
         reservation = reserve(cluster, record, timeout)
         try:
@@ -184,8 +186,6 @@ def connect_to(cluster, timeout=None):
             # A task that dies mid-step makes TensorFlow log its error again, with gRPC details,
             # as warnings before TaskFailedError names the task: hidden unless $DPKERAS_VERBOSE.
             _quiet.filter_client_stderr()
-            if own is not None and own[0] == "worker":  # worker 0 leads: its devices compute
-                _split_local_cpu()
             # TensorFlow logs its default session config at INFO: ~20 lines under absl's app.run.
             with _quiet.tensorflow_info_dropped():
                 if own is None:
