@@ -472,9 +472,30 @@ class _VariableOp:
         self.node_def.attr["dtype"].type = tf.as_dtype(spec.dtype).as_datatype_enum
         if spec.shape is not None:
             self.node_def.attr["shape"].shape.CopyFrom(tf.TensorShape(spec.shape).as_proto())
+        # Its one output holds the variable's value, as a TF1 `VariableV2`'s did: what a load
+        # function of a `ps_strategy` (tf_cnn_benchmarks' `byte_size_load_fn`) reads.
+        self.outputs = [_VariableValue(tf.as_dtype(spec.dtype), tf.TensorShape(spec.shape))]
+
+    def get_attr(self, name):
+        """The op's attribute `name` (`dtype`, `shape`), as `Operation.get_attr` gives it."""
+        if name not in self.node_def.attr:
+            raise ValueError(f"Operation {self.name!r} has no attr named {name!r}.")
+        value = self.node_def.attr[name]
+        return tf.as_dtype(value.type) if name == "dtype" else value.shape
 
     def __repr__(self):
         return f"<VarHandleOp {self.name!r}>"
+
+
+class _VariableValue:
+    """The output of a `_VariableOp`: the variable's dtype and shape, as a `Tensor` has them."""
+
+    def __init__(self, dtype, shape):
+        self.dtype = dtype
+        self.shape = shape
+
+    def get_shape(self):
+        return self.shape
 
 
 class _DeviceFunction:
@@ -504,7 +525,8 @@ def device_function(function):
     parameter device for `op.type in ("VariableV2", "VarHandleOp")`. This policy calls it once
     per variable, in creation order (as TF1 did per variable op), with a stand-in of the
     variable's op: a `VarHandleOp` named by the variable's path, with no device, whose
-    `.node_def` carries its dtype and shape. So `replica_device_setter` places variables round
+    `.node_def` carries its dtype and shape, as its one output (`.outputs[0].dtype`,
+    `.get_shape()`) and `.get_attr` do. So `replica_device_setter` places variables round
     robin over the ps tasks (`/job:ps/task:0`, `/job:ps/task:1`, ...), or by its `ps_strategy=`.
     `parameter_device=` takes `replica_device_setter`'s function as it is; wrap any other.
 

@@ -1029,6 +1029,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "tf1-variable-op-without-outputs",
+        "the stand-in op a TF1 device function is asked about has no outputs: a ps_strategy "
+        "balancing by bytes (tf_cnn_benchmarks') fails with AttributeError",
+        "dpkeras/placement.py",
+        "        self.outputs = [_VariableValue(",
+        "        self.outputz = [_VariableValue(",
+        (
+            "tests/test_placement.py::"
+            "test_a_ps_strategy_balancing_by_bytes_reads_them_off_the_variable_s_op",
+        ),
+    ),
+    Mutant(
         "record-read-fixed-timeout",
         "the client record's read before connecting allows a fixed 5 s, whatever the connect "
         "timeout (a task slow to answer under load failed the start)",

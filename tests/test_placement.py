@@ -408,6 +408,35 @@ def test_replica_device_setter_is_a_placement_policy_asked_as_tf1_asked_it():
     )
 
 
+def test_a_ps_strategy_balancing_by_bytes_reads_them_off_the_variable_s_op():
+    """A load function written for TF1's `VariableV2` ops (tf_cnn_benchmarks'
+    `byte_size_load_fn`: the op's one output's dtype size times its shape, else the `shape`
+    attribute) reads each variable's bytes off its stand-in op."""
+    loads = []
+
+    def byte_size(op):
+        (output,) = op.outputs
+        shape = output.get_shape()
+        assert tf.TensorShape(op.get_attr("shape")) == shape and op.get_attr("dtype") == tf.float32
+        return shape.num_elements() * output.dtype.size
+
+    def greedy(op):  # the least-loaded task so far, as GreedyLoadBalancingStrategy
+        loads.append((op.name, byte_size(op)))
+        return 0
+
+    setter = tf.compat.v1.train.replica_device_setter(
+        ps_tasks=1, ps_device="/job:localhost", worker_device="/cpu:1", ps_strategy=greedy
+    )
+    with dpkeras.scope(REPLICAS, setter):
+        _dense_model()
+    assert loads == [
+        ("sequential/fc/kernel", 3 * 4 * 4),
+        ("sequential/fc/bias", 4 * 4),
+        ("sequential/out/kernel", 4 * 2 * 4),
+        ("sequential/out/bias", 2 * 4),
+    ]
+
+
 def test_a_tf1_device_function_of_op_type_places_variables_by_it():
     """The TF1 idiom's own function (TF1_IDIOMS.md, idiom 1), wrapped."""
 
