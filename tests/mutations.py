@@ -4240,8 +4240,9 @@ MUTANTS = (
 
 def _copy(scratch):
     ignore = shutil.ignore_patterns(
-        ".venv", ".git", "__pycache__", "*.egg-info", "results", ".pytest_cache", ".ruff_cache"
-    )
+        ".venv", ".nox", ".git", "__pycache__", "*.egg-info", "results", ".pytest_cache",
+        ".ruff_cache",
+    )  # fmt: skip
     shutil.copytree(ROOT, scratch, ignore=ignore)
 
 

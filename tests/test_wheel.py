@@ -15,7 +15,9 @@ import dpkeras
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_TIMEOUT = 300
-_NOT_SOURCE = (".venv", ".git", "__pycache__", "build", "dist", "*.egg-info", "results", ".*cache")
+# .nox/: the version matrix's virtual environments (noxfile.py), several GB.
+_NOT_SOURCE = (".venv", ".nox", ".git", "__pycache__", "build", "dist", "*.egg-info", "results")
+_NOT_SOURCE += (".*cache",)
 
 
 @pytest.fixture(scope="module")
