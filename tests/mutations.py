@@ -4235,6 +4235,86 @@ MUTANTS = (
         "    finally:\n        pass",
         ("tests/test_quiet.py::test_tensorflow_s_records_are_judged_only_while_dpkeras_connects",),
     ),
+    Mutant(
+        "keras-enumeration-by-string",
+        "the epoch enumeration's form chosen by comparing version strings: Keras 3.8 and 3.9 "
+        '("3.8" >= "3.11") read as the (begin, end, iterator) form of 3.11+',
+        "dpkeras/_keras_internals.py",
+        "    if keras_minor() >= (3, 11):\n        yield from enumeration",
+        '    if keras.__version__ >= "3.11":\n        yield from enumeration',
+        (
+            "tests/test_keras_patches.py::test_each_release_of_the_span_gets_its_own_epoch_enumeration",
+        ),
+    ),
+    Mutant(
+        "keras-optionals-from-3-11",
+        "Keras 3.11's trainer asked for _autoconvert_optionals, which only 3.12+ have "
+        "(AttributeError in the cluster loop on 3.11; the matrix has no Keras 3.11 pair)",
+        "dpkeras/_keras_internals.py",
+        "if keras_minor() < (3, 12):",
+        "if keras_minor() < (3, 11):",
+        (
+            "tests/test_keras_patches.py::test_each_release_of_the_span_gets_its_own_optional_conversion",
+        ),
+    ),
+    Mutant(
+        "keras-backup-position-through-3-11",
+        "Keras 3.11's backup position counted as 3.8-3.10's (from a call's first batch): a "
+        "mid-epoch backup resumes steps_per_execution - 1 batches late",
+        "dpkeras/_keras_internals.py",
+        "if keras_minor() < (3, 11) and callback.model",
+        "if keras_minor() <= (3, 11) and callback.model",
+        (
+            "tests/test_keras_patches.py::test_each_release_of_the_span_gets_its_own_backup_position",
+        ),
+    ),
+    Mutant(
+        "weights-wrapper-passes-max-shard-size",
+        "the atomic weights write passes max_shard_size, which Keras 3.8-3.9's "
+        "save_weights_only does not take (TypeError saving a dpkeras model there)",
+        "dpkeras/_patches/resume.py",
+        "sharded or not built_under_dpkeras(model):\n"
+        "        return original(model, filepath, *args, **kwargs)\n"
+        "    return _write(lambda tmp: original(model, tmp, *args, **kwargs)",
+        "sharded or not built_under_dpkeras(model):\n"
+        "        return original(model, filepath, *args, **kwargs)\n"
+        "    return _write(lambda tmp: original(model, tmp, max_shard_size=None, "
+        'objects_to_skip=given.get("objects_to_skip"))',
+        (
+            "tests/test_keras_patches.py::"
+            "test_the_weights_wrapper_writes_a_dpkeras_model_through_the_3_8_signature",
+        ),
+    ),
+    Mutant(
+        "env-span-judges-tensorflow-only",
+        "dpkeras env says a pair is in the span when its TensorFlow is, whatever its Keras "
+        "(TensorFlow 2.21 with Keras 3.8: 'this pair is in the span')",
+        "dpkeras/_cli/env.py",
+        "    reason = _version.unsupported(tensorflow_version, keras_version)",
+        "    reason = (\n"
+        "        None if _version.in_span(tensorflow_version, _version.TENSORFLOW)\n"
+        "        else _version.unsupported(tensorflow_version, keras_version)\n    )",
+        ("tests/test_version.py::test_dpkeras_env_judges_the_keras_too_not_only_the_tensorflow",),
+    ),
+    Mutant(
+        "env-refuses-outside-the-span",
+        "dpkeras env raises the scope's refusal outside the span instead of printing it (the "
+        "command a user runs to learn why fails)",
+        "dpkeras/_cli/env.py",
+        "    say(_span_line(tf.__version__, keras.__version__))",
+        "    from dpkeras._version import check_supported\n\n    check_supported()\n"
+        "    say(_span_line(tf.__version__, keras.__version__))",
+        ("tests/test_version.py::test_dpkeras_env_runs_and_says_so_outside_the_span",),
+    ),
+    Mutant(
+        "rs-extra-tensorflow-outside-the-span",
+        "the rs extra asks for a TensorFlow the span excludes (pip then installs none, or "
+        "one outside the span)",
+        "pyproject.toml",
+        "\"tensorflow>=2.17; python_version >= '3.11'\"",
+        "\"tensorflow>=2.22; python_version >= '3.11'\"",
+        ("tests/test_version.py::test_the_extras_ask_for_a_tensorflow_and_keras_within_the_span",),
+    ),
 )
 
 

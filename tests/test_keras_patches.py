@@ -674,3 +674,86 @@ def test_an_epoch_enumeration_reads_as_step_spans_and_back_in_this_keras():
     spans = list(_keras_internals.step_spans(iterator, iter(items)))
     assert spans == [(0, 1, "it"), (2, 3, "it"), (4, 5, "it")]
     assert list(_keras_internals.as_keras_enumeration(iter(spans))) == items
+
+
+# -- review (breaker): the per-release answers, each release of the span faked ----------------
+
+
+KERAS_RELEASES = ["3.8.0", "3.9.2", "3.10.0", "3.11.3", "3.12.0", "3.14.0", "3.15.1"]
+
+
+def _as_keras(monkeypatch, version):
+    monkeypatch.setattr(keras, "__version__", version)
+    major, minor = (int(n) for n in version.split(".")[:2])
+    assert _keras_internals.keras_minor() == (major, minor)
+    return major, minor
+
+
+@pytest.mark.parametrize("version", KERAS_RELEASES)
+def test_each_release_of_the_span_gets_its_own_epoch_enumeration(monkeypatch, version):
+    """(step, iterator) before Keras 3.11, (begin, end, iterator) from 3.11 on: read as spans
+    and given back in the form of the Keras in use, compared as numbers ("3.8" < "3.11")."""
+    import types
+
+    release = _as_keras(monkeypatch, version)
+    iterator = types.SimpleNamespace(steps_per_execution=3)
+    spans = [(0, 2, "it"), (3, 5, "it")]
+    kerass = [(0, "it"), (3, "it")] if release < (3, 11) else spans
+    assert list(_keras_internals.step_spans(iterator, iter(kerass))) == spans
+    assert list(_keras_internals.as_keras_enumeration(iter(spans))) == kerass
+
+
+@pytest.mark.parametrize("version", KERAS_RELEASES)
+def test_each_release_of_the_span_gets_its_own_optional_conversion(monkeypatch, version):
+    """Keras 3.12+ wrap the step (`_autoconvert_optionals`); 3.8-3.11 have no such method."""
+    import types
+
+    release = _as_keras(monkeypatch, version)
+
+    def step(data):
+        return data
+
+    model = types.SimpleNamespace(_autoconvert_optionals=lambda f: ("wrapped", f))
+    if release < (3, 12):
+        del model._autoconvert_optionals  # as the trainer of 3.8-3.11: absent
+        assert _keras_internals.autoconvert_optionals(model, step) is step
+    else:
+        assert _keras_internals.autoconvert_optionals(model, step) == ("wrapped", step)
+
+
+@pytest.mark.parametrize("version", KERAS_RELEASES)
+def test_each_release_of_the_span_gets_its_own_backup_position(monkeypatch, version):
+    """Keras 3.11+ report a call's last batch to `on_train_batch_end`, 3.8-3.10 its first: the
+    last batch trained is counted from it there (at most the epoch's last)."""
+    import types
+
+    release = _as_keras(monkeypatch, version)
+    model = types.SimpleNamespace(steps_per_execution=3)
+    for seen, old_keras in ((3, 5), (8, 9)):
+        callback = types.SimpleNamespace(
+            _current_epoch=1, _last_batch_seen=seen, model=model, params={"steps": 10}
+        )
+        expected = old_keras if release < (3, 11) else seen
+        assert _keras_internals.backup_position(callback) == (1, expected), (version, seen)
+
+
+def test_the_weights_wrapper_writes_a_dpkeras_model_through_the_3_8_signature(tmp_path):
+    """Keras 3.8-3.9's `save_weights_only(model, filepath, objects_to_skip=None)`: dpkeras's
+    atomic write of a dpkeras model passes it only what it was given (no `max_shard_size`)."""
+    calls = []
+
+    def save_weights_only(model, filepath, objects_to_skip=None):
+        calls.append((filepath, objects_to_skip))
+        with open(filepath, "wb") as f:
+            f.write(b"weights")
+
+    with new_strategy().scope():
+        model = small_model()
+    assert resume.built_under_dpkeras(model)
+    path = str(tmp_path / "m.weights.h5")
+    resume.save_weights_only(save_weights_only, model, path)
+    resume.save_weights_only(save_weights_only, model, path, objects_to_skip=["x"])
+    with open(path, "rb") as f:
+        assert f.read() == b"weights"
+    assert [skip for _, skip in calls] == [None, ["x"]]
+    assert all(written != path for written, _ in calls)  # a temporary file, renamed into place

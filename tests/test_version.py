@@ -180,3 +180,103 @@ def test_ci_runs_the_matrix_session_of_the_oldest_pair():
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         lines = [line for line in f if line.startswith("make matrix")]
     assert lines and f"-s '{session}'" in lines[0], lines
+
+
+# -- review (breaker): version promises no test above held -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tensorflow, keras, supported",
+    [
+        ("2.21.0", "3.8.0", False),  # TensorFlow in the span, Keras below its floor
+        ("2.20.0", "3.9.2", False),
+        ("2.16.2", "3.16.0", False),  # Keras past the span
+        ("2.16.2", "3.7.0", False),
+        ("2.20.0", "3.10.0", True),
+        ("2.16.2", "3.15.1", True),
+    ],
+)
+def test_dpkeras_env_judges_the_keras_too_not_only_the_tensorflow(tensorflow, keras, supported):
+    line = env_command._span_line(tensorflow, keras)
+    if supported:
+        assert line.startswith("Supported: ") and "(this pair is in the span)" in line, line
+    else:
+        assert line == f"NOT supported: {_version.unsupported(tensorflow, keras)}", line
+
+
+def test_dpkeras_env_runs_and_says_so_outside_the_span(monkeypatch):
+    """`dpkeras env` is what a user outside the span runs to learn why: it must not refuse."""
+    import tensorflow as tf
+
+    monkeypatch.setattr(tf, "__version__", "2.15.1")
+    out = io.StringIO()
+    assert env_command.env([], out=out) in (0, None)
+    assert re.search(
+        r"^NOT supported: dpkeras \S+ supports .*; found TensorFlow 2\.15\.1 and Keras ",
+        out.getvalue(),
+        re.M,
+    ), out.getvalue()
+
+
+def test_the_extras_ask_for_a_tensorflow_and_keras_within_the_span():
+    """An extra naming tensorflow or keras (rs: `tensorflow>=2.17`) narrows the span, never
+    leaves it: it admits the newest pair (the suite's) and nothing outside the span."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    bounds = {"tensorflow": _version.TENSORFLOW, "keras": _version.KERAS}
+    found = []
+    for extra, requirements in extras.items():
+        for text in requirements:
+            requirement = Requirement(text)
+            if requirement.name not in bounds:
+                continue
+            (oldest_major, oldest), (newest_major, newest) = bounds[requirement.name]
+            found.append(extra)
+            admitted = {
+                m for m in range(oldest - 3, newest + 4)
+                if requirement.specifier.contains(f"{oldest_major}.{m}.0", prereleases=True)
+            }  # fmt: skip
+            assert newest in admitted, (extra, text)
+            inside = set(range(oldest, newest + 1))
+            assert admitted & inside, (extra, text)
+    assert "rs" in found
+
+
+def test_the_ci_session_and_every_pair_are_sessions_nox_lists():
+    """`make matrix ARGS="-s 'matrix(tf2.16-keras3.8)'"` selects a session only if noxfile.py
+    names its sessions so: `nox -l` lists one per pair, named by the pair's minor releases."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("nox")
+    listed = subprocess.run(
+        [sys.executable, "-m", "nox", "-f", os.path.join(ROOT, "noxfile.py"), "-l"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout  # fmt: skip
+    sessions = set(re.findall(r"^\* (matrix\([^)]*\))", listed, re.M))
+    expected = {
+        f"matrix(tf{'.'.join(map(str, _version.minor(t)))}-keras"
+        f"{'.'.join(map(str, _version.minor(k)))})"
+        for t, k in _matrix_pairs()
+    }
+    assert sessions == expected, (sessions, expected)
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        named = re.findall(r"-s '([^']+)'", f.read())
+    assert named and set(named) <= sessions, (named, sessions)
+
+
+def test_the_matrix_runs_the_tests_of_what_differs_within_the_span():
+    """tests/matrix.txt runs, on each pair, the tests of the version checks and of the Keras
+    internals that differ within the span: the span's checks, the patch table's signatures,
+    and resuming mid-epoch (Keras's epoch enumeration differs before 3.11)."""
+    with open(os.path.join(ROOT, "tests", "matrix.txt"), encoding="utf-8") as f:
+        ids = {line.split("#")[0].strip() for line in f} - {""}
+    assert {"tests/test_version.py", "tests/test_keras_patches.py"} <= ids
+    for test in (
+        "test_a_mid_epoch_backup_resumes_at_the_next_batch_exactly",
+        "test_a_straddling_group_reports_its_true_first_step_to_callbacks",
+    ):
+        assert f"tests/test_resume_mid_epoch.py::{test}" in ids, test
