@@ -109,6 +109,18 @@ class _FirstClient:
             self.proc.wait(timeout=30)
 
 
+def _live_holder(local):
+    """The record of a training client that answers (its address is the worker's server)."""
+    return {
+        "client": "/job:localhost/replica:0/task:0",
+        "address": local.address("worker", 0),
+        "pid": 4242,
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "state": _client_record.TRAINING,
+    }
+
+
 def _check_in_use(cluster, timeout=_config.DEFAULT_CONNECT_TIMEOUT):
     """What a client checks before connecting: reserves `cluster`'s tasks (or raises naming
     the client that holds them), then releases them, as a client whose connecting failed."""
@@ -271,14 +283,7 @@ def test_a_client_refused_on_a_later_task_puts_back_the_records_it_swapped_befor
     that once the worker is free, the next attempt (here: this very process, alive) is not
     refused by its own earlier record on the ps."""
     planted(state=_client_record.FINISHED)
-    holder = {
-        "client": "/job:localhost/replica:0/task:0",
-        "address": local.address("worker", 0),  # a server that answers
-        "pid": 4242,
-        "host": socket.gethostname(),
-        "since": time.time(),
-        "state": _client_record.TRAINING,
-    }
+    holder = _live_holder(local)
     task = "/job:worker/replica:0/task:0"
     graph = tf.Graph()
     with graph.as_default(), tf.device(f"{task}/device:CPU:0"):
@@ -798,16 +803,7 @@ def test_a_swap_waits_for_the_lock_another_session_holds_on_the_task(local, plan
     refused naming it (without the shared lock it would have swapped at once)."""
     planted(state=_client_record.FINISHED)
     task = "/job:ps/replica:0/task:0"
-    holder = json.dumps(
-        {
-            "client": "/job:localhost/replica:0/task:0",
-            "address": local.address("worker", 0),  # a server that answers
-            "pid": 4242,
-            "host": socket.gethostname(),
-            "since": time.time(),
-            "state": _client_record.TRAINING,
-        }
-    )
+    holder = json.dumps(_live_holder(local))
     graph = tf.Graph()
     with graph.as_default(), tf.device(f"{task}/device:CPU:0"):
         entered = tf.queue.FIFOQueue(1, tf.int32, shared_name="dpkeras_test_entered")

@@ -109,14 +109,11 @@ if __name__ == "__main__":
 """
 
 
-def test_a_custom_loop_s_strategy_reduce_works_where_the_client_is_worker_0(tmp_path):
-    """`strategy.reduce(..., axis=None)` sends the sum to TensorFlow's default destination,
-    `/device:CPU:0`: on a cluster whose client is one of its tasks (worker 0, started from
-    TF1's flags) that is the task's CPU, not `/job:localhost`'s, which connecting renamed (it
-    failed: "/job:localhost/replica:0/task:0/device:CPU:0 unknown device"). Eager and traced."""
-    script = tmp_path / "custom_loop.py"
-    script.write_text(_CUSTOM_LOOP)
-    launch = [sys.executable, "-m", "dpkeras", "launch", "--flags", "--ps", "1", "--workers", "2"]
+def _launched(tmp_path, program, *options):
+    """`program` run under `dpkeras launch <options> --ps 1 --workers 2`; asserts status 0."""
+    script = tmp_path / "program.py"
+    script.write_text(program)
+    launch = [sys.executable, "-m", "dpkeras", "launch", *options, "--ps", "1", "--workers", "2"]
     run = subprocess.run(
         [*launch, "--", sys.executable, str(script)],
         cwd=tmp_path,
@@ -126,6 +123,15 @@ def test_a_custom_loop_s_strategy_reduce_works_where_the_client_is_worker_0(tmp_
         timeout=TIMEOUT,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def test_a_custom_loop_s_strategy_reduce_works_where_the_client_is_worker_0(tmp_path):
+    """`strategy.reduce(..., axis=None)` sends the sum to TensorFlow's default destination,
+    `/device:CPU:0`: on a cluster whose client is one of its tasks (worker 0, started from
+    TF1's flags) that is the task's CPU, not `/job:localhost`'s, which connecting renamed (it
+    failed: "/job:localhost/replica:0/task:0/device:CPU:0 unknown device"). Eager and traced."""
+    run = _launched(tmp_path, _CUSTOM_LOOP, "--flags")
     (line,) = re.findall(r"REDUCED .*", run.stdout)
     assert line.split() == ["REDUCED", "6.0", "6.0", "2"], line
 
@@ -135,20 +141,10 @@ def test_worker_0_as_the_client_computes_on_as_many_devices_as_every_worker(tmp_
     client (`--client worker`; TF1's flags layout): 2 workers, 4 replicas. Worker 0 splits its
     CPU before TensorFlow starts, which reserving the tasks (a graph) would do (it had 1
     device, so 3 replicas, and a global batch the user did not mean)."""
-    script = tmp_path / "replicas.py"
-    script.write_text(
+    program = (
         "import dpkeras\n"
         "dpkeras.cluster.join()\n"
         "print('REPLICAS', dpkeras.get_strategy().num_replicas_in_sync, flush=True)\n"
     )
-    launch = [sys.executable, "-m", "dpkeras", "launch", "--client", "worker", "--cpus", "2"]
-    run = subprocess.run(
-        [*launch, "--ps", "1", "--workers", "2", "--", sys.executable, str(script)],
-        cwd=tmp_path,
-        env=server_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _launched(tmp_path, program, "--client", "worker", "--cpus", "2")
     assert re.findall(r"REPLICAS \d+", run.stdout) == ["REPLICAS 4"], run.stdout
