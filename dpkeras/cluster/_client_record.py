@@ -92,9 +92,7 @@ class RecordReader:
             handle = _handle()
             self._initialized = tf.raw_ops.VarIsInitializedOp(resource=handle)
             self._value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.string)
-            self._expected = tf.compat.v1.placeholder(tf.string, [])
-            self._replacement = tf.compat.v1.placeholder(tf.string, [])
-            self._swapped = _compare_and_swap(handle, self._expected, self._replacement)
+        self._swapped = None  # `swap`'s graph, made at its first use (it starts TensorFlow)
         self._session = None
         self._lock = threading.Lock()
         self._busy = False  # a read's thread still runs (it timed out, and may end later)
@@ -162,6 +160,12 @@ class RecordReader:
         """Makes the task's record `replacement` (a JSON string) if it is `expected` (the JSON
         string read, "" for none), atomically; returns the JSON string it was ("" for none),
         so the swap happened if and only if that equals `expected`."""
+        with self._lock:
+            if self._swapped is None:
+                with self._graph.as_default(), tf.device(_cpu(self._task)):
+                    self._expected = tf.compat.v1.placeholder(tf.string, [])
+                    self._replacement = tf.compat.v1.placeholder(tf.string, [])
+                    self._swapped = _compare_and_swap(_handle(), self._expected, self._replacement)
         options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._timeout * 1000))
         feed = {self._expected: expected, self._replacement: replacement}
         raw = self._run(lambda session: session.run(self._swapped, feed, options=options))
