@@ -2,9 +2,10 @@
 
 Each function answers, from Keras-private state, a question no public API answers (mostly: what
 a `tf.variable_creator_scope` creator cannot know, such as the Keras path of the variable and
-who creates it) and says why. They are tested against every Keras release of dpkeras's span
-(`dpkeras._version.KERAS`, the matrix of noxfile.py); where a release differs, the function
-answers for each (`keras_minor`). If Keras changes them, tests fail rather than dpkeras
+who creates it) and says why. Where a release of dpkeras's span (`dpkeras._version.KERAS`)
+differs, the function answers for each (`keras_minor`); they are tested against the Keras
+installed, with the version faked for each release, and by the matrix (noxfile.py) on the
+releases where an answer changes. If Keras changes them, tests fail rather than dpkeras
 silently going wrong.
 """
 

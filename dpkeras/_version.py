@@ -6,9 +6,12 @@ re-exports it, and CHANGELOG.md's newest released heading must match it
 Semantic versioning (README, "Versions"): the public API is `dpkeras.__all__`, the public
 modules, the `dpkeras` command and the files dpkeras reads and writes.
 
-The supported span (`TENSORFLOW`, `KERAS`, `KERAS_REQUIRED_BY`) is the one the matrix tests
-(noxfile.py, `make matrix`): every TensorFlow minor release in it with every Keras minor release
-in it that this TensorFlow itself accepts. pyproject.toml's dependency ranges say the same
+The supported span (`TENSORFLOW`, `KERAS`, `KERAS_REQUIRED_BY`): every TensorFlow minor release
+in it with every Keras minor release in it that this TensorFlow itself accepts. The matrix
+(noxfile.py, `make matrix`) tests its ends and the releases where an internal changes (Keras
+3.10, 3.11, 3.12; README's "Versions" lists the pairs); the internals answer per release
+(`dpkeras._keras_internals`), each answer also tested with the version faked. pyproject.toml's
+dependency ranges say the same
 (tests/test_version.py holds them together). A dpkeras scope refuses any other pair, in one line
 (`check_supported`).
 """
