@@ -66,6 +66,7 @@ _reads = {}
 # timeout keeps a read's thread 3.2 timeouts (measured by a review: at 3 timeouts the
 # process aborted at exit, 2 times out of 2).
 _CALLS_PER_READ = 4
+_BACKSTOP = 1.0  # seconds a read's session calls may run past its wait (`RecordReader._deadline`)
 
 
 @atexit.register
@@ -98,6 +99,12 @@ class RecordReader:
         self._busy = False  # a read's thread still runs (it timed out, and may end later)
         self._closed = False
 
+    def _deadline(self):
+        """Seconds TensorFlow allows each call of a read: the wait, and `_BACKSTOP` more, so
+        that a task that does not answer ends the wait first, in the same words every time
+        (the session's own deadline is only a backstop that ends the read's thread)."""
+        return self._timeout + _BACKSTOP
+
     def _run(self, work):
         """`work(session)` on a thread bounded by the timeout; raises TimeoutError.
 
@@ -117,7 +124,7 @@ class RecordReader:
                 if self._session is None:
                     config = tf.compat.v1.ConfigProto(
                         device_filters=[self._task],
-                        operation_timeout_in_ms=int(self._timeout * 1000),
+                        operation_timeout_in_ms=int(self._deadline() * 1000),
                     )
                     self._session = tf.compat.v1.Session(
                         self._target, graph=self._graph, config=config
@@ -134,7 +141,7 @@ class RecordReader:
                 _reads.pop(threading.current_thread(), None)  # after the close: its 4th call
 
         thread = threading.Thread(target=run, name="dpkeras-record-read", daemon=True)
-        _reads[thread] = time.monotonic() + _CALLS_PER_READ * self._timeout  # before it ends
+        _reads[thread] = time.monotonic() + _CALLS_PER_READ * self._deadline()  # before it ends
         thread.start()
         thread.join(self._timeout)
         if not outcome:
@@ -146,7 +153,7 @@ class RecordReader:
 
     def record(self):
         """The task's record (a dict), or None if no dpkeras client ever connected to it."""
-        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._timeout * 1000))
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._deadline() * 1000))
 
         def read(session):
             if not session.run(self._initialized, options=options):
@@ -166,7 +173,7 @@ class RecordReader:
                     self._expected = tf.compat.v1.placeholder(tf.string, [])
                     self._replacement = tf.compat.v1.placeholder(tf.string, [])
                     self._swapped = _compare_and_swap(_handle(), self._expected, self._replacement)
-        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._timeout * 1000))
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._deadline() * 1000))
         feed = {self._expected: expected, self._replacement: replacement}
         raw = self._run(lambda session: session.run(self._swapped, feed, options=options))
         return raw.decode("utf-8")
