@@ -1009,7 +1009,7 @@ MUTANTS = (
         "strategy.reduce's default destination (/device:CPU:0) is /job:localhost's even where "
         "the client is a task of the cluster (worker 0), which has no such device",
         "dpkeras/_extended/extended.py",
-        "        if own is not None and not tf.DeviceSpec.from_string(device).job:\n",
+        "        if own is not None and not spec.job:\n",
         "        if False:\n",
         (
             "tests/test_tf1_programs.py::"

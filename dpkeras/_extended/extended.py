@@ -261,11 +261,10 @@ class ParameterDeviceExtended(CrossReplicaHooks, _tf_internals.StrategyExtendedV
         one of its tasks (the chief, or worker 0), that task's, since connecting renamed
         `/job:localhost` to it."""
         own = None if self._cluster is None else self._cluster.own
-        if own is not None and not tf.DeviceSpec.from_string(device).job:
-            spec = tf.DeviceSpec.from_string(device).make_merged_spec(
-                tf.DeviceSpec(job=own[0], replica=0, task=own[1])
-            )
-            device = spec.to_string()
+        spec = tf.DeviceSpec.from_string(device)
+        if own is not None and not spec.job:
+            device = spec.make_merged_spec(tf.DeviceSpec(job=own[0], replica=0, task=own[1]))
+            device = device.to_string()
         return canonical_device(device)
 
     # -- running replicas ---------------------------------------------------------------------
